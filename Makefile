@@ -1,0 +1,29 @@
+# Two entry points: `make serve` and `make test`. Both set up everything on a fresh machine first.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+ARGS   ?=
+
+.PHONY: serve test setup lint bench clean
+
+serve: setup
+	$(VENV)/bin/icelog serve $(ARGS)
+
+test: setup
+	$(VENV)/bin/pytest $(ARGS)
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/setup.sh
+	scripts/setup.sh
+	touch $(STAMP)
+
+lint: setup
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy
+
+bench: setup
+	$(PY) bench/broker_bench.py
+
+clean:
+	rm -rf $(VENV) icelog-data

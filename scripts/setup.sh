@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs everything icelog and its tests need on a fresh Debian machine:
+# system packages (JDK, kcat, JDBC driver jars) when missing, then a virtualenv at .venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
+[ -f /usr/share/java/sqlite-jdbc.jar ] || need_apt+=(libxerial-sqlite-jdbc-java)
+[ -f /usr/share/java/postgresql.jar ] || need_apt+=(libpostgresql-jdbc-java)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -q >/dev/null || true
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${need_apt[@]}" >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+echo "setup: installing Python packages into .venv"
+.venv/bin/pip install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+.venv/bin/python -c 'import icelog, kafka, confluent_kafka, aiokafka' 
+echo "setup: done"

@@ -1,0 +1,5 @@
+import sys
+
+from icelog.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,63 @@
+"""`icelog serve | topic ... | status`: argument parsing and dispatch."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from icelog.config import Settings, load_settings
+from icelog.errors import IcelogError
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(
+        args.config, listen=getattr(args, "listen", None), data_dir=getattr(args, "data_dir", None)
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from icelog.broker import Broker
+
+    settings = _settings(args)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    asyncio.run(Broker(settings).run())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="icelog", description="Kafka-compatible storage whose history is Iceberg")
+    parser.add_argument("--config", help="YAML config file (default ./icelog.yaml if present, or $ICELOG_CONFIG)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the broker")
+    serve.add_argument("--listen", help="HOST:PORT of the Kafka listener (default localhost:9092)")
+    serve.add_argument("--data-dir", help="where all state lives (default ./icelog-data)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(func=cmd_serve)
+
+    from icelog.cli import status, topic
+
+    topic.add_parser(sub)
+    status.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except IcelogError as exc:
+        print(f"icelog: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

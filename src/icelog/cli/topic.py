@@ -1,0 +1,129 @@
+"""`icelog topic create|list|describe|delete`: topic admin through the Kafka admin API of a running broker."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from icelog.errors import ConfigError, IcelogError
+
+
+def add_parser(sub: Any) -> None:
+    topic = sub.add_parser("topic", help="create, list, describe and delete topics on a running broker")
+    topic.add_argument("--bootstrap", help="broker HOST:PORT (default: the configured listen address)")
+    actions = topic.add_subparsers(dest="action", required=True)
+
+    create = actions.add_parser("create", help="create a topic")
+    create.add_argument("name")
+    create.add_argument("--partitions", type=int, default=1)
+    create.add_argument("--config", dest="configs", action="append", default=[], metavar="KEY=VALUE")
+    create.set_defaults(func=cmd_create)
+
+    actions.add_parser("list", help="list topics").set_defaults(func=cmd_list)
+
+    describe = actions.add_parser("describe", help="partitions and configs of a topic")
+    describe.add_argument("name")
+    describe.set_defaults(func=cmd_describe)
+
+    delete = actions.add_parser("delete", help="delete a topic and its data")
+    delete.add_argument("name")
+    delete.set_defaults(func=cmd_delete)
+
+
+def _admin(args: argparse.Namespace) -> Any:
+    from kafka import KafkaAdminClient
+    from kafka.errors import NoBrokersAvailable
+
+    from icelog.config import load_settings
+
+    bootstrap = args.bootstrap or load_settings(args.config).listen
+    try:
+        return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="icelog-cli", request_timeout_ms=15000)
+    except NoBrokersAvailable:
+        raise IcelogError(f"no broker answers at {bootstrap}; start one with `icelog serve` or pass --bootstrap")
+
+
+def _parse_configs(pairs: list[str]) -> dict[str, str]:
+    configs = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--config expects KEY=VALUE, got {pair!r}")
+        configs[key] = value
+    return configs
+
+
+def _raise_kafka(exc: Exception) -> None:
+    raise IcelogError(str(exc)) from exc
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    from kafka.admin import NewTopic
+    from kafka.errors import KafkaError
+
+    configs = _parse_configs(args.configs)
+    admin = _admin(args)
+    try:
+        admin.create_topics([NewTopic(args.name, args.partitions, 1, topic_configs=configs)])
+    except KafkaError as exc:
+        _raise_kafka(exc)
+    finally:
+        admin.close()
+    print(f"created topic {args.name} with {args.partitions} partition(s)")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    admin = _admin(args)
+    try:
+        for name in sorted(admin.list_topics()):
+            print(name)
+    finally:
+        admin.close()
+    return 0
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    from kafka.admin import ConfigResource, ConfigResourceType
+    from kafka.errors import KafkaError
+
+    admin = _admin(args)
+    try:
+        described = admin.describe_topics([args.name])
+        configs = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, args.name)])
+    except KafkaError as exc:
+        _raise_kafka(exc)
+    finally:
+        admin.close()
+    for topic in described:
+        if topic.get("error_code"):
+            raise IcelogError(f"topic {args.name!r} does not exist")
+        print(f"topic {topic['topic']}  partitions {len(topic['partitions'])}")
+    for resource in _config_results(configs):
+        for entry in resource.get("configs", []):
+            default = " (default)" if entry.get("is_default") or entry.get("config_source") == 5 else ""
+            print(f"  {entry['name']}={entry['value']}{default}")
+    return 0
+
+
+def _config_results(response: Any) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    for item in response if isinstance(response, list) else [response]:
+        data = item.to_dict() if hasattr(item, "to_dict") else item
+        if isinstance(data, dict):
+            results.extend(data.get("results", [data]))
+    return results
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    from kafka.errors import KafkaError
+
+    admin = _admin(args)
+    try:
+        admin.delete_topics([args.name])
+    except KafkaError as exc:
+        _raise_kafka(exc)
+    finally:
+        admin.close()
+    print(f"deleted topic {args.name}")
+    return 0

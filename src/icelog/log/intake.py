@@ -1,0 +1,276 @@
+"""The intake writer: group commit of many partitions' batches into shared, fsync'd intake files.
+
+Appends queue up while the previous group commit is on disk; the next commit takes everything queued
+(up to `flush_max_bytes`), writes one frame per partition, fsyncs once and indexes the frames in the
+metadata store. Only then are the appends acknowledged and the high watermarks moved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from icelog.config import IntakeSettings
+from icelog.errors import ErrorCode, KafkaApiError
+from icelog.log import intake_file
+from icelog.meta.store import IntakeChunk, IntakeTail, MetadataStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _PendingAppend:
+    topic_id: uuid.UUID
+    partition: int
+    payload: bytes
+    base_offset: int
+    end_offset: int
+    max_timestamp: int
+    done: asyncio.Future[None] = field(repr=False)
+
+
+@dataclass
+class IntakeStats:
+    """Counters for benchmarks and `icelog status`."""
+
+    commits: int = 0
+    appends: int = 0
+    bytes_written: int = 0
+    fsync_seconds: float = 0.0
+
+
+class IntakeFiles:
+    """Read access to intake files, one cached descriptor each."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def read_chunk(self, chunk: IntakeChunk) -> bytes:
+        fd = self._fds.get(chunk.file_id)
+        if fd is None:
+            with self._lock:
+                fd = self._fds.get(chunk.file_id)
+                if fd is None:
+                    fd = os.open(intake_file.file_path(self.directory, chunk.file_id), os.O_RDONLY)
+                    self._fds[chunk.file_id] = fd
+        data = os.pread(fd, chunk.length, chunk.position)
+        if len(data) != chunk.length:
+            raise KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, f"intake file {chunk.file_id} is short")
+        return data
+
+    def forget(self, file_id: int) -> None:
+        with self._lock:
+            fd = self._fds.pop(file_id, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        for file_id in list(self._fds):
+            self.forget(file_id)
+
+
+class IntakeWriter:
+    """Appends partitions' batches to the active intake file with group commit."""
+
+    def __init__(
+        self,
+        directory: Path,
+        store: MetadataStore,
+        settings: IntakeSettings,
+        on_durable: Callable[[list[IntakeChunk]], None],
+    ) -> None:
+        self.directory = directory
+        self.store = store
+        self.settings = settings
+        self.stats = IntakeStats()
+        self._on_durable = on_durable
+        self._pending: list[_PendingAppend] = []
+        self._pending_bytes = 0
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="intake-io")
+        self._fd = -1
+        self.active_file_id = 0
+        self._active_size = 0
+        self.failed: BaseException | None = None
+
+    # -- start-up ------------------------------------------------------------------------------
+    def recover(self) -> list[IntakeChunk]:
+        """Index frames written after the recorded tail, truncate a torn tail, open the active file."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        files = intake_file.list_files(self.directory)
+        tail = self.store.intake_tail()
+        chunks: list[IntakeChunk] = []
+        if not files:
+            self._open_active(1 if tail is None else tail.file_id + 1)
+            return chunks
+        start_file = tail.file_id if tail else files[0]
+        end_file, end_pos = files[-1], 0
+        for file_id in files:
+            if file_id < start_file:
+                continue
+            path = intake_file.file_path(self.directory, file_id)
+            start = tail.position if tail and file_id == tail.file_id else 0
+            frames, end, size = intake_file.scan_frames(path, start)
+            if end < size:
+                log.warning(
+                    "intake file %s: torn or corrupt tail at byte %d; truncating %d bytes "
+                    "(never acknowledged: acknowledgement waits for fsync)",
+                    path.name, end, size - end,
+                )
+                with open(path, "r+b") as handle:
+                    handle.truncate(end)
+                    os.fsync(handle.fileno())
+            chunks.extend(
+                IntakeChunk(f.topic_id, f.partition, f.base_offset, f.end_offset, file_id, f.payload_position,
+                            f.payload_length, f.max_timestamp)
+                for f in frames
+            )
+            end_file, end_pos = file_id, end
+        if chunks or tail is None or (end_file, end_pos) != (tail.file_id, tail.position):
+            self.store.commit_intake(chunks, IntakeTail(end_file, end_pos))
+        if chunks:
+            log.info("recovered %d intake frames written after the last indexed position", len(chunks))
+        self._open_active(end_file, end_pos)
+        return chunks
+
+    def _open_active(self, file_id: int, size: int = 0) -> None:
+        path = intake_file.file_path(self.directory, file_id)
+        created = not path.exists()
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if created:
+            intake_file.fsync_directory(self.directory)
+        self.active_file_id = file_id
+        self._active_size = size
+
+    def start(self) -> None:
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="intake-writer")
+
+    # -- appends -------------------------------------------------------------------------------
+    def submit(
+        self, topic_id: uuid.UUID, partition: int, payload: bytes, base_offset: int, end_offset: int,
+        max_timestamp: int,
+    ) -> asyncio.Future[None]:
+        """Queue batches whose offsets are assigned; the future resolves once they are durable."""
+        if self.failed is not None:
+            raise KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, f"intake writer failed: {self.failed}")
+        assert self._wakeup is not None, "start() the writer first"
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append(
+            _PendingAppend(topic_id, partition, payload, base_offset, end_offset, max_timestamp, done)
+        )
+        self._pending_bytes += len(payload)
+        self._wakeup.set()
+        return done
+
+    async def _run(self) -> None:
+        assert self._wakeup is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._pending:
+                group = self._take_group()
+                try:
+                    chunks = await loop.run_in_executor(self._io, self._write_group, group)
+                except BaseException as exc:  # disk or store failure: stop accepting, fail waiters
+                    self.failed = exc
+                    log.critical("intake group commit failed; the broker must restart to recover: %s", exc)
+                    for item in group + self._pending:
+                        if not item.done.done():
+                            item.done.set_exception(
+                                KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, "intake write failed")
+                            )
+                    raise
+                self._on_durable(chunks)
+                for item in group:
+                    if not item.done.done():
+                        item.done.set_result(None)
+
+    def _take_group(self) -> list[_PendingAppend]:
+        taken = 0
+        size = 0
+        for item in self._pending:
+            if taken and size + len(item.payload) > self.settings.flush_max_bytes:
+                break
+            size += len(item.payload)
+            taken += 1
+        group, self._pending = self._pending[:taken], self._pending[taken:]
+        self._pending_bytes -= size
+        return group
+
+    def _write_group(self, group: list[_PendingAppend]) -> list[IntakeChunk]:
+        """On the I/O thread: one frame per partition, one write, one fsync, one index commit."""
+        by_partition: dict[tuple[uuid.UUID, int], list[_PendingAppend]] = {}
+        for item in group:
+            by_partition.setdefault((item.topic_id, item.partition), []).append(item)
+        total = sum(len(i.payload) for i in group) + intake_file.FRAME_HEADER_SIZE * len(by_partition)
+        if self._active_size > 0 and self._active_size + total > self.settings.segment_bytes:
+            self._roll()
+        parts: list[bytes] = []
+        chunks: list[IntakeChunk] = []
+        position = self._active_size
+        for (topic_id, partition), items in by_partition.items():
+            payload = items[0].payload if len(items) == 1 else b"".join(i.payload for i in items)
+            base, end = items[0].base_offset, items[-1].end_offset
+            max_ts = max(i.max_timestamp for i in items)
+            parts.append(intake_file.encode_frame(topic_id, partition, base, end, max_ts, payload))
+            parts.append(payload)
+            position += intake_file.FRAME_HEADER_SIZE
+            chunks.append(
+                IntakeChunk(topic_id, partition, base, end, self.active_file_id, position, len(payload), max_ts)
+            )
+            position += len(payload)
+        _write_all(self._fd, parts, total)
+        started = time.perf_counter()
+        if self.settings.fsync:
+            os.fdatasync(self._fd)
+        self.stats.fsync_seconds += time.perf_counter() - started
+        self._active_size = position
+        self.store.commit_intake(chunks, IntakeTail(self.active_file_id, position))
+        self.stats.commits += 1
+        self.stats.appends += len(group)
+        self.stats.bytes_written += total
+        return chunks
+
+    def _roll(self) -> None:
+        os.close(self._fd)
+        self._open_active(self.active_file_id + 1)
+
+    async def close(self) -> None:
+        """Finish queued commits, then stop."""
+        if self._task is not None:
+            while self._pending and self.failed is None:
+                await asyncio.sleep(0.001)
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._io.shutdown(wait=True)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+_IOV_MAX = 512
+
+
+def _write_all(fd: int, parts: list[bytes], total: int) -> None:
+    """writev in slices under IOV_MAX; a short write raises (recovery truncates the torn frame)."""
+    written = 0
+    for start in range(0, len(parts), _IOV_MAX):
+        written += os.writev(fd, parts[start : start + _IOV_MAX])
+    if written != total:
+        raise OSError(f"short write to intake file: {written} of {total} bytes")

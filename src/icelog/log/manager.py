@@ -1,0 +1,224 @@
+"""The log manager: topics and their partition logs in memory, kept in step with the metadata store."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from icelog.config import Settings
+from icelog.errors import ErrorCode, KafkaApiError, StoreError, TopicExistsError, UnknownTopicError
+from icelog.log import intake_file
+from icelog.log.batch import assign_offsets, parse_produced_batches, set_log_append_time
+from icelog.log.intake import IntakeFiles, IntakeWriter
+from icelog.log.partition import PartitionLog
+from icelog.meta.store import IntakeChunk, MetadataStore, TopicRecord
+from icelog.topics import EffectiveConfig, validate_topic_configs, validate_topic_name
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TopicState:
+    """A topic as the broker serves it."""
+
+    record: TopicRecord
+    config: EffectiveConfig
+    partitions: list[PartitionLog]
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    base_offset: int
+    log_append_time: int  # -1 unless the topic uses LogAppendTime
+
+
+class LogManager:
+    """Owns the intake writer and every partition log; all mutations go through here."""
+
+    def __init__(self, settings: Settings, store: MetadataStore) -> None:
+        self.settings = settings
+        self.store = store
+        self.intake_dir = Path(settings.data_dir) / "intake"
+        self.files = IntakeFiles(self.intake_dir)
+        self.writer = IntakeWriter(self.intake_dir, store, settings.intake, self._on_durable)
+        self.topics: dict[str, TopicState] = {}
+        self._by_id: dict[uuid.UUID, TopicState] = {}
+        self._file_refs: dict[int, int] = {}
+
+    # -- life cycle ----------------------------------------------------------------------------
+    def open(self) -> None:
+        """Recover the intake and load every topic; call before serving."""
+        self.writer.recover()
+        for record in self.store.list_topics():
+            self._install(record)
+        for chunk in self.store.intake_chunks():
+            state = self._by_id.get(chunk.topic_id)
+            if state is not None and chunk.partition < len(state.partitions):
+                self._track_chunk(state.partitions[chunk.partition], chunk)
+        self._delete_unreferenced_files()
+
+    def start(self) -> None:
+        self.writer.start()
+
+    async def close(self) -> None:
+        await self.writer.close()
+        self.files.close()
+        self.store.close()
+
+    def _install(self, record: TopicRecord) -> TopicState:
+        config = EffectiveConfig.of(record.configs, self.settings.topic_defaults)
+        old = self.topics.get(record.name)
+        logs = list(old.partitions) if old and old.record.topic_id == record.topic_id else []
+        for part in self.store.partitions(record.topic_id)[len(logs) :]:
+            logs.append(
+                PartitionLog(record.topic_id, part.partition, part.log_start_offset, part.high_watermark, self.files)
+            )
+        state = TopicState(record, config, logs)
+        self.topics[record.name] = state
+        self._by_id[record.topic_id] = state
+        return state
+
+    def _track_chunk(self, partition: PartitionLog, chunk: IntakeChunk) -> None:
+        partition.add_durable_chunk(chunk)
+        self._file_refs[chunk.file_id] = self._file_refs.get(chunk.file_id, 0) + 1
+
+    def _on_durable(self, chunks: list[IntakeChunk]) -> None:
+        for chunk in chunks:
+            state = self._by_id.get(chunk.topic_id)
+            if state is not None and chunk.partition < len(state.partitions):
+                self._track_chunk(state.partitions[chunk.partition], chunk)
+
+    # -- topics --------------------------------------------------------------------------------
+    def get(self, name: str) -> TopicState | None:
+        return self.topics.get(name)
+
+    def partition(self, topic: str, partition: int) -> tuple[TopicState, PartitionLog]:
+        state = self.topics.get(topic)
+        if state is None or not 0 <= partition < len(state.partitions):
+            raise KafkaApiError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} does not exist")
+        return state, state.partitions[partition]
+
+    def create_topic(
+        self, name: str, partitions: int, configs: Mapping[str, str | None], validate_only: bool = False
+    ) -> TopicState | None:
+        """Create a topic (Kafka's rules); raise KafkaApiError with the code a client expects."""
+        validate_topic_name(name)
+        if partitions < 1:
+            raise KafkaApiError(ErrorCode.INVALID_PARTITIONS, f"partitions must be at least 1, got {partitions}")
+        values = {k: v for k, v in validate_topic_configs(configs).items() if v is not None}
+        if name in self.topics:
+            raise KafkaApiError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+        if validate_only:
+            return None
+        try:
+            record = self.store.create_topic(name, partitions, values)
+        except TopicExistsError as exc:
+            raise KafkaApiError(ErrorCode.TOPIC_ALREADY_EXISTS, str(exc)) from None
+        log.info("created topic %s with %d partitions %s", name, partitions, values or "")
+        return self._install(record)
+
+    def delete_topic(self, name: str) -> None:
+        state = self.topics.get(name)
+        if state is None:
+            raise KafkaApiError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+        try:
+            self.store.delete_topic(name)
+        except UnknownTopicError as exc:
+            raise KafkaApiError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, str(exc)) from None
+        del self.topics[name]
+        del self._by_id[state.record.topic_id]
+        for part in state.partitions:
+            part.drop_chunks_before(part.high_watermark + 1, self._release_chunk)
+        self._delete_unreferenced_files()
+        log.info("deleted topic %s", name)
+
+    def add_partitions(self, name: str, total: int, validate_only: bool = False) -> None:
+        state = self.topics.get(name)
+        if state is None:
+            raise KafkaApiError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+        if total <= len(state.partitions):
+            raise KafkaApiError(
+                ErrorCode.INVALID_PARTITIONS,
+                f"topic {name!r} has {len(state.partitions)} partitions; the new count must be higher",
+            )
+        if validate_only:
+            return
+        try:
+            self._install(self.store.add_partitions(name, total))
+        except StoreError as exc:
+            raise KafkaApiError(ErrorCode.INVALID_PARTITIONS, str(exc)) from None
+
+    def alter_configs(
+        self, name: str, set_configs: Mapping[str, str], delete_keys: Iterable[str], validate_only: bool = False
+    ) -> None:
+        state = self.topics.get(name)
+        if state is None:
+            raise KafkaApiError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+        validate_topic_configs({**set_configs, **{k: None for k in delete_keys}})
+        if not validate_only:
+            self._install(self.store.alter_topic_configs(name, set_configs, list(delete_keys)))
+
+    # -- appends -------------------------------------------------------------------------------
+    def append(self, topic: TopicState, partition: PartitionLog, records: bytes) -> tuple[AppendResult, asyncio.Future[None]]:
+        """Validate, assign offsets and queue batches; the future resolves when they are durable."""
+        batches = parse_produced_batches(records, topic.config.max_message_bytes)
+        buffer = bytearray(records)
+        append_time = -1
+        if topic.config.log_append_time:
+            append_time = int(time.time() * 1000)
+            set_log_append_time(buffer, batches, append_time)
+        record_count = sum(b.last_offset_delta + 1 for b in batches)
+        base = partition.reserve(record_count)
+        assign_offsets(buffer, batches, base)
+        max_ts = append_time if append_time >= 0 else max(b.max_timestamp for b in batches)
+        done = self.writer.submit(
+            partition.topic_id, partition.partition, bytes(buffer), base, base + record_count, max_ts
+        )
+        return AppendResult(base, append_time), done
+
+    # -- retention -----------------------------------------------------------------------------
+    def enforce_retention(self, now_ms: int | None = None) -> int:
+        """Apply retention.ms / retention.bytes to every partition; return how many chunks were dropped."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        dropped = 0
+        for state in list(self.topics.values()):
+            retention_ms, retention_bytes = state.config.retention_ms, state.config.retention_bytes
+            for part in state.partitions:
+                new_start = part.log_start_offset
+                remaining = part.intake_bytes
+                for chunk in part.chunks:
+                    too_old = retention_ms >= 0 and chunk.max_timestamp < now_ms - retention_ms
+                    too_big = retention_bytes >= 0 and remaining - chunk.length >= retention_bytes
+                    if not (too_old or too_big):
+                        break
+                    new_start = chunk.end_offset
+                    remaining -= chunk.length
+                    dropped += 1
+                if new_start > part.log_start_offset:
+                    self.store.trim_intake(part.topic_id, part.partition, new_start)
+                    part.drop_chunks_before(new_start, self._release_chunk)
+                    log.info("retention: %s-%d log start offset is now %d", state.name, part.partition, new_start)
+        if dropped:
+            self._delete_unreferenced_files()
+        return dropped
+
+    def _release_chunk(self, chunk: IntakeChunk) -> None:
+        self._file_refs[chunk.file_id] -= 1
+        if self._file_refs[chunk.file_id] <= 0:
+            del self._file_refs[chunk.file_id]
+
+    def _delete_unreferenced_files(self) -> None:
+        for file_id in intake_file.list_files(self.intake_dir):
+            if file_id < self.writer.active_file_id and file_id not in self._file_refs:
+                self.files.forget(file_id)
+                intake_file.file_path(self.intake_dir, file_id).unlink(missing_ok=True)
+                log.info("deleted intake file %d: no partition needs it", file_id)

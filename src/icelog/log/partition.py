@@ -1,0 +1,161 @@
+"""One partition's log in memory: its offsets, its indexed intake chunks, reads and long-poll waits."""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import uuid
+from collections.abc import Callable
+from typing import Protocol
+
+from icelog.errors import ErrorCode, KafkaApiError
+from icelog.log.batch import batch_max_timestamp, first_record_at_or_after, iter_stored_batches
+from icelog.meta.store import IntakeChunk
+
+
+class ChunkReader(Protocol):
+    """Reads stored bytes of a chunk (the intake files, or later an archive)."""
+
+    def read_chunk(self, chunk: IntakeChunk) -> bytes: ...
+
+
+class OffsetRangeSource(Protocol):
+    """A source of record batches for a range of offsets below the intake (e.g. an Iceberg archive)."""
+
+    def start_offset(self) -> int | None: ...
+
+    def read(self, offset: int, max_bytes: int) -> list[bytes]: ...
+
+
+class PartitionLog:
+    """Offsets and data of one topic-partition. Mutated only on the event loop thread."""
+
+    def __init__(
+        self,
+        topic_id: uuid.UUID,
+        partition: int,
+        log_start_offset: int,
+        high_watermark: int,
+        reader: ChunkReader,
+    ) -> None:
+        self.topic_id = topic_id
+        self.partition = partition
+        self.log_start_offset = log_start_offset
+        self.high_watermark = high_watermark
+        self.next_offset = high_watermark  # offsets handed out, durable or not
+        self.chunks: list[IntakeChunk] = []
+        self._bases: list[int] = []
+        self.intake_bytes = 0
+        self._reader = reader
+        self._waiters: list[asyncio.Future[None]] = []
+        # Older offsets served from elsewhere (the Iceberg archive) plug in here, checked in order.
+        self.older_sources: list[OffsetRangeSource] = []
+
+    # -- writes --------------------------------------------------------------------------------
+    def reserve(self, record_count: int) -> int:
+        """Hand out the next `record_count` offsets; return the first."""
+        base = self.next_offset
+        self.next_offset += record_count
+        return base
+
+    def add_durable_chunk(self, chunk: IntakeChunk) -> None:
+        """Index a chunk that is now durable and move the high watermark past it."""
+        self.chunks.append(chunk)
+        self._bases.append(chunk.base_offset)
+        self.intake_bytes += chunk.length
+        if chunk.end_offset > self.high_watermark:
+            self.high_watermark = chunk.end_offset
+        self.next_offset = max(self.next_offset, self.high_watermark)
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def drop_chunks_before(self, log_start_offset: int, on_drop: Callable[[IntakeChunk], None]) -> None:
+        """Forget chunks wholly below a new log start offset."""
+        keep = 0
+        while keep < len(self.chunks) and self.chunks[keep].end_offset <= log_start_offset:
+            on_drop(self.chunks[keep])
+            self.intake_bytes -= self.chunks[keep].length
+            keep += 1
+        del self.chunks[:keep]
+        del self._bases[:keep]
+        self.log_start_offset = max(self.log_start_offset, log_start_offset)
+
+    # -- reads ---------------------------------------------------------------------------------
+    def check_fetch_offset(self, offset: int) -> None:
+        """Raise OFFSET_OUT_OF_RANGE unless log start <= offset <= high watermark."""
+        if offset < self.log_start_offset or offset > self.high_watermark:
+            raise KafkaApiError(
+                ErrorCode.OFFSET_OUT_OF_RANGE,
+                f"offset {offset} is outside [{self.log_start_offset}, {self.high_watermark}]",
+            )
+
+    def read(self, offset: int, max_bytes: int, upper_offset: int | None = None) -> list[bytes]:
+        """Whole record batches from the one containing `offset`, about `max_bytes` in all.
+
+        At least one batch is returned when any exists, even if larger than max_bytes (as Kafka does).
+        """
+        self.check_fetch_offset(offset)
+        limit = self.high_watermark if upper_offset is None else upper_offset
+        out: list[bytes] = []
+        size = 0
+        index = max(bisect.bisect_right(self._bases, offset) - 1, 0)
+        for chunk in self.chunks[index:]:
+            if chunk.base_offset >= limit or size >= max_bytes:
+                break
+            if chunk.end_offset <= offset:
+                continue
+            data = self._reader.read_chunk(chunk)
+            if chunk.base_offset >= offset and size + len(data) <= max_bytes and chunk.end_offset <= limit:
+                out.append(data)
+                size += len(data)
+                continue
+            view = memoryview(data)
+            for pos, batch_size, base, last in iter_stored_batches(view):
+                if last < offset:
+                    continue
+                if base >= limit or (size > 0 and size + batch_size > max_bytes):
+                    return out
+                out.append(bytes(view[pos : pos + batch_size]))
+                size += batch_size
+        return out
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record with a timestamp >= timestamp_ms, or None."""
+        for chunk in self.chunks:
+            if chunk.max_timestamp < timestamp_ms or chunk.end_offset <= self.log_start_offset:
+                continue
+            data = self._reader.read_chunk(chunk)
+            view = memoryview(data)
+            for pos, size, _base, last in iter_stored_batches(view):
+                if last < self.log_start_offset or batch_max_timestamp(view, pos) < timestamp_ms:
+                    continue
+                found = first_record_at_or_after(bytes(view[pos : pos + size]), timestamp_ms)
+                if found is not None and found[0] >= self.log_start_offset:
+                    return found
+        return None
+
+    def max_timestamp_offset(self) -> tuple[int, int] | None:
+        """(offset, timestamp) of the record with the largest timestamp (ListOffsets -3)."""
+        best: tuple[int, int] | None = None
+        for chunk in self.chunks:
+            if best is None or chunk.max_timestamp > best[1]:
+                found = self.offset_for_timestamp_in(chunk, chunk.max_timestamp)
+                if found is not None:
+                    best = found
+        return best
+
+    def offset_for_timestamp_in(self, chunk: IntakeChunk, timestamp_ms: int) -> tuple[int, int] | None:
+        view = memoryview(self._reader.read_chunk(chunk))
+        for pos, size, _base, _last in iter_stored_batches(view):
+            if batch_max_timestamp(view, pos) >= timestamp_ms:
+                return first_record_at_or_after(bytes(view[pos : pos + size]), timestamp_ms)
+        return None
+
+    # -- long polls ----------------------------------------------------------------------------
+    def data_waiter(self) -> asyncio.Future[None]:
+        """A future resolved the next time the high watermark moves."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        return waiter

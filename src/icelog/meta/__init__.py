@@ -1,0 +1,5 @@
+"""The metadata store: topics, partitions, configs and the intake index, behind one interface."""
+
+from icelog.meta.store import IntakeChunk, IntakeTail, MetadataStore, PartitionRecord, TopicRecord, open_store
+
+__all__ = ["IntakeChunk", "IntakeTail", "MetadataStore", "PartitionRecord", "TopicRecord", "open_store"]

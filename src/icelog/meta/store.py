@@ -1,0 +1,126 @@
+"""The metadata store interface. Every method is one atomic transaction in every backend."""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from icelog.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TopicRecord:
+    """A topic as stored: its stable id, partition count and explicitly set configs."""
+
+    name: str
+    topic_id: uuid.UUID
+    partitions: int
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PartitionRecord:
+    """Where a partition stands: the first offset kept and the next offset to be written."""
+
+    topic_id: uuid.UUID
+    partition: int
+    log_start_offset: int
+    high_watermark: int
+
+
+@dataclass(frozen=True)
+class IntakeChunk:
+    """A run of one partition's record batches, stored contiguously in one intake file."""
+
+    topic_id: uuid.UUID
+    partition: int
+    base_offset: int
+    end_offset: int  # exclusive: the offset after the last record
+    file_id: int
+    position: int  # of the batches (after the intake frame header)
+    length: int
+    max_timestamp: int
+
+    @property
+    def record_count(self) -> int:
+        return self.end_offset - self.base_offset
+
+
+@dataclass(frozen=True)
+class IntakeTail:
+    """The end of the last intake frame the index covers; recovery rescans files from here."""
+
+    file_id: int
+    position: int
+
+
+class MetadataStore(ABC):
+    """Durable metadata shared by every layer. Each method commits atomically or raises StoreError."""
+
+    # -- topics --------------------------------------------------------------------------------
+    @abstractmethod
+    def create_topic(self, name: str, partitions: int, configs: Mapping[str, str]) -> TopicRecord:
+        """Create a topic with empty partitions; TopicExistsError if the name is taken."""
+
+    @abstractmethod
+    def delete_topic(self, name: str) -> TopicRecord:
+        """Remove a topic, its configs, partitions and intake index; UnknownTopicError if absent."""
+
+    @abstractmethod
+    def add_partitions(self, name: str, total: int) -> TopicRecord:
+        """Grow a topic to `total` partitions (must be more than it has)."""
+
+    @abstractmethod
+    def alter_topic_configs(
+        self, name: str, set_configs: Mapping[str, str], delete_keys: Iterable[str] = ()
+    ) -> TopicRecord:
+        """Set and remove explicit topic configs in one step."""
+
+    @abstractmethod
+    def get_topic(self, name: str) -> TopicRecord | None:
+        """The topic by name, or None."""
+
+    @abstractmethod
+    def list_topics(self) -> list[TopicRecord]:
+        """All topics, sorted by name."""
+
+    # -- partitions ----------------------------------------------------------------------------
+    @abstractmethod
+    def partitions(self, topic_id: uuid.UUID) -> list[PartitionRecord]:
+        """The partitions of a topic, ordered by partition number."""
+
+    # -- intake index --------------------------------------------------------------------------
+    @abstractmethod
+    def commit_intake(self, chunks: Iterable[IntakeChunk], tail: IntakeTail) -> None:
+        """Index chunks that are durable on disk, advance high watermarks and record the tail.
+
+        Idempotent: re-committing a chunk already indexed (same topic, partition, base offset) is a no-op,
+        so recovery may replay frames the index already covers.
+        """
+
+    @abstractmethod
+    def intake_tail(self) -> IntakeTail | None:
+        """The tail recorded by the last commit_intake, or None on a new store."""
+
+    @abstractmethod
+    def intake_chunks(self, topic_id: uuid.UUID | None = None) -> list[IntakeChunk]:
+        """Indexed chunks (of one topic, or all), ordered by topic, partition and offset."""
+
+    @abstractmethod
+    def trim_intake(self, topic_id: uuid.UUID, partition: int, log_start_offset: int) -> None:
+        """Move a partition's log start forward and drop chunks wholly below it."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections."""
+
+
+def open_store(url: str) -> MetadataStore:
+    """Open the metadata store a URL names (sqlite:///path)."""
+    if url.startswith("sqlite:///"):
+        from icelog.meta.sqlite import SqliteStore
+
+        return SqliteStore(url.removeprefix("sqlite:///"))
+    raise ConfigError(f"unsupported metadata store URL {url!r}; use sqlite:///PATH")

@@ -1,0 +1,132 @@
+"""Topic names and Kafka-style topic configs: the keys icelog knows, their defaults and validation."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from icelog.errors import ErrorCode, KafkaApiError
+
+MAX_TOPIC_NAME_LENGTH = 249
+_LEGAL_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
+
+
+def validate_topic_name(name: str | None) -> str:
+    """Return the name if Kafka would accept it, else raise INVALID_TOPIC_EXCEPTION."""
+    if not name:
+        raise KafkaApiError(ErrorCode.INVALID_TOPIC_EXCEPTION, "topic name is empty")
+    if name in (".", ".."):
+        raise KafkaApiError(ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic name cannot be {name!r}")
+    if len(name) > MAX_TOPIC_NAME_LENGTH:
+        raise KafkaApiError(
+            ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic name is longer than {MAX_TOPIC_NAME_LENGTH} characters"
+        )
+    if not _LEGAL_TOPIC_NAME.match(name):
+        raise KafkaApiError(
+            ErrorCode.INVALID_TOPIC_EXCEPTION,
+            f"topic name {name!r} has characters other than ASCII letters, digits, '.', '_' and '-'",
+        )
+    return name
+
+
+def _long(minimum: int) -> Callable[[str], None]:
+    def check(value: str) -> None:
+        try:
+            number = int(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an integer") from None
+        if number < minimum:
+            raise ValueError(f"{number} is below the minimum {minimum}")
+
+    return check
+
+
+def _one_of(*choices: str) -> Callable[[str], None]:
+    def check(value: str) -> None:
+        if value not in choices:
+            raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
+
+    return check
+
+
+@dataclass(frozen=True)
+class TopicConfigKey:
+    """A topic config key icelog understands."""
+
+    name: str
+    default: str
+    check: Callable[[str], None]
+    doc: str
+
+
+RETENTION_MS = "retention.ms"
+RETENTION_BYTES = "retention.bytes"
+MAX_MESSAGE_BYTES = "max.message.bytes"
+TIMESTAMP_TYPE = "message.timestamp.type"
+
+TOPIC_CONFIG_KEYS: dict[str, TopicConfigKey] = {
+    key.name: key
+    for key in (
+        TopicConfigKey(RETENTION_MS, "604800000", _long(-1), "Delete intake data older than this (-1: keep)."),
+        TopicConfigKey(RETENTION_BYTES, "-1", _long(-1), "Keep at most this many intake bytes per partition."),
+        TopicConfigKey(MAX_MESSAGE_BYTES, "1048588", _long(0), "Largest record batch accepted."),
+        TopicConfigKey(TIMESTAMP_TYPE, "CreateTime", _one_of("CreateTime", "LogAppendTime"), "Timestamp type."),
+        TopicConfigKey("cleanup.policy", "delete", _one_of("delete"), "Only delete is supported."),
+        TopicConfigKey("compression.type", "producer", _one_of("producer"), "Batches are stored as produced."),
+        TopicConfigKey("min.insync.replicas", "1", _long(1), "Accepted for compatibility; one durable copy."),
+        TopicConfigKey("segment.bytes", "268435456", _long(14), "Accepted for compatibility."),
+        TopicConfigKey("segment.ms", "604800000", _long(1), "Accepted for compatibility."),
+    )
+}
+
+# Keys under this prefix belong to icelog's own features (archiving, schemas); they persist as given.
+ICELOG_PREFIX = "icelog."
+
+
+def validate_topic_configs(configs: Mapping[str, str | None]) -> dict[str, str | None]:
+    """Check keys and values; raise INVALID_CONFIG naming the offending key."""
+    for key, value in configs.items():
+        if key.startswith(ICELOG_PREFIX):
+            continue
+        spec = TOPIC_CONFIG_KEYS.get(key)
+        if spec is None:
+            raise KafkaApiError(ErrorCode.INVALID_CONFIG, f"unknown topic config {key!r}")
+        if value is None:
+            continue
+        try:
+            spec.check(value)
+        except ValueError as exc:
+            raise KafkaApiError(ErrorCode.INVALID_CONFIG, f"invalid value for {key}: {exc}") from None
+    return dict(configs)
+
+
+@dataclass(frozen=True)
+class EffectiveConfig:
+    """A topic's configs with defaults filled in, typed for the code that enforces them."""
+
+    values: dict[str, str]
+    explicit: frozenset[str]
+
+    @classmethod
+    def of(cls, explicit: Mapping[str, str], broker_defaults: Mapping[str, str]) -> EffectiveConfig:
+        values = {key.name: key.default for key in TOPIC_CONFIG_KEYS.values()}
+        values.update(broker_defaults)
+        values.update(explicit)
+        return cls(values, frozenset(explicit))
+
+    @property
+    def retention_ms(self) -> int:
+        return int(self.values[RETENTION_MS])
+
+    @property
+    def retention_bytes(self) -> int:
+        return int(self.values[RETENTION_BYTES])
+
+    @property
+    def max_message_bytes(self) -> int:
+        return int(self.values[MAX_MESSAGE_BYTES])
+
+    @property
+    def log_append_time(self) -> bool:
+        return self.values[TIMESTAMP_TYPE] == "LogAppendTime"

@@ -1,0 +1,42 @@
+"""What a handler sees: the request's version and client, and the broker's state."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from icelog.config import Settings
+from icelog.log.manager import LogManager
+
+
+@dataclass
+class BrokerState:
+    """Shared by every connection: configuration and the logs."""
+
+    settings: Settings
+    logs: LogManager
+    advertised_host: str
+    advertised_port: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    broker: BrokerState
+    api_version: int
+    client_id: str | None
+    peer: str
+
+
+Handler = Callable[[RequestContext, Any], Awaitable[Any | None]]
+HANDLERS: dict[int, Handler] = {}
+
+
+def handles(api_key: int) -> Callable[[Handler], Handler]:
+    """Register a coroutine as the handler of one API key."""
+
+    def register(func: Handler) -> Handler:
+        HANDLERS[api_key] = func
+        return func
+
+    return register

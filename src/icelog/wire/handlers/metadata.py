@@ -1,0 +1,70 @@
+"""ApiVersions and Metadata (with Kafka's auto.create.topics.enable)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kafka.protocol.api_key import ApiKey
+from kafka.protocol.metadata import MetadataResponse
+
+from icelog.errors import ErrorCode, KafkaApiError
+from icelog.wire.context import RequestContext, handles
+
+log = logging.getLogger(__name__)
+
+
+@handles(ApiKey.ApiVersions)
+async def api_versions(ctx: RequestContext, request: Any) -> Any:
+    from icelog.wire.server import build_api_versions_response
+
+    return build_api_versions_response(ctx.api_version)
+
+
+@handles(ApiKey.Metadata)
+async def metadata(ctx: RequestContext, request: Any) -> Any:
+    broker = ctx.broker
+    logs = broker.logs
+    node = broker.settings.node_id
+    if request.topics is None:  # null: every topic
+        names = sorted(logs.topics)
+    else:
+        names = [t.name for t in request.topics]
+    allow_create = ctx.api_version < 4 or request.allow_auto_topic_creation
+    topics = []
+    for name in names:
+        state = logs.get(name)
+        error = ErrorCode.NONE
+        if state is None and allow_create and broker.settings.auto_create_topics_enable:
+            try:
+                state = logs.create_topic(name, broker.settings.num_partitions, {})
+            except KafkaApiError as exc:
+                error = exc.code
+        if state is None:
+            topics.append(
+                MetadataResponse.MetadataResponseTopic(
+                    error_code=int(error or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION), name=name, partitions=[]
+                )
+            )
+            continue
+        partitions = [
+            MetadataResponse.MetadataResponseTopic.MetadataResponsePartition(
+                error_code=0, partition_index=p, leader_id=node, leader_epoch=-1,
+                replica_nodes=[node], isr_nodes=[node], offline_replicas=[],
+            )
+            for p in range(len(state.partitions))
+        ]
+        topics.append(
+            MetadataResponse.MetadataResponseTopic(
+                error_code=0, name=name, topic_id=state.record.topic_id, is_internal=False, partitions=partitions
+            )
+        )
+    brokers = [
+        MetadataResponse.MetadataResponseBroker(
+            node_id=node, host=broker.advertised_host, port=broker.advertised_port, rack=None
+        )
+    ]
+    return MetadataResponse(
+        throttle_time_ms=0, brokers=brokers, cluster_id=broker.settings.cluster_id, controller_id=node,
+        topics=topics,
+    )

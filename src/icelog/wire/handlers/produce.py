@@ -1,0 +1,56 @@
+"""Produce: validate batches, assign offsets, wait for the group commit (acks=1/all)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from kafka.protocol.api_key import ApiKey
+from kafka.protocol.producer import ProduceResponse
+
+from icelog.errors import ErrorCode, KafkaApiError
+from icelog.wire.context import RequestContext, handles
+
+PartitionResponse = ProduceResponse.TopicProduceResponse.PartitionProduceResponse
+
+
+@handles(ApiKey.Produce)
+async def produce(ctx: RequestContext, request: Any) -> Any:
+    logs = ctx.broker.logs
+    acks = request.acks
+    pending: list[tuple[PartitionResponse, asyncio.Future[None]]] = []
+    responses = []
+    for topic_data in request.topic_data:
+        partition_responses = []
+        for data in topic_data.partition_data:
+            result = PartitionResponse(index=data.index, error_code=0, base_offset=-1, log_append_time_ms=-1)
+            partition_responses.append(result)
+            try:
+                if acks not in (0, 1, -1):
+                    raise KafkaApiError(ErrorCode.INVALID_REQUIRED_ACKS, f"acks must be 0, 1 or -1, got {acks}")
+                if ctx.api_version < 3:
+                    raise KafkaApiError(
+                        ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT, "Produce v0-2 carries old message sets"
+                    )
+                topic, partition = logs.partition(topic_data.name, data.index)
+                result.log_start_offset = partition.log_start_offset
+                appended, done = logs.append(topic, partition, data.records or b"")
+            except KafkaApiError as exc:
+                result.error_code = int(exc.code)
+                result.error_message = exc.message
+                continue
+            result.base_offset = appended.base_offset
+            result.log_append_time_ms = appended.log_append_time
+            pending.append((result, done))
+        responses.append(
+            ProduceResponse.TopicProduceResponse(name=topic_data.name, partition_responses=partition_responses)
+        )
+    if acks == 0:
+        return None
+    for result, done in pending:
+        try:
+            await done
+        except KafkaApiError as exc:
+            result.error_code = int(exc.code)
+            result.base_offset = -1
+    return ProduceResponse(responses=responses, throttle_time_ms=0)

@@ -1,0 +1,168 @@
+"""The asyncio Kafka listener: framing, in-order responses per connection, bad-input handling."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from typing import Any
+
+from kafka.protocol.api_key import ApiKey
+
+from icelog.errors import ErrorCode
+from icelog.wire import codec, handlers  # noqa: F401  (handlers register themselves)
+from icelog.wire.context import HANDLERS, BrokerState, RequestContext
+from icelog.wire.versions import SUPPORTED_VERSIONS, is_supported
+
+log = logging.getLogger(__name__)
+
+_SIZE = struct.Struct(">i")
+MAX_IN_FLIGHT = 256  # requests read ahead per connection before we stop reading
+
+
+class _Disconnect(Exception):
+    """Close this connection (bad framing, unknown API); other connections are unaffected."""
+
+
+class KafkaServer:
+    """Accepts Kafka clients and dispatches each request to its handler."""
+
+    def __init__(self, broker: BrokerState) -> None:
+        self.broker = broker
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        settings = self.broker.settings
+        self._server = await asyncio.start_server(
+            self._on_connect, settings.host, settings.port, limit=1 << 20, reuse_address=True
+        )
+        sockets = self._server.sockets or []
+        if sockets:
+            self.broker.advertised_port = sockets[0].getsockname()[1]
+        log.info("Kafka listener on %s:%d", settings.host, self.broker.advertised_port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for task in list(self._connections):
+                task.cancel()
+            await asyncio.gather(*self._connections, return_exceptions=True)
+            await self._server.wait_closed()
+
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        peername = writer.get_extra_info("peername")
+        peer = f"{peername[0]}:{peername[1]}" if peername else "?"
+        try:
+            await self._serve(reader, writer, peer)
+        finally:
+            self._connections.discard(task)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
+        queue: asyncio.Queue[tuple[int, int, asyncio.Task[Any]] | None] = asyncio.Queue(MAX_IN_FLIGHT)
+        sender = asyncio.create_task(self._send_in_order(queue, writer, peer))
+        try:
+            while not sender.done():
+                item = await self._read_request(reader, peer)
+                if item is None:
+                    break
+                await queue.put(item)
+        except _Disconnect as exc:
+            log.warning("closing connection from %s: %s", peer, exc)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            if not sender.done():
+                await queue.put(None)
+                try:
+                    await sender
+                except Exception:
+                    pass
+            writer.close()
+
+    async def _read_request(
+        self, reader: asyncio.StreamReader, peer: str
+    ) -> tuple[int, int, asyncio.Task[Any]] | None:
+        try:
+            header = await reader.readexactly(4)
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                raise _Disconnect("truncated size prefix") from None
+            return None
+        (size,) = _SIZE.unpack(header)
+        limit = self.broker.settings.socket_request_max_bytes
+        if size <= 0 or size > limit:
+            raise _Disconnect(f"request size {size} is outside 1..socket.request.max.bytes={limit}")
+        try:
+            frame = await reader.readexactly(size)
+        except asyncio.IncompleteReadError:
+            raise _Disconnect(f"connection closed inside a {size}-byte request") from None
+        try:
+            prefix = codec.read_prefix(frame)
+        except ValueError as exc:
+            raise _Disconnect(str(exc)) from None
+        key, version, correlation = prefix.api_key, prefix.api_version, prefix.correlation_id
+        if key == ApiKey.ApiVersions and not is_supported(key, version):
+            # KIP-511: answer v0 with error 35 and our ranges; the client retries with a version we know.
+            return key << 16, correlation, asyncio.create_task(_unsupported_api_versions())
+        if key not in HANDLERS or not is_supported(key, version):
+            name = ApiKey(key).name if key in ApiKey._value2member_map_ else f"api key {key}"
+            raise _Disconnect(f"{name} v{version} is not supported (UNSUPPORTED_VERSION)")
+        try:
+            request = codec.decode_request(frame, key, version)
+        except Exception as exc:
+            raise _Disconnect(f"malformed {ApiKey(key).name} v{version} request: {exc!r}") from None
+        client_id = request.header.client_id if request.header is not None else None
+        context = RequestContext(self.broker, version, client_id, peer)
+        task = asyncio.create_task(HANDLERS[key](context, request))
+        return (key << 16) | version, correlation, task
+
+    async def _send_in_order(
+        self, queue: asyncio.Queue[tuple[int, int, asyncio.Task[Any]] | None], writer: asyncio.StreamWriter,
+        peer: str,
+    ) -> None:
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    return
+                key_version, correlation, task = item
+                try:
+                    response = await task
+                except Exception:
+                    log.exception("handler failed for a request from %s; closing the connection", peer)
+                    return
+                if response is None:  # acks=0 Produce: Kafka sends nothing back
+                    continue
+                if isinstance(response, bytes):
+                    writer.write(response)
+                else:
+                    writer.write(codec.encode_response(response, key_version & 0xFFFF, correlation))
+                if writer.transport.get_write_buffer_size() > 1 << 20:
+                    await writer.drain()
+                elif queue.empty():
+                    await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            return
+        finally:
+            while not queue.empty():
+                pending = queue.get_nowait()
+                if pending is not None:
+                    pending[2].cancel()
+
+
+async def _unsupported_api_versions() -> Any:
+    return build_api_versions_response(0, ErrorCode.UNSUPPORTED_VERSION)
+
+
+def build_api_versions_response(version: int, error: ErrorCode = ErrorCode.NONE) -> Any:
+    """An ApiVersions response listing every API icelog serves."""
+    cls = codec.response_class(ApiKey.ApiVersions)
+    keys = [
+        cls.ApiVersion(api_key=int(k), min_version=lo, max_version=hi)
+        for k, (lo, hi) in sorted(SUPPORTED_VERSIONS.items())
+    ]
+    return cls(error_code=int(error), api_keys=keys, throttle_time_ms=0)

@@ -1,0 +1,30 @@
+"""The API version ranges icelog advertises.
+
+Ranges follow Apache Kafka 2.8's so that clients which infer a broker release (kafka-python) see a real
+one. Held back on purpose (see docs/architecture.md): Fetch >= 13, Produce >= 10 and OffsetFetch >= 8
+(topic ids, groups arrays), FindCoordinator >= 4 (batched keys).
+"""
+
+from __future__ import annotations
+
+from kafka.protocol.api_key import ApiKey
+
+SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
+    ApiKey.Produce: (0, 9),
+    ApiKey.Fetch: (0, 12),
+    ApiKey.ListOffsets: (0, 6),
+    ApiKey.Metadata: (0, 11),
+    ApiKey.ApiVersions: (0, 3),
+    ApiKey.CreateTopics: (0, 7),
+    ApiKey.DeleteTopics: (0, 6),
+    ApiKey.DescribeConfigs: (0, 4),
+    ApiKey.AlterConfigs: (0, 2),
+    ApiKey.CreatePartitions: (0, 3),
+    ApiKey.IncrementalAlterConfigs: (0, 1),
+}
+
+
+def is_supported(api_key: int, api_version: int) -> bool:
+    """Whether icelog serves this API at this version."""
+    versions = SUPPORTED_VERSIONS.get(api_key)
+    return versions is not None and versions[0] <= api_version <= versions[1]
