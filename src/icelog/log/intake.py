@@ -56,6 +56,9 @@ class IntakeFiles:
         self._lock = threading.Lock()
 
     def read_chunk(self, chunk: IntakeChunk) -> bytes:
+        return self.read_range(chunk, 0, chunk.length)
+
+    def read_range(self, chunk: IntakeChunk, offset_in_chunk: int, length: int) -> bytes:
         fd = self._fds.get(chunk.file_id)
         if fd is None:
             with self._lock:
@@ -63,8 +66,8 @@ class IntakeFiles:
                 if fd is None:
                     fd = os.open(intake_file.file_path(self.directory, chunk.file_id), os.O_RDONLY)
                     self._fds[chunk.file_id] = fd
-        data = os.pread(fd, chunk.length, chunk.position)
-        if len(data) != chunk.length:
+        data = os.pread(fd, length, chunk.position + offset_in_chunk)
+        if len(data) != length:
             raise KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, f"intake file {chunk.file_id} is short")
         return data
 

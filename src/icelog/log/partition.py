@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
@@ -13,10 +14,15 @@ from icelog.log.batch import batch_max_timestamp, first_record_at_or_after, iter
 from icelog.meta.store import IntakeChunk
 
 
+_BATCH_CACHE_CHUNKS = 64
+
+
 class ChunkReader(Protocol):
     """Reads stored bytes of a chunk (the intake files, or later an archive)."""
 
     def read_chunk(self, chunk: IntakeChunk) -> bytes: ...
+
+    def read_range(self, chunk: IntakeChunk, offset_in_chunk: int, length: int) -> bytes: ...
 
 
 class OffsetRangeSource(Protocol):
@@ -48,6 +54,7 @@ class PartitionLog:
         self.intake_bytes = 0
         self._reader = reader
         self._waiters: list[asyncio.Future[None]] = []
+        self._batch_cache: OrderedDict[int, list[tuple[int, int, int, int]]] = OrderedDict()
         # Older offsets served from elsewhere (the Iceberg archive) plug in here, checked in order.
         self.older_sources: list[OffsetRangeSource] = []
 
@@ -95,6 +102,7 @@ class PartitionLog:
         """Whole record batches from the one containing `offset`, about `max_bytes` in all.
 
         At least one batch is returned when any exists, even if larger than max_bytes (as Kafka does).
+        Only the bytes returned are read from disk: a chunk's batch positions are indexed on first use.
         """
         self.check_fetch_offset(offset)
         limit = self.high_watermark if upper_offset is None else upper_offset
@@ -106,20 +114,39 @@ class PartitionLog:
                 break
             if chunk.end_offset <= offset:
                 continue
-            data = self._reader.read_chunk(chunk)
-            if chunk.base_offset >= offset and size + len(data) <= max_bytes and chunk.end_offset <= limit:
-                out.append(data)
-                size += len(data)
+            if chunk.base_offset >= offset and chunk.end_offset <= limit and size + chunk.length <= max_bytes:
+                out.append(self._reader.read_chunk(chunk))
+                size += chunk.length
                 continue
-            view = memoryview(data)
-            for pos, batch_size, base, last in iter_stored_batches(view):
+            start = end = -1
+            full = False
+            for pos, batch_size, base, last in self._batch_positions(chunk):
                 if last < offset:
                     continue
                 if base >= limit or (size > 0 and size + batch_size > max_bytes):
-                    return out
-                out.append(bytes(view[pos : pos + batch_size]))
+                    full = True
+                    break
+                if start < 0:
+                    start = pos
+                end = pos + batch_size
                 size += batch_size
+            if start >= 0:
+                out.append(self._reader.read_range(chunk, start, end - start))
+            if full:
+                break
         return out
+
+    def _batch_positions(self, chunk: IntakeChunk) -> list[tuple[int, int, int, int]]:
+        """(position, size, base offset, last offset) of each batch in a chunk, cached (LRU)."""
+        cached = self._batch_cache.get(chunk.base_offset)
+        if cached is None:
+            cached = iter_stored_batches(self._reader.read_chunk(chunk))
+            self._batch_cache[chunk.base_offset] = cached
+            if len(self._batch_cache) > _BATCH_CACHE_CHUNKS:
+                self._batch_cache.popitem(last=False)
+        else:
+            self._batch_cache.move_to_end(chunk.base_offset)
+        return cached
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with a timestamp >= timestamp_ms, or None."""

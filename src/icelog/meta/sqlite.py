@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import uuid
@@ -10,7 +11,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from icelog.errors import StoreError, TopicExistsError, UnknownTopicError
-from icelog.meta.store import IntakeChunk, IntakeTail, MetadataStore, PartitionRecord, TopicRecord
+from icelog.meta.store import (
+    CommittedOffset,
+    GroupOffsets,
+    IntakeChunk,
+    IntakeTail,
+    MetadataStore,
+    PartitionRecord,
+    TopicRecord,
+    TransactionRecord,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS topics (
@@ -46,6 +56,27 @@ CREATE TABLE IF NOT EXISTS intake_tail (
     id INTEGER PRIMARY KEY CHECK (id = 0),
     file_id INTEGER NOT NULL,
     position INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS group_offsets (
+    group_id TEXT NOT NULL,
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    committed_offset INTEGER NOT NULL,
+    metadata TEXT NOT NULL,
+    commit_timestamp INTEGER NOT NULL,
+    PRIMARY KEY (group_id, topic, partition)
+);
+CREATE TABLE IF NOT EXISTS producer_ids (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    next_producer_id INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS transactions (
+    transactional_id TEXT PRIMARY KEY,
+    producer_id INTEGER NOT NULL,
+    producer_epoch INTEGER NOT NULL,
+    timeout_ms INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    detail TEXT NOT NULL
 );
 """
 
@@ -219,6 +250,74 @@ class SqliteStore(MetadataStore):
                 "WHERE topic_id = ? AND partition = ?",
                 (log_start_offset, tid, partition),
             )
+
+    # -- consumer groups ---------------------------------------------------------------------------
+    def commit_offsets(self, group_id: str, offsets: GroupOffsets) -> None:
+        rows = [(group_id, t, p, o.offset, o.metadata, o.commit_timestamp) for (t, p), o in offsets.items()]
+        with self._tx() as conn:
+            conn.executemany("INSERT OR REPLACE INTO group_offsets VALUES (?, ?, ?, ?, ?, ?)", rows)
+
+    def committed_offsets(self, group_id: str) -> GroupOffsets:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT topic, partition, committed_offset, metadata, commit_timestamp FROM group_offsets "
+                "WHERE group_id = ? ORDER BY topic, partition",
+                (group_id,),
+            ).fetchall()
+        return {(t, p): CommittedOffset(o, m, ts) for t, p, o, m, ts in rows}
+
+    def offset_groups(self) -> list[str]:
+        with self._lock:
+            return [r[0] for r in self._conn.execute("SELECT DISTINCT group_id FROM group_offsets ORDER BY 1")]
+
+    def delete_offsets(self, group_id: str, partitions: Iterable[tuple[str, int]] | None = None) -> None:
+        with self._tx() as conn:
+            if partitions is None:
+                conn.execute("DELETE FROM group_offsets WHERE group_id = ?", (group_id,))
+            else:
+                conn.executemany(
+                    "DELETE FROM group_offsets WHERE group_id = ? AND topic = ? AND partition = ?",
+                    [(group_id, t, p) for t, p in partitions],
+                )
+
+    # -- producers and transactions ----------------------------------------------------------------
+    def allocate_producer_ids(self, count: int) -> int:
+        if count < 1:
+            raise StoreError("allocate at least one producer id")
+        with self._tx() as conn:
+            row = conn.execute("SELECT next_producer_id FROM producer_ids").fetchone()
+            first = row[0] if row else 0
+            conn.execute("INSERT OR REPLACE INTO producer_ids VALUES (0, ?)", (first + count,))
+            return int(first)
+
+    def save_transaction(self, record: TransactionRecord) -> None:
+        detail = json.dumps({
+            "partitions": [list(tp) for tp in record.partitions],
+            "pending_offsets": {
+                group: [[t, p, o.offset, o.metadata, o.commit_timestamp] for (t, p), o in offsets.items()]
+                for group, offsets in record.pending_offsets.items()
+            },
+        })
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO transactions VALUES (?, ?, ?, ?, ?, ?)",
+                (record.transactional_id, record.producer_id, record.producer_epoch, record.timeout_ms,
+                 record.state, detail),
+            )
+
+    def transactions(self) -> list[TransactionRecord]:
+        with self._lock:
+            rows = self._conn.execute("SELECT * FROM transactions ORDER BY transactional_id").fetchall()
+        out = []
+        for txn_id, pid, epoch, timeout_ms, state, detail in rows:
+            data = json.loads(detail)
+            pending = {
+                group: {(t, p): CommittedOffset(o, m, ts) for t, p, o, m, ts in entries}
+                for group, entries in data["pending_offsets"].items()
+            }
+            partitions = tuple((t, p) for t, p in data["partitions"])
+            out.append(TransactionRecord(txn_id, pid, epoch, timeout_ms, state, partitions, pending))
+        return out
 
     def close(self) -> None:
         with self._lock:

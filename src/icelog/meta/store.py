@@ -56,6 +56,35 @@ class IntakeTail:
     position: int
 
 
+@dataclass(frozen=True)
+class CommittedOffset:
+    """A consumer group's committed position in one partition."""
+
+    offset: int
+    metadata: str = ""
+    commit_timestamp: int = -1
+
+
+GroupOffsets = dict[tuple[str, int], CommittedOffset]  # (topic name, partition) -> committed offset
+
+
+@dataclass(frozen=True)
+class TransactionRecord:
+    """A transactional id's durable state: its producer, epoch and the transaction in progress.
+
+    `state` is one of Empty, Ongoing, PrepareCommit, PrepareAbort, CompleteCommit, CompleteAbort.
+    `pending_offsets` are TxnOffsetCommit offsets that become committed offsets when the transaction commits.
+    """
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    state: str
+    partitions: tuple[tuple[str, int], ...] = ()
+    pending_offsets: dict[str, GroupOffsets] = field(default_factory=dict)
+
+
 class MetadataStore(ABC):
     """Durable metadata shared by every layer. Each method commits atomically or raises StoreError."""
 
@@ -111,6 +140,36 @@ class MetadataStore(ABC):
     @abstractmethod
     def trim_intake(self, topic_id: uuid.UUID, partition: int, log_start_offset: int) -> None:
         """Move a partition's log start forward and drop chunks wholly below it."""
+
+    # -- consumer groups ---------------------------------------------------------------------------
+    @abstractmethod
+    def commit_offsets(self, group_id: str, offsets: GroupOffsets) -> None:
+        """Store committed offsets of a group (replacing earlier commits of the same partitions)."""
+
+    @abstractmethod
+    def committed_offsets(self, group_id: str) -> GroupOffsets:
+        """Every committed offset of a group (empty if none)."""
+
+    @abstractmethod
+    def offset_groups(self) -> list[str]:
+        """Ids of the groups that have committed offsets, sorted."""
+
+    @abstractmethod
+    def delete_offsets(self, group_id: str, partitions: Iterable[tuple[str, int]] | None = None) -> None:
+        """Drop committed offsets of some partitions of a group, or all of them (None)."""
+
+    # -- producers and transactions ----------------------------------------------------------------
+    @abstractmethod
+    def allocate_producer_ids(self, count: int) -> int:
+        """Reserve `count` never-used producer ids; return the first."""
+
+    @abstractmethod
+    def save_transaction(self, record: TransactionRecord) -> None:
+        """Create or replace the state of one transactional id."""
+
+    @abstractmethod
+    def transactions(self) -> list[TransactionRecord]:
+        """The state of every transactional id, sorted by id."""
 
     @abstractmethod
     def close(self) -> None:

@@ -1,0 +1,188 @@
+"""Broker benchmark: produce and consume throughput, ack latency, against the disk's fsync'd bandwidth.
+
+Run: .venv/bin/python bench/broker_bench.py [--records 400000] [--partitions 6]
+Everything is measured in one run so the ratios hold on a shared, noisy machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import confluent_kafka as ck
+from confluent_kafka.admin import AdminClient, NewTopic
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from conftest import BrokerProcess  # noqa: E402
+
+RECORD_SIZE = 1024
+
+
+def disk_baseline(directory: Path, megabytes: int = 512) -> float:
+    """MB/s of `dd ... conv=fsync` (sequential write, fsync at the end) in the broker's data directory."""
+    target = directory / "dd.bin"
+    out = subprocess.run(
+        ["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={megabytes}", "conv=fsync"],
+        capture_output=True, text=True, check=True,
+    ).stderr
+    target.unlink()
+    seconds = float(re.search(r"copied, ([\d.]+) s", out).group(1))  # type: ignore[union-attr]
+    return megabytes * 1024 * 1024 / seconds / 1e6
+
+
+def payloads(count: int) -> list[bytes]:
+    """Half random, half repetitive 1 KiB values, so lz4 has realistic work (about 2:1)."""
+    return [os.urandom(RECORD_SIZE // 2) + bytes([i % 256]) * (RECORD_SIZE // 2) for i in range(count)]
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(10)
+
+
+def produce_throughput(bootstrap: str, topic: str, records: int) -> dict[str, float]:
+    producer = ck.Producer({
+        "bootstrap.servers": bootstrap, "acks": "all", "compression.type": "lz4", "linger.ms": 5,
+        "queue.buffering.max.kbytes": 1024 * 1024, "queue.buffering.max.messages": 1_000_000,
+    })
+    values = payloads(1000)
+    failures = 0
+
+    def on_delivery(err: object, _msg: object) -> None:
+        nonlocal failures
+        if err is not None:
+            failures += 1
+
+    started = time.perf_counter()
+    for i in range(records):
+        while True:
+            try:
+                producer.produce(topic, values[i % 1000], on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        if i % 10000 == 0:
+            producer.poll(0)
+            if i % 100000 == 0:
+                print(f"  produced {i}/{records}", file=sys.stderr, flush=True)
+    producer.flush(120)
+    seconds = time.perf_counter() - started
+    if failures:
+        raise RuntimeError(f"{failures} records failed")
+    return {"seconds": seconds, "mb_per_s": records * RECORD_SIZE / seconds / 1e6, "records_per_s": records / seconds}
+
+
+def ack_latency(bootstrap: str, topic: str, mb_per_s: float, seconds: float) -> dict[str, float]:
+    """Produce at a steady rate; latency = delivery report time - produce() time."""
+    producer = ck.Producer({
+        "bootstrap.servers": bootstrap, "acks": "all", "compression.type": "lz4", "linger.ms": 5,
+    })
+    values = payloads(1000)
+    rate = mb_per_s * 1e6 / RECORD_SIZE
+    latencies: list[float] = []
+
+    def on_delivery(err: object, _msg: object, sent: float) -> None:
+        if err is None:
+            latencies.append(time.perf_counter() - sent)
+
+    started = time.perf_counter()
+    sent = 0
+    total = int(rate * seconds)
+    while sent < total:
+        due = started + sent / rate
+        now = time.perf_counter()
+        if now < due:
+            producer.poll(min(due - now, 0.001))
+            continue
+        t = time.perf_counter()
+        producer.produce(topic, values[sent % 1000], on_delivery=lambda e, m, t=t: on_delivery(e, m, t))
+        sent += 1
+        if sent % 100 == 0:
+            producer.poll(0)
+    producer.flush(60)
+    # Latency includes librdkafka's 5 ms linger: that part is the client's choice, not the broker's.
+    q = statistics.quantiles(latencies, n=100)
+    return {"records": len(latencies), "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000, "linger_ms": 5}
+
+
+def consume_throughput_kcat(bootstrap: str, topic: str, records: int) -> dict[str, float]:
+    """Read the whole topic with kcat (librdkafka in C): the broker, not a Python loop, is measured."""
+    started = time.perf_counter()
+    out = subprocess.run(
+        ["kcat", "-C", "-b", bootstrap, "-t", topic, "-o", "beginning", "-e", "-q", "-f", "%S\\n"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()
+    seconds = time.perf_counter() - started
+    if len(out) != records:
+        raise RuntimeError(f"kcat read {len(out)} records, expected {records}")
+    size = sum(int(n) for n in out)
+    return {"seconds": seconds, "mb_per_s": size / seconds / 1e6, "records_per_s": records / seconds}
+
+
+def consume_throughput(bootstrap: str, topic: str, partitions: int, records: int) -> dict[str, float]:
+    consumer = ck.Consumer({
+        "bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit": False,
+        "fetch.max.bytes": 64 * 1024 * 1024, "max.partition.fetch.bytes": 8 * 1024 * 1024,
+        "queued.max.messages.kbytes": 1024 * 1024,
+    })
+    consumer.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in range(partitions)])
+    received = 0
+    size = 0
+    started = time.perf_counter()
+    while received < records:
+        for msg in consumer.consume(10000, 1.0):
+            if msg.error() is None:
+                received += 1
+                size += len(msg.value())
+    seconds = time.perf_counter() - started
+    consumer.close()
+    return {"seconds": seconds, "mb_per_s": size / seconds / 1e6, "records_per_s": received / seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--records", type=int, default=400_000)
+    parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--latency-seconds", type=float, default=15)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=Path(__file__).parent) as tmp:
+        data = Path(tmp) / "data"
+        data.mkdir()
+        broker = BrokerProcess(data, extra_args=["--log-level", "warning"]).start()
+        try:
+            print("disk baseline (dd conv=fsync)...", file=sys.stderr)
+            disk = disk_baseline(data)
+            create_topic(broker.bootstrap, "bench", args.partitions)
+            print("produce throughput...", file=sys.stderr)
+            produced = produce_throughput(broker.bootstrap, "bench", args.records)
+            print("consume throughput...", file=sys.stderr)
+            consumed_kcat = consume_throughput_kcat(broker.bootstrap, "bench", args.records)
+            consumed = consume_throughput(broker.bootstrap, "bench", args.partitions, args.records)
+            create_topic(broker.bootstrap, "latency", args.partitions)
+            print("ack latency at 10 MB/s...", file=sys.stderr)
+            latency = ack_latency(broker.bootstrap, "latency", 10, args.latency_seconds)
+        finally:
+            broker.stop()
+    result = {
+        "machine": f"{platform.node()} {os.cpu_count()} cores, {platform.python_version()}",
+        "disk_fsync_mb_per_s": round(disk, 1),
+        "produce": {k: round(v, 1) for k, v in produced.items()},
+        "produce_vs_disk": round(produced["mb_per_s"] / disk, 2),
+        "consume_kcat": {k: round(v, 1) for k, v in consumed_kcat.items()},
+        "consume_confluent_python": {k: round(v, 1) for k, v in consumed.items()},
+        "ack_latency_10mb_s": {k: round(v, 2) for k, v in latency.items()},
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
