@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import io
 import pkgutil
 import struct
 from dataclasses import dataclass
@@ -20,8 +21,9 @@ def _load_classes() -> tuple[dict[int, type[ApiMessage]], dict[int, type[ApiMess
             continue
         importlib.import_module(module.name)
 
-    def subclasses(cls: type) -> list[type]:
-        out = []
+    def subclasses(cls: type) -> list[Any]:
+        out: list[Any] = []
+        sub: Any
         for sub in cls.__subclasses__():
             out.append(sub)
             out.extend(subclasses(sub))
@@ -56,8 +58,25 @@ def read_prefix(frame: bytes) -> RequestPrefix:
 
 
 def decode_request(frame: bytes, api_key: int, api_version: int) -> Any:
-    """Decode header and body; raises on malformed input."""
-    return REQUEST_CLASSES[api_key].decode(frame, version=api_version, header=True)
+    """Decode header and body; raises on malformed input.
+
+    kafka-python's decoder slices strings and bytes without checking that the frame is long enough, so a
+    request cut short would decode as a different one (a topic name missing its last letters, which
+    Metadata would then auto-create). This runs the same compiled decoder but keeps its end position, to
+    refuse any request whose fields run past the end of the frame.
+    """
+    cls: Any = REQUEST_CLASSES[api_key]
+    header_buffer = io.BytesIO(frame)
+    header = cls.parse_header(header_buffer, version=api_version)
+    flexible = cls.flexible_version_q(api_version)
+    decode_body = cls._struct.compiled_decode_from(
+        api_version, compact=flexible, tagged=flexible, data_class=cls
+    )
+    request, end = decode_body(memoryview(frame), header_buffer.tell())
+    if end > len(frame):
+        raise ValueError(f"fields run {end - len(frame)} bytes past the end of the {len(frame)}-byte request")
+    request._header = header
+    return request
 
 
 def encode_response(response: Any, api_version: int, correlation_id: int) -> bytes:
