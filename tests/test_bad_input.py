@@ -520,3 +520,19 @@ def test_fetch_at_high_watermark_is_not_out_of_range(
     result = fetch_partition(conn, created, 3, max_wait_ms=10)
     assert (result.error_code, result.high_watermark) == (NONE, 3)
     assert not result.records
+
+
+def test_huge_partition_counts_are_refused(broker: BrokerProcess, topic_name: str) -> None:
+    """A CreateTopics/CreatePartitions asking for millions of partitions gets INVALID_PARTITIONS at once."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    with pytest.raises(KafkaException) as created:
+        admin.create_topics([NewTopic(topic_name, 100_000, 1)])[topic_name].result(10)
+    assert created.value.args[0].code() == 37  # INVALID_PARTITIONS
+    admin.create_topics([NewTopic(topic_name, 1, 1)])[topic_name].result(10)
+    with pytest.raises(KafkaException) as grown:
+        admin.create_partitions([NewPartitions(topic_name, 100_000)])[topic_name].result(10)
+    assert grown.value.args[0].code() == 37
+    assert len(admin.list_topics(topic_name, timeout=10).topics[topic_name].partitions) == 1

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from icelog.errors import ErrorCode, KafkaApiError
 
 MAX_TOPIC_NAME_LENGTH = 249
+# Each partition costs memory and start-up work in the broker; a request for millions would stall it.
+MAX_PARTITIONS_PER_TOPIC = 10_000
 _LEGAL_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 
 
@@ -84,10 +86,24 @@ TOPIC_CONFIG_KEYS: dict[str, TopicConfigKey] = {
 ICELOG_PREFIX = "icelog."
 
 
+def _check_icelog_key(key: str, value: str | None) -> None:
+    """Validate the icelog.* keys that have a known meaning (archive settings); others persist as given."""
+    from icelog.lake.topic_config import CHECKS
+
+    check = CHECKS.get(key)
+    if check is None or value is None:
+        return
+    try:
+        check(value)
+    except ValueError as exc:
+        raise KafkaApiError(ErrorCode.INVALID_CONFIG, f"invalid value for {key}: {exc}") from None
+
+
 def validate_topic_configs(configs: Mapping[str, str | None]) -> dict[str, str | None]:
     """Check keys and values; raise INVALID_CONFIG naming the offending key."""
     for key, value in configs.items():
         if key.startswith(ICELOG_PREFIX):
+            _check_icelog_key(key, value)
             continue
         spec = TOPIC_CONFIG_KEYS.get(key)
         if spec is None:
