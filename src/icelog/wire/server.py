@@ -31,13 +31,14 @@ class KafkaServer:
         self.broker = broker
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> None:
         settings = self.broker.settings
         self._server = await asyncio.start_server(
             self._on_connect, settings.host, settings.port, limit=1 << 20, reuse_address=True
         )
-        sockets = self._server.sockets or []
+        sockets: Any = self._server.sockets or []
         if sockets:
             self.broker.advertised_port = sockets[0].getsockname()[1]
         log.info("Kafka listener on %s:%d", settings.host, self.broker.advertised_port)
@@ -45,21 +46,25 @@ class KafkaServer:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
-            for task in list(self._connections):
-                task.cancel()
-            await asyncio.gather(*self._connections, return_exceptions=True)
+            # Closing the sockets ends each connection's read loop normally; cancelling the stream
+            # callbacks instead makes asyncio log a traceback per connection.
+            for writer in list(self._writers):
+                writer.transport.abort()
+            await asyncio.wait(self._connections, timeout=5) if self._connections else None
             await self._server.wait_closed()
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        self._writers.add(writer)
         peername = writer.get_extra_info("peername")
         peer = f"{peername[0]}:{peername[1]}" if peername else "?"
         try:
             await self._serve(reader, writer, peer)
         finally:
             self._connections.discard(task)
+            self._writers.discard(writer)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
         queue: asyncio.Queue[tuple[int, int, asyncio.Task[Any]] | None] = asyncio.Queue(MAX_IN_FLIGHT)
@@ -117,7 +122,7 @@ class KafkaServer:
             raise _Disconnect(f"malformed {ApiKey(key).name} v{version} request: {exc!r}") from None
         client_id = request.header.client_id if request.header is not None else None
         context = RequestContext(self.broker, version, client_id, peer)
-        task = asyncio.create_task(HANDLERS[key](context, request))
+        task: asyncio.Task[Any] = asyncio.ensure_future(HANDLERS[key](context, request))
         return (key << 16) | version, correlation, task
 
     async def _send_in_order(
@@ -132,6 +137,10 @@ class KafkaServer:
                 key_version, correlation, task = item
                 try:
                     response = await task
+                except ConnectionAbortedError as exc:  # a handler asks to drop the connection (test hook)
+                    log.warning("dropping the connection from %s: %s", peer, exc)
+                    writer.close()
+                    return
                 except Exception:
                     log.exception("handler failed for a request from %s; closing the connection", peer)
                     return
@@ -141,9 +150,7 @@ class KafkaServer:
                     writer.write(response)
                 else:
                     writer.write(codec.encode_response(response, key_version & 0xFFFF, correlation))
-                if writer.transport.get_write_buffer_size() > 1 << 20:
-                    await writer.drain()
-                elif queue.empty():
+                if queue.empty() or writer.transport.get_write_buffer_size() > 1 << 20:
                     await writer.drain()
         except (ConnectionError, asyncio.CancelledError):
             return
