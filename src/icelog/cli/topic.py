@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from icelog.errors import ConfigError, IcelogError
@@ -32,15 +33,22 @@ def add_parser(sub: Any) -> None:
 
 def _admin(args: argparse.Namespace) -> Any:
     from kafka import KafkaAdminClient
-    from kafka.errors import NoBrokersAvailable
+    from kafka.errors import KafkaError
 
     from icelog.config import load_settings
 
     bootstrap = args.bootstrap or load_settings(args.config).listen
     try:
-        return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="icelog-cli", request_timeout_ms=15000)
-    except NoBrokersAvailable:
-        raise IcelogError(f"no broker answers at {bootstrap}; start one with `icelog serve` or pass --bootstrap")
+        # kafka-python 3 has no NoBrokersAvailable: an unreachable broker is a KafkaTimeoutError after
+        # bootstrap_timeout_ms (30 s by default, too long for a command line).
+        return KafkaAdminClient(
+            bootstrap_servers=bootstrap, client_id="icelog-cli", request_timeout_ms=15000,
+            bootstrap_timeout_ms=5000,
+        )
+    except KafkaError:
+        raise IcelogError(
+            f"no broker answers at {bootstrap}; start one with `icelog serve` or pass --bootstrap"
+        ) from None
 
 
 def _parse_configs(pairs: list[str]) -> dict[str, str]:
@@ -54,7 +62,10 @@ def _parse_configs(pairs: list[str]) -> dict[str, str]:
 
 
 def _raise_kafka(exc: Exception) -> None:
-    raise IcelogError(str(exc)) from exc
+    # kafka-python's message embeds the whole request and response; keep the error and the broker's reason.
+    reason = re.search(r"error_message=(['\"])(.*?)\1", str(exc))
+    name = getattr(exc, "message", None) or type(exc).__name__
+    raise IcelogError(f"{name}: {reason.group(2)}" if reason else str(exc)) from exc
 
 
 def cmd_create(args: argparse.Namespace) -> int:
@@ -90,7 +101,9 @@ def cmd_describe(args: argparse.Namespace) -> int:
     admin = _admin(args)
     try:
         described = admin.describe_topics([args.name])
-        configs = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, args.name)])
+        # kafka-python 3 lists only non-default configs unless asked for all.
+        resource = ConfigResource(ConfigResourceType.TOPIC, args.name)
+        configs = admin.describe_configs([resource], config_filter="all")
     except KafkaError as exc:
         _raise_kafka(exc)
     finally:
@@ -98,21 +111,12 @@ def cmd_describe(args: argparse.Namespace) -> int:
     for topic in described:
         if topic.get("error_code"):
             raise IcelogError(f"topic {args.name!r} does not exist")
-        print(f"topic {topic['topic']}  partitions {len(topic['partitions'])}")
-    for resource in _config_results(configs):
-        for entry in resource.get("configs", []):
-            default = " (default)" if entry.get("is_default") or entry.get("config_source") == 5 else ""
-            print(f"  {entry['name']}={entry['value']}{default}")
+        print(f"topic {topic['name']}  partitions {len(topic['partitions'])}")
+    # kafka-python 3 answers {"topic": {name: {key: {"value": ..., "config_source": "DEFAULT_CONFIG", ...}}}}
+    for key, entry in sorted(configs.get("topic", {}).get(args.name, {}).items()):
+        default = " (default)" if entry.get("config_source") == "DEFAULT_CONFIG" else ""
+        print(f"  {key}={entry['value']}{default}")
     return 0
-
-
-def _config_results(response: Any) -> list[dict[str, Any]]:
-    results: list[dict[str, Any]] = []
-    for item in response if isinstance(response, list) else [response]:
-        data = item.to_dict() if hasattr(item, "to_dict") else item
-        if isinstance(data, dict):
-            results.extend(data.get("results", [data]))
-    return results
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
