@@ -39,6 +39,26 @@ def disk_baseline(directory: Path, megabytes: int = 512) -> float:
     return megabytes * 1024 * 1024 / seconds / 1e6
 
 
+def fsync_latency_baseline(directory: Path, commits: int = 1500, size: int = 50 * 1024) -> dict[str, float]:
+    """p50/p99 of write+fdatasync of one group commit's worth of bytes every 5 ms: the floor under ack latency."""
+    path = directory / "fsync.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    block = os.urandom(size)
+    timings = []
+    try:
+        for _ in range(commits):
+            started = time.perf_counter()
+            os.write(fd, block)
+            os.fdatasync(fd)
+            timings.append(time.perf_counter() - started)
+            time.sleep(0.005)
+    finally:
+        os.close(fd)
+        path.unlink()
+    q = statistics.quantiles(timings, n=100)
+    return {"p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000}
+
+
 def payloads(count: int) -> list[bytes]:
     """Half random, half repetitive 1 KiB values, so lz4 has realistic work (about 2:1)."""
     return [os.urandom(RECORD_SIZE // 2) + bytes([i % 256]) * (RECORD_SIZE // 2) for i in range(count)]
@@ -168,6 +188,8 @@ def main() -> None:
             consumed_kcat = consume_throughput_kcat(broker.bootstrap, "bench", args.records)
             consumed = consume_throughput(broker.bootstrap, "bench", args.partitions, args.records)
             create_topic(broker.bootstrap, "latency", args.partitions)
+            print("fsync latency baseline...", file=sys.stderr)
+            fsync_floor = fsync_latency_baseline(data)
             print("ack latency at 10 MB/s...", file=sys.stderr)
             latency = ack_latency(broker.bootstrap, "latency", 10, args.latency_seconds)
         finally:
@@ -180,6 +202,7 @@ def main() -> None:
         "consume_kcat": {k: round(v, 1) for k, v in consumed_kcat.items()},
         "consume_confluent_python": {k: round(v, 1) for k, v in consumed.items()},
         "ack_latency_10mb_s": {k: round(v, 2) for k, v in latency.items()},
+        "fsync_50k_every_5ms": {k: round(v, 2) for k, v in fsync_floor.items()},
     }
     print(json.dumps(result, indent=2))
 

@@ -230,7 +230,8 @@ class ConfluentClient:
                 "compression.type": codec,
                 "acks": acks,
                 "linger.ms": 20,
-                "enable.idempotence": False,
+                # Idempotence needs acks=all; with it the broker's sequence tracking is exercised too.
+                "enable.idempotence": acks == "all",
             }
         )
         reports: list[Any] = [None] * len(records)
@@ -382,14 +383,14 @@ class KafkaPythonClient:
         """Produce in order; return the offsets of the record metadata (-1 for acks=0)."""
         from kafka import KafkaProducer
 
-        # kafka-python 3 is idempotent by default, which needs InitProducerId; the broker does not serve
-        # it yet (in progress), so these tests produce without idempotence for now.
+        # kafka-python 3 is idempotent by default (InitProducerId + sequences); idempotence requires
+        # acks=all, so the acks=0/1 cases turn it off.
         producer = KafkaProducer(
             bootstrap_servers=bootstrap,
             acks=int(acks) if acks != "all" else "all",
             compression_type=None if codec == "none" else codec,
             linger_ms=20,
-            enable_idempotence=False,
+            enable_idempotence=acks == "all",
         )
         try:
             futures = [

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# Session fixtures of the Spark archive tests (one broker, one Spark session): tests/archive_fixtures.py
+pytest_plugins = ["archive_fixtures"]
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -37,8 +40,11 @@ class BrokerProcess:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 20.0) -> BrokerProcess:
-        env = {**os.environ, **self.env}
-        log = open(self.log_path, "ab")
+        # Test brokers keep plain Kafka retention and run no Spark archiver unless a test asks for them
+        # (tests/test_archive*.py pass ICELOG_ARCHIVE__* in `env`).
+        quiet = {"ICELOG_ARCHIVE__DEFAULT_KIND": "none", "ICELOG_ARCHIVE__ENABLED": "false"}
+        env = {**os.environ, **quiet, **self.env}
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child process keeps writing after we return
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "icelog", "serve", "--listen", self.bootstrap, "--data-dir", str(self.data_dir),
              *self.extra_args],

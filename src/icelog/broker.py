@@ -8,8 +8,11 @@ import signal
 import socket
 
 from icelog.config import Settings
+from icelog.coordinator.groups import GroupCoordinator, GroupSettings
+from icelog.coordinator.transactions import TransactionCoordinator
 from icelog.log.manager import LogManager
 from icelog.meta.store import open_store
+from icelog.pipeline.service import ArchiverProcess
 from icelog.wire.context import BrokerState
 from icelog.wire.server import KafkaServer
 
@@ -25,17 +28,35 @@ class Broker:
         self.logs = LogManager(settings, open_store(settings.metadata_url))
         host = settings.advertised_host or _advertisable(settings.host)
         self.state = BrokerState(settings, self.logs, host, settings.port)
+        self.groups = GroupCoordinator(self.logs.store, GroupSettings(
+            settings.group_initial_rebalance_delay_ms, settings.group_min_session_timeout_ms,
+            settings.group_max_session_timeout_ms,
+        ))
+        self.transactions = TransactionCoordinator(
+            self.logs.store, self.logs, self.groups, settings.transaction_max_timeout_ms
+        )
+        self.state.groups, self.state.transactions = self.groups, self.transactions
         self.server = KafkaServer(self.state)
         self._stopping = asyncio.Event()
+        self.archiver: ArchiverProcess | None = None
 
     async def run(self) -> None:
         """Recover, serve until SIGINT/SIGTERM, then shut down cleanly."""
         self.logs.open()
         self.logs.start()
+        self.groups.load()
+        self.transactions.load()
+        await self.transactions.recover()  # before serving: finish or abort what a crash left open
+        self.groups.start()
+        self.transactions.start()
         await self.server.start()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stopping.set)
+        if self.settings.archive.enabled:
+            # A child process: the Spark driver must not share this event loop (or its GIL).
+            self.archiver = ArchiverProcess(self.settings)
+            self.archiver.start()
         upkeep = asyncio.create_task(self._upkeep())
         print(
             f"icelog serving Kafka on {self.state.advertised_host}:{self.state.advertised_port} "
@@ -47,7 +68,11 @@ class Broker:
         stop_wait = asyncio.create_task(self._stopping.wait())
         await asyncio.wait({stop_wait, writer_task}, return_when=asyncio.FIRST_COMPLETED)
         upkeep.cancel()
+        if self.archiver is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.archiver.stop)
         await self.server.stop()
+        await self.transactions.stop()
+        await self.groups.stop()
         failed = self.logs.writer.failed
         await self.logs.close()
         if failed is not None:
@@ -58,6 +83,8 @@ class Broker:
         interval = self.settings.retention_check_interval_ms / 1000
         while True:
             await asyncio.sleep(interval)
+            if self.archiver is not None:
+                self.archiver.check()
             try:
                 self.logs.enforce_retention()
             except Exception:

@@ -30,6 +30,45 @@ class IntakeSettings(BaseModel):
     fsync: bool = Field(True, description="fsync each group commit before acknowledging (turn off only in tests).")
 
 
+class ArchiveSettings(BaseModel):
+    """The Spark archiver: where the Iceberg catalog is, how Spark runs, and per-topic archive defaults."""
+
+    enabled: bool = Field(True, description="`icelog serve` runs `icelog archive` as a child process.")
+    default_kind: str = Field(
+        "iceberg",
+        pattern="^(iceberg|none)$",
+        description="icelog.archive.kind of topics that do not set it: iceberg archives, none does not.",
+    )
+    catalog_type: str = Field("jdbc", pattern="^(jdbc|rest|hadoop)$", description="Iceberg catalog kind.")
+    catalog_uri: str | None = Field(
+        None, description="jdbc:... or http(s)://... (REST); default jdbc:sqlite:<data_dir>/catalog.db."
+    )
+    catalog_name: str = Field("lake", description="Spark catalog name (the default catalog of `icelog sql`).")
+    catalog_properties: dict[str, str] = Field(
+        default_factory=dict, description="Extra Iceberg catalog properties, e.g. jdbc.user, jdbc.password."
+    )
+    warehouse: str | None = Field(None, description="Warehouse location; default file://<data_dir>/warehouse.")
+    namespace: str = Field("icelog", description="Namespace of archive tables (a topic's table config wins).")
+    spark_master: str = Field("local[*]", description="spark.master: local[*], or spark://HOST:PORT.")
+    spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark conf entries.")
+    poll_interval_ms: int = Field(500, gt=0, description="How often the archiver looks for due archives.")
+    retry_backoff_max_ms: int = Field(30000, gt=0, description="Longest wait between retries of a failed pass.")
+    max_bytes: int = Field(
+        128 * 1024 * 1024, gt=0, description="Default icelog.archive.max.bytes: an archive is cut at this size."
+    )
+    complete_delay_max_ms: int = Field(
+        2000, ge=0, description="Default icelog.archive.complete.delay.max.ms: longest an archive stays open."
+    )
+    idle_max_ms: int = Field(
+        500, ge=0, description="Default icelog.archive.idle.max.ms: complete an archive idle this long."
+    )
+    intake_retention_ms: int = Field(
+        -1,
+        ge=-1,
+        description="Default icelog.intake.retention.ms: drop archived intake older than this (-1: off).",
+    )
+
+
 class Settings(BaseSettings):
     """Everything `icelog serve` needs; each field can come from icelog.yaml, ICELOG_<NAME> or a flag."""
 
@@ -45,10 +84,17 @@ class Settings(BaseSettings):
     num_partitions: int = Field(1, ge=1, description="Partitions of auto-created topics (Kafka's num.partitions).")
     socket_request_max_bytes: int = Field(100 * 1024 * 1024, gt=0, description="Largest request accepted.")
     retention_check_interval_ms: int = Field(5000, gt=0)
+    group_initial_rebalance_delay_ms: int = Field(
+        3000, ge=0, description="Kafka's group.initial.rebalance.delay.ms: wait for more members of a new group."
+    )
+    group_min_session_timeout_ms: int = Field(6000, gt=0, description="Kafka's group.min.session.timeout.ms.")
+    group_max_session_timeout_ms: int = Field(1800000, gt=0, description="Kafka's group.max.session.timeout.ms.")
+    transaction_max_timeout_ms: int = Field(900000, gt=0, description="Kafka's transaction.max.timeout.ms.")
     topic_defaults: dict[str, str] = Field(
         default_factory=dict, description="Topic config defaults for new topics, e.g. retention.ms: '86400000'."
     )
-    intake: IntakeSettings = Field(default_factory=IntakeSettings)
+    intake: IntakeSettings = Field(default_factory=lambda: IntakeSettings())  # type: ignore[call-arg]
+    archive: ArchiveSettings = Field(default_factory=lambda: ArchiveSettings())  # type: ignore[call-arg]
 
     @field_validator("listen")
     @classmethod
@@ -69,6 +115,15 @@ class Settings(BaseSettings):
     @property
     def metadata_url(self) -> str:
         return self.meta_url or f"sqlite:///{self.data_dir / 'meta.db'}"
+
+    @property
+    def catalog_uri(self) -> str:
+        """The Iceberg catalog URI (embedded default: JDBC on SQLite in the data directory)."""
+        return self.archive.catalog_uri or f"jdbc:sqlite:{Path(self.data_dir).resolve() / 'catalog.db'}"
+
+    @property
+    def warehouse(self) -> str:
+        return self.archive.warehouse or (Path(self.data_dir).resolve() / "warehouse").as_uri()
 
     @classmethod
     def settings_customise_sources(

@@ -3,10 +3,30 @@
 from __future__ import annotations
 
 import argparse
+from datetime import UTC, datetime
 from typing import Any
 
 from icelog.config import load_settings
+from icelog.errors import IcelogError
 from icelog.meta.store import open_store
+from icelog.pipeline.progress import ArchiveProgress, archive_progress
+
+ARCHIVE_COLUMNS = ("ARCHIVED-THROUGH", "LAG-RECORDS", "LAG-BYTES", "LAG-SECONDS", "LAST-COMMIT", "LAST-ERROR")
+
+
+def _archive_cells(progress: ArchiveProgress | None) -> tuple[str, ...]:
+    """The archive columns of one partition ('-' where the topic is not archived)."""
+    if progress is None or not progress.enabled:
+        return ("-",) * len(ARCHIVE_COLUMNS)
+    last_commit = "-"
+    if progress.last_commit_ms >= 0:
+        when = datetime.fromtimestamp(progress.last_commit_ms / 1000, UTC)
+        last_commit = when.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return (
+        str(progress.archived_offset - 1) if progress.archived_offset > 0 else "-",
+        str(progress.lag_records), str(progress.lag_bytes), f"{progress.lag_seconds:.1f}", last_commit,
+        progress.last_error or "-",
+    )
 
 
 def add_parser(sub: Any) -> None:
@@ -17,6 +37,10 @@ def add_parser(sub: Any) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     settings = load_settings(args.config, data_dir=args.data_dir)
+    if settings.meta_url is None and not (settings.data_dir / "meta.db").exists():
+        # Opening the default SQLite store would create it: a mistyped --data-dir must not look like an
+        # empty broker.
+        raise IcelogError(f"no icelog data in {settings.data_dir} (no meta.db); pass the broker's --data-dir")
     store = open_store(settings.metadata_url)
     try:
         chunks = store.intake_chunks()
@@ -24,13 +48,18 @@ def cmd_status(args: argparse.Namespace) -> int:
         for chunk in chunks:
             count, size = intake.get((chunk.topic_id, chunk.partition), (0, 0))
             intake[(chunk.topic_id, chunk.partition)] = (count + 1, size + chunk.length)
-        rows = [("TOPIC", "PARTITION", "LOG-START", "HIGH-WATERMARK", "RECORDS", "INTAKE-CHUNKS", "INTAKE-BYTES")]
+        progress = archive_progress(settings, store)
+        rows: list[tuple[str, ...]] = [
+            ("TOPIC", "PARTITION", "LOG-START", "HIGH-WATERMARK", "RECORDS", "INTAKE-CHUNKS", "INTAKE-BYTES",
+             *ARCHIVE_COLUMNS)
+        ]
         for topic in store.list_topics():
             for part in store.partitions(topic.topic_id):
                 count, size = intake.get((topic.topic_id, part.partition), (0, 0))
                 rows.append((
                     topic.name, str(part.partition), str(part.log_start_offset), str(part.high_watermark),
                     str(part.high_watermark - part.log_start_offset), str(count), str(size),
+                    *_archive_cells(progress.get((topic.topic_id, part.partition))),
                 ))
     finally:
         store.close()

@@ -8,6 +8,7 @@ metadata store. Only then are the appends acknowledged and the high watermarks m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -257,10 +258,8 @@ class IntakeWriter:
             while self._pending and self.failed is None:
                 await asyncio.sleep(0.001)
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
         self._io.shutdown(wait=True)
         if self._fd >= 0:
             os.close(self._fd)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import struct
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -12,12 +13,15 @@ from pathlib import Path
 
 from icelog.config import Settings
 from icelog.errors import ErrorCode, KafkaApiError, StoreError, TopicExistsError, UnknownTopicError
+from icelog.lake.topic_config import archive_config
 from icelog.log import intake_file
 from icelog.log.batch import assign_offsets, parse_produced_batches, set_log_append_time
 from icelog.log.intake import IntakeFiles, IntakeWriter
 from icelog.log.partition import PartitionLog
+from icelog.log.producers import iter_stored_headers
+from icelog.log.transactions import encode_marker_batch, marker_type
 from icelog.meta.store import IntakeChunk, MetadataStore, TopicRecord
-from icelog.topics import EffectiveConfig, validate_topic_configs, validate_topic_name
+from icelog.topics import MAX_PARTITIONS_PER_TOPIC, EffectiveConfig, validate_topic_configs, validate_topic_name
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +69,19 @@ class LogManager:
             if state is not None and chunk.partition < len(state.partitions):
                 self._track_chunk(state.partitions[chunk.partition], chunk)
         self._delete_unreferenced_files()
+        self._rebuild_producer_state()
+
+    def _rebuild_producer_state(self) -> None:
+        # Producer sequences and open/aborted transactions are not persisted: replay the stored batch headers.
+        for state in self.topics.values():
+            for part in state.partitions:
+                for chunk in part.chunks:
+                    data = self.files.read_chunk(chunk)
+                    headers = list(iter_stored_headers(data))
+                    part.producers.replay(headers)
+                    part.txn_index.replay(
+                        (h, marker_type(data, h.position) if h.is_control else None) for h in headers
+                    )
 
     def start(self) -> None:
         self.writer.start()
@@ -112,8 +129,11 @@ class LogManager:
     ) -> TopicState | None:
         """Create a topic (Kafka's rules); raise KafkaApiError with the code a client expects."""
         validate_topic_name(name)
-        if partitions < 1:
-            raise KafkaApiError(ErrorCode.INVALID_PARTITIONS, f"partitions must be at least 1, got {partitions}")
+        if not 1 <= partitions <= MAX_PARTITIONS_PER_TOPIC:
+            raise KafkaApiError(
+                ErrorCode.INVALID_PARTITIONS,
+                f"partitions must be between 1 and {MAX_PARTITIONS_PER_TOPIC}, got {partitions}",
+            )
         values = {k: v for k, v in validate_topic_configs(configs).items() if v is not None}
         if name in self.topics:
             raise KafkaApiError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
@@ -145,6 +165,10 @@ class LogManager:
         state = self.topics.get(name)
         if state is None:
             raise KafkaApiError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+        if total > MAX_PARTITIONS_PER_TOPIC:
+            raise KafkaApiError(
+                ErrorCode.INVALID_PARTITIONS, f"a topic can have at most {MAX_PARTITIONS_PER_TOPIC} partitions"
+            )
         if total <= len(state.partitions):
             raise KafkaApiError(
                 ErrorCode.INVALID_PARTITIONS,
@@ -168,9 +192,16 @@ class LogManager:
             self._install(self.store.alter_topic_configs(name, set_configs, list(delete_keys)))
 
     # -- appends -------------------------------------------------------------------------------
-    def append(self, topic: TopicState, partition: PartitionLog, records: bytes) -> tuple[AppendResult, asyncio.Future[None]]:
+    def append(
+        self, topic: TopicState, partition: PartitionLog, records: bytes
+    ) -> tuple[AppendResult, asyncio.Future[None]]:
         """Validate, assign offsets and queue batches; the future resolves when they are durable."""
         batches = parse_produced_batches(records, topic.config.max_message_bytes)
+        if any(b.is_control for b in batches):
+            raise KafkaApiError(ErrorCode.INVALID_RECORD, "clients may not write control batches")
+        retry = partition.producers.check(batches)
+        if retry is not None:  # an idempotent producer resent a batch we have: answer with its offsets
+            return AppendResult(retry.base_offset, -1), _when_durable(retry.done)
         buffer = bytearray(records)
         append_time = -1
         if topic.config.log_append_time:
@@ -183,7 +214,26 @@ class LogManager:
         done = self.writer.submit(
             partition.topic_id, partition.partition, bytes(buffer), base, base + record_count, max_ts
         )
+        partition.producers.record(batches, base, done)
+        offset = base
+        for batch in batches:
+            partition.txn_index.on_data(batch.producer_id, offset, batch.is_transactional)
+            offset += batch.last_offset_delta + 1
         return AppendResult(base, append_time), done
+
+    def append_marker(
+        self, partition: PartitionLog, producer_id: int, producer_epoch: int, commit: bool,
+        coordinator_epoch: int = 0,
+    ) -> asyncio.Future[None]:
+        """Write a transaction commit/abort marker (a control batch) through the intake."""
+        now = int(time.time() * 1000)
+        buffer = bytearray(encode_marker_batch(producer_id, producer_epoch, commit, coordinator_epoch, now))
+        base = partition.reserve(1)
+        struct.pack_into(">q", buffer, 0, base)
+        done = self.writer.submit(partition.topic_id, partition.partition, bytes(buffer), base, base + 1, now)
+        partition.producers.observe_epoch(producer_id, producer_epoch)
+        partition.txn_index.on_marker(producer_id, base, commit)
+        return done
 
     # -- retention -----------------------------------------------------------------------------
     def enforce_retention(self, now_ms: int | None = None) -> int:
@@ -192,12 +242,25 @@ class LogManager:
         dropped = 0
         for state in list(self.topics.values()):
             retention_ms, retention_bytes = state.config.retention_ms, state.config.retention_bytes
+            # Archived topics: intake is dropped only once archived (the archiver records how far in
+            # the store), then by Kafka retention or icelog.intake.retention.ms, whichever comes first.
+            archive = archive_config(state.name, state.record.configs, self.settings.topic_defaults,
+                                     self.settings.archive)
+            archived: dict[int, int] | None = None
+            if archive.enabled:
+                states = self.store.archive_states(state.record.topic_id)
+                archived = {a.partition: a.archived_offset for a in states}
             for part in state.partitions:
                 new_start = part.log_start_offset
                 remaining = part.intake_bytes
                 for chunk in part.chunks:
                     too_old = retention_ms >= 0 and chunk.max_timestamp < now_ms - retention_ms
                     too_big = retention_bytes >= 0 and remaining - chunk.length >= retention_bytes
+                    if archived is not None:
+                        if chunk.end_offset > archived.get(part.partition, 0):
+                            break
+                        intake_ms = archive.intake_retention_ms
+                        too_old = too_old or (intake_ms >= 0 and chunk.max_timestamp < now_ms - intake_ms)
                     if not (too_old or too_big):
                         break
                     new_start = chunk.end_offset
@@ -222,3 +285,12 @@ class LogManager:
                 self.files.forget(file_id)
                 intake_file.file_path(self.intake_dir, file_id).unlink(missing_ok=True)
                 log.info("deleted intake file %d: no partition needs it", file_id)
+
+
+def _when_durable(original: asyncio.Future[None] | None) -> asyncio.Future[None]:
+    """The durability future of a retried batch: the original append's, or done if it predates a restart."""
+    if original is not None and not original.cancelled():
+        return original
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    done.set_result(None)
+    return done

@@ -11,8 +11,9 @@ from typing import Protocol
 
 from icelog.errors import ErrorCode, KafkaApiError
 from icelog.log.batch import batch_max_timestamp, first_record_at_or_after, iter_stored_batches
+from icelog.log.producers import ProducerStateTable
+from icelog.log.transactions import AbortedRange, TxnIndex
 from icelog.meta.store import IntakeChunk
-
 
 _BATCH_CACHE_CHUNKS = 64
 
@@ -57,6 +58,9 @@ class PartitionLog:
         self._batch_cache: OrderedDict[int, list[tuple[int, int, int, int]]] = OrderedDict()
         # Older offsets served from elsewhere (the Iceberg archive) plug in here, checked in order.
         self.older_sources: list[OffsetRangeSource] = []
+        # Idempotent-producer sequences and transaction state (rebuilt from the intake at start-up).
+        self.producers = ProducerStateTable()
+        self.txn_index = TxnIndex()
 
     # -- writes --------------------------------------------------------------------------------
     def reserve(self, record_count: int) -> int:
@@ -88,6 +92,17 @@ class PartitionLog:
         del self.chunks[:keep]
         del self._bases[:keep]
         self.log_start_offset = max(self.log_start_offset, log_start_offset)
+        self.txn_index.drop_before(self.log_start_offset)
+
+    # -- transactions --------------------------------------------------------------------------
+    @property
+    def last_stable_offset(self) -> int:
+        """read_committed readers (and the archiver) stop here: no open transaction starts below it."""
+        return self.txn_index.last_stable_offset(self.high_watermark)
+
+    def aborted_ranges(self, start_offset: int, end_offset: int) -> list[AbortedRange]:
+        """Aborted transactions overlapping [start_offset, end_offset): their records must be skipped."""
+        return self.txn_index.aborted_between(start_offset, end_offset)
 
     # -- reads ---------------------------------------------------------------------------------
     def check_fetch_offset(self, offset: int) -> None:

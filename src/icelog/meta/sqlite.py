@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from icelog.errors import StoreError, TopicExistsError, UnknownTopicError
 from icelog.meta.store import (
+    ArchiveState,
     CommittedOffset,
     GroupOffsets,
     IntakeChunk,
@@ -51,6 +53,15 @@ CREATE TABLE IF NOT EXISTS intake_chunks (
     length INTEGER NOT NULL,
     max_timestamp INTEGER NOT NULL,
     PRIMARY KEY (topic_id, partition, base_offset)
+);
+CREATE TABLE IF NOT EXISTS archive_state (
+    topic_id TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    archived_offset INTEGER NOT NULL DEFAULT 0,
+    last_commit_ms INTEGER NOT NULL DEFAULT -1,
+    last_error TEXT NOT NULL DEFAULT '',
+    last_error_ms INTEGER NOT NULL DEFAULT -1,
+    PRIMARY KEY (topic_id, partition)
 );
 CREATE TABLE IF NOT EXISTS intake_tail (
     id INTEGER PRIMARY KEY CHECK (id = 0),
@@ -96,6 +107,13 @@ class SqliteStore(MetadataStore):
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 self._conn.execute(statement)
+        columns = {row[1] for row in self._conn.execute("PRAGMA table_info(intake_chunks)")}
+        if "ingest_timestamp" not in columns:  # stores created before the archiver
+            # (suppress: another process, the archiver or the broker, may have added it just now)
+            with suppress(sqlite3.OperationalError):
+                self._conn.execute(
+                    "ALTER TABLE intake_chunks ADD COLUMN ingest_timestamp INTEGER NOT NULL DEFAULT -1"
+                )
 
     @contextmanager
     def _tx(self, durable: bool = False) -> Iterator[sqlite3.Connection]:
@@ -151,7 +169,7 @@ class SqliteStore(MetadataStore):
             topic = self._require(conn, name)
             tid = str(topic.topic_id)
             conn.execute("DELETE FROM topics WHERE topic_id = ?", (tid,))
-            for table in ("topic_configs", "partitions", "intake_chunks"):
+            for table in ("topic_configs", "partitions", "intake_chunks", "archive_state"):
                 conn.execute(f"DELETE FROM {table} WHERE topic_id = ?", (tid,))
             return topic
 
@@ -203,15 +221,17 @@ class SqliteStore(MetadataStore):
 
     # -- intake index --------------------------------------------------------------------------
     def commit_intake(self, chunks: Iterable[IntakeChunk], tail: IntakeTail) -> None:
+        now_ms = int(time.time() * 1000)  # the ingest time of the records: they are durable now
         rows = [
             (str(c.topic_id), c.partition, c.base_offset, c.end_offset, c.file_id, c.position, c.length,
-             c.max_timestamp)
+             c.max_timestamp, c.ingest_timestamp if c.ingest_timestamp >= 0 else now_ms)
             for c in chunks
         ]
         with self._tx() as conn:
             # Chunks of deleted topics (a frame written before DeleteTopics) are not indexed.
             conn.executemany(
-                "INSERT OR IGNORE INTO intake_chunks SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8 "
+                "INSERT OR IGNORE INTO intake_chunks (topic_id, partition, base_offset, end_offset, file_id, "
+                "position, length, max_timestamp, ingest_timestamp) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9 "
                 "WHERE EXISTS (SELECT 1 FROM partitions WHERE topic_id = ?1 AND partition = ?2)",
                 rows,
             )
@@ -229,7 +249,10 @@ class SqliteStore(MetadataStore):
         return IntakeTail(*row) if row else None
 
     def intake_chunks(self, topic_id: uuid.UUID | None = None) -> list[IntakeChunk]:
-        query = "SELECT * FROM intake_chunks"
+        query = (
+            "SELECT topic_id, partition, base_offset, end_offset, file_id, position, length, max_timestamp, "
+            "ingest_timestamp FROM intake_chunks"
+        )
         args: tuple[str, ...] = ()
         if topic_id is not None:
             query += " WHERE topic_id = ?"
@@ -251,6 +274,48 @@ class SqliteStore(MetadataStore):
                 (log_start_offset, tid, partition),
             )
 
+    # -- archive state -------------------------------------------------------------------------
+    def archive_states(self, topic_id: uuid.UUID | None = None) -> list[ArchiveState]:
+        query = (
+            "SELECT topic_id, partition, archived_offset, last_commit_ms, last_error, last_error_ms "
+            "FROM archive_state"
+        )
+        args: tuple[str, ...] = ()
+        if topic_id is not None:
+            query += " WHERE topic_id = ?"
+            args = (str(topic_id),)
+        with self._lock:
+            rows = self._conn.execute(query + " ORDER BY topic_id, partition", args).fetchall()
+        return [ArchiveState(uuid.UUID(r[0]), *r[1:]) for r in rows]
+
+    def record_archive(
+        self, topic_id: uuid.UUID, archived_offsets: Mapping[int, int], commit_ms: int
+    ) -> None:
+        tid = str(topic_id)
+        with self._tx() as conn:
+            conn.executemany(
+                "INSERT INTO archive_state (topic_id, partition, archived_offset, last_commit_ms) "
+                "SELECT ?1, ?2, ?3, ?4 WHERE EXISTS (SELECT 1 FROM topics WHERE topic_id = ?1) "
+                "ON CONFLICT (topic_id, partition) DO UPDATE SET "
+                "archived_offset = MAX(archived_offset, excluded.archived_offset), "
+                "last_commit_ms = MAX(last_commit_ms, excluded.last_commit_ms), "
+                "last_error = '', last_error_ms = -1",
+                [(tid, p, offset, commit_ms) for p, offset in archived_offsets.items()],
+            )
+
+    def record_archive_error(
+        self, topic_id: uuid.UUID, partitions: Iterable[int], error: str, at_ms: int
+    ) -> None:
+        tid = str(topic_id)
+        with self._tx() as conn:
+            conn.executemany(
+                "INSERT INTO archive_state (topic_id, partition, last_error, last_error_ms) "
+                "SELECT ?1, ?2, ?3, ?4 WHERE EXISTS (SELECT 1 FROM topics WHERE topic_id = ?1) "
+                "ON CONFLICT (topic_id, partition) DO UPDATE SET "
+                "last_error = excluded.last_error, last_error_ms = excluded.last_error_ms",
+                [(tid, p, error[:2000], at_ms) for p in partitions],
+            )
+
     # -- consumer groups ---------------------------------------------------------------------------
     def commit_offsets(self, group_id: str, offsets: GroupOffsets) -> None:
         rows = [(group_id, t, p, o.offset, o.metadata, o.commit_timestamp) for (t, p), o in offsets.items()]
@@ -268,7 +333,8 @@ class SqliteStore(MetadataStore):
 
     def offset_groups(self) -> list[str]:
         with self._lock:
-            return [r[0] for r in self._conn.execute("SELECT DISTINCT group_id FROM group_offsets ORDER BY 1")]
+            rows = self._conn.execute("SELECT DISTINCT group_id FROM group_offsets ORDER BY 1")
+            return [r[0] for r in rows]
 
     def delete_offsets(self, group_id: str, partitions: Iterable[tuple[str, int]] | None = None) -> None:
         with self._tx() as conn:

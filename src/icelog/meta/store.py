@@ -42,10 +42,27 @@ class IntakeChunk:
     position: int  # of the batches (after the intake frame header)
     length: int
     max_timestamp: int
+    # Wall-clock ms when the chunk was indexed (durable): the records' ingest time. -1 when unknown.
+    ingest_timestamp: int = field(default=-1, compare=False)
 
     @property
     def record_count(self) -> int:
         return self.end_offset - self.base_offset
+
+
+@dataclass(frozen=True)
+class ArchiveState:
+    """How far one partition is archived into Iceberg, as last recorded by the archiver.
+
+    The Iceberg table's snapshot summary is the truth; this copy drives retention and `icelog status`.
+    """
+
+    topic_id: uuid.UUID
+    partition: int
+    archived_offset: int = 0  # the next offset the table does not yet contain
+    last_commit_ms: int = -1
+    last_error: str = ""
+    last_error_ms: int = -1
 
 
 @dataclass(frozen=True)
@@ -140,6 +157,26 @@ class MetadataStore(ABC):
     @abstractmethod
     def trim_intake(self, topic_id: uuid.UUID, partition: int, log_start_offset: int) -> None:
         """Move a partition's log start forward and drop chunks wholly below it."""
+
+    # -- archive state -------------------------------------------------------------------------
+    @abstractmethod
+    def archive_states(self, topic_id: uuid.UUID | None = None) -> list[ArchiveState]:
+        """Recorded archive progress (of one topic, or all), ordered by topic and partition."""
+
+    @abstractmethod
+    def record_archive(
+        self, topic_id: uuid.UUID, archived_offsets: Mapping[int, int], commit_ms: int
+    ) -> None:
+        """Record that the table holds each partition's offsets below archived_offsets[p]; clear errors.
+
+        Offsets only move forward (a stale reconciliation never moves them back).
+        """
+
+    @abstractmethod
+    def record_archive_error(
+        self, topic_id: uuid.UUID, partitions: Iterable[int], error: str, at_ms: int
+    ) -> None:
+        """Record why the last archive attempt of these partitions failed."""
 
     # -- consumer groups ---------------------------------------------------------------------------
     @abstractmethod

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from icelog.config import Settings
 from icelog.log.manager import LogManager
+
+if TYPE_CHECKING:
+    from icelog.coordinator.groups import GroupCoordinator
+    from icelog.coordinator.transactions import TransactionCoordinator
 
 
 @dataclass
@@ -18,6 +22,8 @@ class BrokerState:
     logs: LogManager
     advertised_host: str
     advertised_port: int
+    groups: GroupCoordinator | None = None  # set by the Broker
+    transactions: TransactionCoordinator | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import struct
 from typing import Any
@@ -82,10 +83,8 @@ class KafkaServer:
         finally:
             if not sender.done():
                 await queue.put(None)
-                try:
+                with contextlib.suppress(Exception):
                     await sender
-                except Exception:
-                    pass
             writer.close()
 
     async def _read_request(
@@ -143,13 +142,19 @@ class KafkaServer:
                     return
                 except Exception:
                     log.exception("handler failed for a request from %s; closing the connection", peer)
+                    writer.close()  # without this the client waits for an answer until its own timeout
                     return
                 if response is None:  # acks=0 Produce: Kafka sends nothing back
                     continue
-                if isinstance(response, bytes):
-                    writer.write(response)
-                else:
-                    writer.write(codec.encode_response(response, key_version & 0xFFFF, correlation))
+                try:
+                    frame = response if isinstance(response, bytes) else codec.encode_response(
+                        response, key_version & 0xFFFF, correlation
+                    )
+                except Exception:
+                    log.exception("could not encode a response to %s; closing the connection", peer)
+                    writer.close()
+                    return
+                writer.write(frame)
                 if queue.empty() or writer.transport.get_write_buffer_size() > 1 << 20:
                     await writer.drain()
         except (ConnectionError, asyncio.CancelledError):

@@ -21,6 +21,24 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     ApiKey.AlterConfigs: (0, 2),
     ApiKey.CreatePartitions: (0, 3),
     ApiKey.IncrementalAlterConfigs: (0, 1),
+    # Consumer groups (OffsetCommit/OffsetFetch start at 2/1: the codec has no older schemas).
+    ApiKey.FindCoordinator: (0, 3),
+    ApiKey.JoinGroup: (0, 7),
+    ApiKey.SyncGroup: (0, 5),
+    ApiKey.Heartbeat: (0, 4),
+    ApiKey.LeaveGroup: (0, 4),
+    ApiKey.OffsetCommit: (2, 8),
+    ApiKey.OffsetFetch: (1, 7),
+    ApiKey.DescribeGroups: (0, 5),
+    ApiKey.ListGroups: (0, 4),
+    ApiKey.DeleteGroups: (0, 2),
+    ApiKey.OffsetDelete: (0, 0),
+    # Idempotent producers and transactions.
+    ApiKey.InitProducerId: (0, 4),
+    ApiKey.AddPartitionsToTxn: (0, 3),
+    ApiKey.AddOffsetsToTxn: (0, 3),
+    ApiKey.EndTxn: (0, 3),
+    ApiKey.TxnOffsetCommit: (0, 3),
 }
 
 

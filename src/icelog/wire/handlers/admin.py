@@ -80,6 +80,8 @@ async def delete_topics(ctx: RequestContext, request: Any) -> Any:
             if state is not None:
                 result.topic_id = state.record.topic_id
             logs.delete_topic(name or "")
+            if ctx.broker.groups is not None:  # Kafka drops the committed offsets of a deleted topic
+                ctx.broker.groups.forget_topic(name or "")
         except KafkaApiError as exc:
             result.error_code, result.error_message = _error(exc)
     return DeleteTopicsResponse(throttle_time_ms=0, responses=responses)

@@ -9,11 +9,12 @@ from typing import Any
 from kafka.protocol.api_key import ApiKey
 from kafka.protocol.consumer import FetchResponse, ListOffsetsResponse
 
-from icelog.errors import ErrorCode, KafkaApiError
+from icelog.errors import KafkaApiError
 from icelog.wire.context import RequestContext, handles
 
 PartitionData = FetchResponse.FetchableTopicResponse.PartitionData
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+READ_COMMITTED = 1
 
 
 @handles(ApiKey.Fetch)
@@ -35,6 +36,7 @@ def _read_all(ctx: RequestContext, request: Any, logs: Any, max_bytes: int) -> t
     responses = []
     total = 0
     waiters = []
+    read_committed = ctx.api_version >= 4 and request.isolation_level == READ_COMMITTED
     for topic in request.topics:
         partitions = []
         for req in topic.partitions:
@@ -46,17 +48,23 @@ def _read_all(ctx: RequestContext, request: Any, logs: Any, max_bytes: int) -> t
             try:
                 _, part = logs.partition(topic.topic, req.partition)
                 data.high_watermark = part.high_watermark
-                data.last_stable_offset = part.high_watermark
+                data.last_stable_offset = stable = part.last_stable_offset
                 data.log_start_offset = part.log_start_offset
                 budget = min(req.partition_max_bytes, max_bytes - total)
-                batches = part.read(req.fetch_offset, budget) if budget > 0 or total == 0 else []
+                upper = stable if read_committed else None
+                batches = part.read(req.fetch_offset, budget, upper) if budget > 0 or total == 0 else []
             except KafkaApiError as exc:
                 data.error_code = int(exc.code)
                 continue
+            if read_committed:  # the reader drops these producers' records up to their abort markers
+                data.aborted_transactions = [
+                    PartitionData.AbortedTransaction(producer_id=r.producer_id, first_offset=r.first_offset)
+                    for r in part.aborted_ranges(req.fetch_offset, stable)
+                ]
             if batches:
                 data.records = batches[0] if len(batches) == 1 else b"".join(batches)
                 total += len(data.records)
-            elif req.fetch_offset >= part.high_watermark:
+            elif req.fetch_offset >= (stable if read_committed else part.high_watermark):
                 waiters.append(part.data_waiter())
         responses.append(FetchResponse.FetchableTopicResponse(topic=topic.topic, partitions=partitions))
     return responses, total, waiters
@@ -80,7 +88,8 @@ async def list_offsets(ctx: RequestContext, request: Any) -> Any:
                 out.error_code = int(exc.code)
                 continue
             if req.timestamp == LATEST:
-                out.offset = part.high_watermark
+                committed = ctx.api_version >= 2 and request.isolation_level == READ_COMMITTED
+                out.offset = part.last_stable_offset if committed else part.high_watermark
             elif req.timestamp == EARLIEST:
                 out.offset = part.log_start_offset
             else:

@@ -26,10 +26,8 @@ async def metadata(ctx: RequestContext, request: Any) -> Any:
     broker = ctx.broker
     logs = broker.logs
     node = broker.settings.node_id
-    if request.topics is None:  # null: every topic
-        names = sorted(logs.topics)
-    else:
-        names = [t.name for t in request.topics]
+    # A null topic list asks for every topic.
+    names = sorted(logs.topics) if request.topics is None else [t.name for t in request.topics]
     allow_create = ctx.api_version < 4 or request.allow_auto_topic_creation
     topics = []
     for name in names:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 from kafka.protocol.api_key import ApiKey
@@ -13,12 +14,16 @@ from icelog.wire.context import RequestContext, handles
 
 PartitionResponse = ProduceResponse.TopicProduceResponse.PartitionProduceResponse
 
+# Test hook (fault injection for the idempotence tests): drop the connection instead of answering the
+# first N Produce requests that appended data, after the data is durable, so clients must retry.
+_drop_responses_left = int(os.environ.get("ICELOG_TEST_DROP_PRODUCE_RESPONSES", "0") or 0)
+
 
 @handles(ApiKey.Produce)
 async def produce(ctx: RequestContext, request: Any) -> Any:
     logs = ctx.broker.logs
     acks = request.acks
-    pending: list[tuple[PartitionResponse, asyncio.Future[None]]] = []
+    pending: list[tuple[Any, asyncio.Future[None]]] = []
     responses = []
     for topic_data in request.topic_data:
         partition_responses = []
@@ -53,4 +58,8 @@ async def produce(ctx: RequestContext, request: Any) -> Any:
         except KafkaApiError as exc:
             result.error_code = int(exc.code)
             result.base_offset = -1
+    global _drop_responses_left
+    if _drop_responses_left > 0 and pending:
+        _drop_responses_left -= 1
+        raise ConnectionAbortedError("ICELOG_TEST_DROP_PRODUCE_RESPONSES: dropping the connection unanswered")
     return ProduceResponse(responses=responses, throttle_time_ms=0)

@@ -1,0 +1,351 @@
+"""Archive benchmark: archive throughput against a Spark Parquet → Iceberg baseline, and freshness.
+
+Run: .venv/bin/python bench/archive_bench.py [--records 10000000] [--freshness-seconds 60] [--rate-mb 5]
+
+One run measures, on the same machine and moment:
+  1. decoding stored batches in one Python process (aiokafka's Cython parser vs kafka-python's pure one,
+     and the full decode to Arrow rows that the Spark workers run);
+  2. one archive pass (`Archiver.run_pass(force=True)`, Spark local[*]) over `--records` records of
+     100 bytes: records/s and MB/s;
+  3. the baseline: Spark appending the same rows to an Iceberg table (same layout and write options)
+     from Parquet already on disk; the target is archive >= 0.5 x baseline;
+  4. freshness: a steady `--rate-mb` MB/s produce with `icelog archive` running continuously on its
+     default delays; latency from a record's CreateTime to the commit time of the first Iceberg
+     snapshot containing it (p50 / p99; targets 5 s / 15 s); and the producer's ack latency then,
+     against the same steady produce with no archiver running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import bisect
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka as ck
+from confluent_kafka.admin import AdminClient, NewTopic
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from conftest import BrokerProcess  # noqa: E402
+
+from icelog.config import load_settings  # noqa: E402
+from icelog.lake.layout import archive_table_ddl, quote_identifier  # noqa: E402
+from icelog.meta.store import open_store  # noqa: E402
+from icelog.pipeline.archiver import Archiver  # noqa: E402
+from icelog.pipeline.decode import decode_archive  # noqa: E402
+from icelog.pipeline.plan import ChunkRef, PlannedArchive  # noqa: E402
+from icelog.pipeline.reconcile import OFFSETS_PROPERTY, decode_offsets, load_iceberg_table  # noqa: E402
+
+RECORD_SIZE = 100
+PARTITIONS = 4
+
+
+def values(count: int) -> list[bytes]:
+    """100-byte values, half random (so lz4 has realistic work)."""
+    return [os.urandom(RECORD_SIZE // 2) + bytes([i % 256]) * (RECORD_SIZE // 2) for i in range(count)]
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+
+
+def producer(bootstrap: str) -> ck.Producer:
+    return ck.Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "compression.type": "lz4",
+            "linger.ms": 5,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.kbytes": 1024 * 1024,
+            "queue.buffering.max.messages": 2_000_000,
+        }
+    )
+
+
+def produce_bulk(bootstrap: str, topic: str, records: int) -> float:
+    prod = producer(bootstrap)
+    pool = values(1000)
+    started = time.perf_counter()
+    for i in range(records):
+        while True:
+            try:
+                prod.produce(topic, value=pool[i % 1000], partition=i % PARTITIONS)
+                break
+            except BufferError:
+                prod.poll(0.01)
+        if i % 10000 == 0:
+            prod.poll(0)
+    assert prod.flush(300) == 0
+    return time.perf_counter() - started
+
+
+def decode_benchmark(settings: Any, store: Any, topic_id: Any, sample: int = 300_000) -> dict[str, float]:
+    """Single-process decode rates on one partition's intake (records/s)."""
+    chunks = [c for c in store.intake_chunks(topic_id) if c.partition == 0]
+    picked, count = [], 0
+    for chunk in chunks:
+        picked.append(chunk)
+        count += chunk.record_count
+        if count >= sample:
+            break
+    refs = tuple(
+        ChunkRef(c.file_id, c.position, c.length, c.base_offset, c.end_offset, c.ingest_timestamp) for c in picked
+    )
+    archive = PlannedArchive(topic_id, 0, picked[0].base_offset, picked[-1].end_offset, refs, "bench")
+    intake = Path(settings.data_dir) / "intake"
+    out = {}
+    for _ in decode_archive(intake, archive):  # warm up: imports (pyarrow), first-call costs
+        break
+    for name, fast in (("cython_to_arrow", True), ("python_to_arrow", False)):
+        started = time.perf_counter()
+        rows = sum(batch.num_rows for batch in decode_archive(intake, archive, prefer_fast=fast))
+        out[name] = rows / (time.perf_counter() - started)
+    return out
+
+
+def warm_up(broker: BrokerProcess, settings: Any, spark: Any, archiver: Archiver, work: Path) -> None:
+    """A small archive pass and a small baseline append first: JIT, Python workers and catalog warm."""
+    create_topic(broker.bootstrap, "bench-warm-up", PARTITIONS)
+    produce_bulk(broker.bootstrap, "bench-warm-up", 50_000)
+    archiver.run_pass(force=True, topics=["bench-warm-up"])
+    spark.table("icelog.`bench-warm-up`").write.parquet(str(work / "warm-up-parquet"))
+    for statement in archive_table_ddl(settings.archive.catalog_name, "bench", "warm_up").statements:
+        spark.sql(statement)
+    (
+        spark.read.parquet(str(work / "warm-up-parquet"))
+        .writeTo("bench.warm_up")
+        .option("use-table-distribution-and-ordering", "false")
+        .append()
+    )
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def steady_produce(
+    prod: ck.Producer, topic: str, seconds: float, rate_mb: float
+) -> tuple[dict[int, tuple[array.array, array.array]], list[float], float]:
+    """Produce rate_mb MB/s for `seconds`: (offsets and CreateTimes per partition, ack latencies, seconds)."""
+    sent: dict[int, tuple[array.array, array.array]] = {
+        p: (array.array("q"), array.array("q")) for p in range(PARTITIONS)
+    }
+    acks: list[float] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is None:
+            offsets, stamps = sent[msg.partition()]
+            offsets.append(msg.offset())
+            stamps.append(msg.timestamp()[1])
+            acks.append(msg.latency())
+
+    pool = values(1000)
+    per_tick = max(1, int(rate_mb * 1e6 / RECORD_SIZE / 100))  # 100 ticks per second
+    started = time.monotonic()
+    tick = 0
+    produced = 0
+    while time.monotonic() - started < seconds:
+        for _ in range(per_tick):
+            prod.produce(topic, value=pool[produced % 1000], partition=produced % PARTITIONS, on_delivery=on_delivery)
+            produced += 1
+        prod.poll(0)
+        tick += 1
+        delay = started + tick / 100 - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+    elapsed = time.monotonic() - started
+    prod.flush(60)
+    return sent, acks, elapsed
+
+
+def ack_summary(acks: list[float]) -> dict[str, float]:
+    ordered = sorted(acks)
+    return {
+        "p50_ms": round(percentile(ordered, 0.5) * 1000, 1),
+        "p99_ms": round(percentile(ordered, 0.99) * 1000, 1),
+    }
+
+
+def ack_latency_without_archiver(broker: BrokerProcess, seconds: float, rate_mb: float) -> dict[str, float]:
+    """The same steady produce to a topic that is not archived, with no archiver running."""
+    topic = "bench-no-archive"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1, config={"icelog.archive.kind": "none"})])[topic].result(30)
+    _sent, acks, _elapsed = steady_produce(producer(broker.bootstrap), topic, seconds, rate_mb)
+    return ack_summary(acks)
+
+
+def freshness(broker: BrokerProcess, settings: Any, spark: Any, seconds: float, rate_mb: float) -> dict[str, Any]:
+    """Steady produce at rate_mb MB/s while `icelog archive` runs; CreateTime → snapshot commit latency."""
+    topic = "bench-fresh"
+    create_topic(broker.bootstrap, topic, PARTITIONS)
+    env = {**os.environ, "ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg"}
+    log_path = broker.data_dir.parent / "archiver.log"
+    archiver = subprocess.Popen(
+        [sys.executable, "-m", "icelog", "archive", "--data-dir", str(broker.data_dir)],
+        stdout=open(log_path, "wb"),  # noqa: SIM115 - the child owns it
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    store = open_store(settings.metadata_url)
+    try:
+        topic_id = store.get_topic(topic).topic_id
+        # Wait for the archiver's Spark to be up: a first record archived.
+        prod = producer(broker.bootstrap)
+        prod.produce(topic, value=b"warm-up", partition=0)
+        prod.flush(30)
+        deadline = time.monotonic() + 180
+        while not any(s.archived_offset > 0 for s in store.archive_states(topic_id)):
+            if time.monotonic() > deadline or archiver.poll() is not None:
+                raise RuntimeError("archiver did not start:\n" + log_path.read_text()[-3000:])
+            time.sleep(0.2)
+        sent, acks, elapsed = steady_produce(prod, topic, seconds, rate_mb)
+        hw = {p.partition: p.high_watermark for p in store.partitions(topic_id)}
+        deadline = time.monotonic() + 180
+        while {s.partition: s.archived_offset for s in store.archive_states(topic_id)} != hw:
+            if time.monotonic() > deadline:
+                raise RuntimeError("archiver did not catch up:\n" + log_path.read_text()[-3000:])
+            time.sleep(0.2)
+    finally:
+        archiver.terminate()
+        archiver.wait(30)
+        store.close()
+    # Every snapshot's commit time and the offsets it made visible.
+    table = load_iceberg_table(spark, quote_identifier(settings.archive.catalog_name, "icelog", topic))
+    commits = sorted(
+        (int(s.timestampMillis()), decode_offsets(str(s.summary().get(OFFSETS_PROPERTY))))
+        for s in table.snapshots()
+        if s.summary().get(OFFSETS_PROPERTY) is not None
+    )
+    latencies: list[float] = []
+    for partition, (offsets, stamps) in sent.items():
+        ends = [c[1].get(partition, 0) for c in commits]
+        for offset, stamp in zip(offsets, stamps, strict=True):
+            index = bisect.bisect_right(ends, offset)
+            latencies.append((commits[index][0] - stamp) / 1000)
+    latencies.sort()
+    return {
+        "records": len(latencies),
+        "seconds": round(elapsed, 1),
+        "achieved_mb_s": round(len(latencies) * RECORD_SIZE / elapsed / 1e6, 2),
+        "snapshots": len(commits),
+        "p50_s": round(percentile(latencies, 0.5), 2),
+        "p99_s": round(percentile(latencies, 0.99), 2),
+        "max_s": round(latencies[-1], 2),
+        "mean_s": round(statistics.fmean(latencies), 2),
+        "produce_ack_with_archiver": ack_summary(acks),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=10_000_000)
+    parser.add_argument("--freshness-seconds", type=float, default=60)
+    parser.add_argument("--rate-mb", type=float, default=5.0)
+    parser.add_argument("--skip-freshness", action="store_true")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="icelog-archive-bench-"))
+    broker = BrokerProcess(
+        work / "data",
+        env={
+            "ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg",
+            "ICELOG_ARCHIVE__ENABLED": "false",
+        },
+    ).start()
+    results: dict[str, Any] = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "records": args.records,
+        "record_bytes": RECORD_SIZE,
+        "partitions": PARTITIONS,
+    }
+    try:
+        settings = load_settings(data_dir=str(broker.data_dir))
+        topic = "bench-archive"
+        create_topic(broker.bootstrap, topic, PARTITIONS)
+        produce_s = produce_bulk(broker.bootstrap, topic, args.records)
+        results["produce_records_s"] = round(args.records / produce_s)
+        print(f"produced {args.records} records in {produce_s:.1f}s", flush=True)
+
+        store = open_store(settings.metadata_url)
+        topic_id = store.get_topic(topic).topic_id
+        intake_bytes = sum(c.length for c in store.intake_chunks(topic_id))
+        results["decode_single_process_records_s"] = {
+            k: round(v) for k, v in decode_benchmark(settings, store, topic_id).items()
+        }
+        print("decode", results["decode_single_process_records_s"], flush=True)
+
+        from icelog.lake.spark import create_session
+
+        spark = create_session(settings, "icelog-archive-bench")
+        archiver = Archiver(settings, spark, store)
+        warm_up(broker, settings, spark, archiver, work)  # both paths measured with a warm JVM and workers
+        archiver.ensure_table(archiver.topic_config(store.get_topic(topic)))  # table DDL is not the job
+        started = time.perf_counter()
+        [result] = archiver.run_pass(force=True, topics=[topic])
+        archive_s = time.perf_counter() - started
+        assert not result.error and result.records == args.records, result
+        payload_mb = args.records * RECORD_SIZE / 1e6
+        results["archive"] = {
+            "seconds": round(archive_s, 2),
+            "records_s": round(args.records / archive_s),
+            "payload_mb_s": round(payload_mb / archive_s, 2),
+            "intake_mb_s": round(intake_bytes / 1e6 / archive_s, 2),
+            "archives": result.archives,
+        }
+        print("archive", results["archive"], flush=True)
+
+        # Baseline: the same rows as Parquet on disk, appended by Spark to an identical table.
+        source = spark.table(f"icelog.`{topic}`")
+        parquet_dir = work / "baseline-parquet"
+        source.repartition(PARTITIONS, "kafka.partition").write.parquet(str(parquet_dir))
+        for statement in archive_table_ddl(settings.archive.catalog_name, "bench", "baseline").statements:
+            spark.sql(statement)
+        started = time.perf_counter()
+        (
+            spark.read.parquet(str(parquet_dir))
+            .writeTo("bench.baseline")
+            .option("use-table-distribution-and-ordering", "false")
+            .append()
+        )
+        baseline_s = time.perf_counter() - started
+        results["baseline"] = {
+            "seconds": round(baseline_s, 2),
+            "records_s": round(args.records / baseline_s),
+            "payload_mb_s": round(payload_mb / baseline_s, 2),
+        }
+        results["archive_vs_baseline"] = round(baseline_s / archive_s, 2)
+        print("baseline", results["baseline"], "ratio", results["archive_vs_baseline"], flush=True)
+
+        if not args.skip_freshness:
+            results["produce_ack_without_archiver"] = ack_latency_without_archiver(
+                broker, args.freshness_seconds / 2, args.rate_mb
+            )
+            print("ack latency without archiver", results["produce_ack_without_archiver"], flush=True)
+            results["freshness"] = freshness(broker, settings, spark, args.freshness_seconds, args.rate_mb)
+            print("freshness", results["freshness"], flush=True)
+        spark.stop()
+        store.close()
+    finally:
+        broker.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    out = Path(__file__).with_name("results")
+    out.mkdir(exist_ok=True)
+    (out / "archive_bench.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

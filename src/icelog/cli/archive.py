@@ -1,0 +1,72 @@
+"""`icelog archive [--once]`: archive topics into Iceberg tables with Spark (continuously, or one pass)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+from typing import Any
+
+from icelog.config import Settings, load_settings
+
+
+def add_parser(sub: Any) -> None:
+    archive = sub.add_parser("archive", help="archive topics into Iceberg tables (a Spark job)")
+    archive.add_argument(
+        "--once",
+        action="store_true",
+        help="one pass that archives every committed record, then exit (cron-style)",
+    )
+    archive.add_argument(
+        "--topic",
+        action="append",
+        dest="topics",
+        metavar="NAME",
+        help="with --once: archive only this topic (repeatable)",
+    )
+    archive.add_argument("--data-dir", help="the broker's data directory (default ./icelog-data)")
+    archive.add_argument("--spark-master", help="spark.master (default from config: local[*])")
+    archive.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    archive.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # set by `icelog serve`
+    archive.set_defaults(func=cmd_archive)
+
+
+def archiver_settings(args: argparse.Namespace) -> Settings:
+    from icelog.pipeline.service import SETTINGS_ENV
+
+    inherited = os.environ.get(SETTINGS_ENV)
+    if inherited:  # started by `icelog serve`: exactly the broker's settings
+        settings = Settings.model_validate_json(inherited)
+    else:
+        settings = load_settings(args.config, data_dir=args.data_dir)
+    if args.spark_master:
+        settings.archive.spark_master = args.spark_master
+    return settings
+
+
+def cmd_archive(args: argparse.Namespace) -> int:
+    from icelog.pipeline.service import ArchiverLock, ArchiveService
+
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    settings = archiver_settings(args)
+    lock = ArchiverLock(settings.data_dir)
+    lock.acquire(wait_s=0 if args.once else 30)
+    service = ArchiveService(settings)
+    try:
+        if args.once:
+            results = service.run_once(force=True, topics=args.topics)
+            for result in results:
+                status = f"failed: {result.error}" if result.error else f"{result.records} records"
+                print(f"{result.topic}: {status}; archived through {result.offsets}")
+            return 1 if any(r.error for r in results) else 0
+        signal.signal(signal.SIGTERM, lambda *_: service.stop_event.set())
+        signal.signal(signal.SIGINT, lambda *_: service.stop_event.set())
+        return 0 if service.run_forever(parent_pid=args.parent_pid) else 3
+    finally:
+        service.close()
+        lock.release()

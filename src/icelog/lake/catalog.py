@@ -1,0 +1,81 @@
+"""Iceberg catalog configuration: the Spark conf for JDBC (SQLite, PostgreSQL), REST and Hadoop catalogs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from icelog.config import Settings
+from icelog.errors import ConfigError
+
+# Debian's JDBC driver jars (libxerial-sqlite-jdbc-java, libpostgresql-jdbc-java); Maven is unreachable.
+JDBC_DRIVER_JARS = {
+    "jdbc:sqlite:": Path("/usr/share/java/sqlite-jdbc.jar"),
+    "jdbc:postgresql:": Path("/usr/share/java/postgresql.jar"),
+}
+
+
+def iceberg_runtime_jar() -> Path:
+    """The Iceberg Spark runtime jar shipped by the snowpark-connect-deps-iceberg wheel (pinned 1.0.2)."""
+    import snowpark_connect_deps_iceberg
+
+    jars = Path(snowpark_connect_deps_iceberg.__file__).parent / "jars"
+    found = sorted(jars.glob("iceberg-spark-runtime-3.5_2.12-*.jar"))
+    if not found:
+        raise ConfigError(
+            f"no iceberg-spark-runtime-3.5_2.12 jar in {jars}; reinstall snowpark-connect-deps-iceberg==1.0.2"
+        )
+    return found[-1]
+
+
+def catalog_jars(settings: Settings) -> list[Path]:
+    """Jars Spark needs for the configured catalog: the Iceberg runtime plus a JDBC driver if any."""
+    jars = [iceberg_runtime_jar()]
+    if settings.archive.catalog_type == "jdbc":
+        uri = settings.catalog_uri
+        for prefix, jar in JDBC_DRIVER_JARS.items():
+            if uri.startswith(prefix):
+                if not jar.exists():
+                    raise ConfigError(f"{uri} needs the JDBC driver {jar}; run scripts/setup.sh")
+                jars.append(jar)
+    return jars
+
+
+def catalog_spark_conf(settings: Settings) -> dict[str, str]:
+    """spark.sql.catalog.<name>.* entries for the configured Iceberg catalog."""
+    archive = settings.archive
+    prefix = f"spark.sql.catalog.{archive.catalog_name}"
+    conf = {
+        prefix: "org.apache.iceberg.spark.SparkCatalog",
+        f"{prefix}.warehouse": settings.warehouse,
+        # Other processes (the archiver, `icelog sql`, pyiceberg) commit to the same tables: never serve a
+        # cached, stale table version.
+        f"{prefix}.cache-enabled": "false",
+    }
+    if archive.catalog_type == "jdbc":
+        uri = settings.catalog_uri
+        if not uri.startswith("jdbc:"):
+            raise ConfigError(f"archive.catalog_uri {uri!r}: a jdbc catalog needs a jdbc:... URI")
+        conf.update({f"{prefix}.type": "jdbc", f"{prefix}.uri": uri, f"{prefix}.jdbc.schema-version": "V1"})
+        if uri.startswith("jdbc:sqlite:"):
+            Path(uri.removeprefix("jdbc:sqlite:")).parent.mkdir(parents=True, exist_ok=True)
+            # Several connections (Iceberg's client pool, `icelog sql`, pyiceberg) share the file: in WAL
+            # mode readers never block a commit, and a busy writer waits instead of failing at once.
+            conf[f"{prefix}.jdbc.journal_mode"] = "WAL"
+            conf[f"{prefix}.jdbc.busy_timeout"] = "10000"
+    elif archive.catalog_type == "rest":
+        if not archive.catalog_uri:
+            raise ConfigError("archive.catalog_type rest needs archive.catalog_uri (http(s)://HOST:PORT/...)")
+        conf.update({f"{prefix}.type": "rest", f"{prefix}.uri": archive.catalog_uri})
+    else:  # hadoop: the warehouse directory is the catalog
+        conf[f"{prefix}.type"] = "hadoop"
+    for key, value in archive.catalog_properties.items():
+        conf[f"{prefix}.{key}"] = value
+    return conf
+
+
+def sqlite_catalog_path(settings: Settings) -> Path | None:
+    """The SQLite file of the embedded JDBC catalog, or None for any other catalog."""
+    uri = settings.catalog_uri
+    if settings.archive.catalog_type == "jdbc" and uri.startswith("jdbc:sqlite:"):
+        return Path(uri.removeprefix("jdbc:sqlite:"))
+    return None

@@ -1,0 +1,50 @@
+"""The Spark session factory: one SparkSession with the Iceberg runtime and the icelog catalog."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from icelog.config import Settings
+from icelog.lake.catalog import catalog_jars, catalog_spark_conf
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def spark_conf(settings: Settings, app_name: str = "icelog") -> dict[str, str]:
+    """Every Spark conf entry the session is built with (settings.archive.spark_conf wins)."""
+    conf = {
+        "spark.app.name": app_name,
+        "spark.master": settings.archive.spark_master,
+        "spark.jars": ",".join(str(jar) for jar in catalog_jars(settings)),
+        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        "spark.sql.defaultCatalog": settings.archive.catalog_name,
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.driver.memory": "2g",
+        "spark.python.worker.reuse": "true",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # Workers decode batches in Python: give them the driver's interpreter (and its packages).
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+    }
+    conf.update(catalog_spark_conf(settings))
+    conf.update(settings.archive.spark_conf)
+    return conf
+
+
+def create_session(settings: Settings, app_name: str = "icelog") -> SparkSession:
+    """Start (or join) the process's SparkSession configured for the icelog catalog."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder
+    for key, value in spark_conf(settings, app_name).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session

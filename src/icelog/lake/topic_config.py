@@ -1,0 +1,106 @@
+"""Per-topic archive configs (`icelog.archive.*`, `icelog.intake.retention.ms`): keys, defaults, parsing.
+
+The broker (retention) and the archiver both resolve a topic's archive settings here, so they agree.
+Precedence: explicit topic config < broker `topic_defaults` < `archive:` settings (the built-in defaults).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from icelog.config import ArchiveSettings
+
+ARCHIVE_KIND = "icelog.archive.kind"
+ARCHIVE_TABLE = "icelog.archive.iceberg.table"
+ARCHIVE_MAX_BYTES = "icelog.archive.max.bytes"
+ARCHIVE_COMPLETE_DELAY_MAX_MS = "icelog.archive.complete.delay.max.ms"
+ARCHIVE_IDLE_MAX_MS = "icelog.archive.idle.max.ms"
+INTAKE_RETENTION_MS = "icelog.intake.retention.ms"
+
+KIND_ICEBERG = "iceberg"
+KIND_NONE = "none"
+ARCHIVE_KINDS = (KIND_ICEBERG, KIND_NONE)
+
+
+def _check_long(minimum: int) -> Callable[[str], None]:
+    def check(value: str) -> None:
+        try:
+            number = int(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an integer") from None
+        if number < minimum:
+            raise ValueError(f"{number} is below the minimum {minimum}")
+
+    return check
+
+
+def _check_kind(value: str) -> None:
+    if value not in ARCHIVE_KINDS:
+        raise ValueError(f"{value!r} is not one of {', '.join(ARCHIVE_KINDS)}")
+
+
+def _check_table(value: str) -> None:
+    if not value or value.startswith(".") or value.endswith("."):
+        raise ValueError(f"{value!r} is not a table name (NAMESPACE.TABLE or TABLE)")
+
+
+# Validators for the icelog.* keys this module owns; topics.validate_topic_configs consults it.
+CHECKS = {
+    ARCHIVE_KIND: _check_kind,
+    ARCHIVE_TABLE: _check_table,
+    ARCHIVE_MAX_BYTES: _check_long(1),
+    ARCHIVE_COMPLETE_DELAY_MAX_MS: _check_long(0),
+    ARCHIVE_IDLE_MAX_MS: _check_long(0),
+    INTAKE_RETENTION_MS: _check_long(-1),
+}
+
+
+@dataclass(frozen=True)
+class ArchiveTopicConfig:
+    """How (and whether) one topic is archived."""
+
+    kind: str
+    namespace: str
+    table: str
+    max_bytes: int
+    complete_delay_max_ms: int
+    idle_max_ms: int
+    intake_retention_ms: int  # -1: intake follows Kafka's retention.ms / retention.bytes only
+
+    @property
+    def enabled(self) -> bool:
+        return self.kind == KIND_ICEBERG
+
+    @property
+    def identifier(self) -> tuple[str, str]:
+        return (self.namespace, self.table)
+
+
+def archive_config(
+    topic: str, explicit: Mapping[str, str], broker_defaults: Mapping[str, str], settings: ArchiveSettings
+) -> ArchiveTopicConfig:
+    """Resolve a topic's archive config from its explicit configs, broker topic defaults and settings."""
+
+    def get(key: str, default: object) -> str:
+        if key in explicit:
+            return explicit[key]
+        if key in broker_defaults:
+            return broker_defaults[key]
+        return str(default)
+
+    table = get(ARCHIVE_TABLE, "")
+    namespace, sep, name = table.rpartition(".")
+    if not sep:
+        namespace, name = settings.namespace, table or topic
+    return ArchiveTopicConfig(
+        kind=get(ARCHIVE_KIND, settings.default_kind),
+        namespace=namespace,
+        table=name,
+        max_bytes=int(get(ARCHIVE_MAX_BYTES, settings.max_bytes)),
+        complete_delay_max_ms=int(get(ARCHIVE_COMPLETE_DELAY_MAX_MS, settings.complete_delay_max_ms)),
+        idle_max_ms=int(get(ARCHIVE_IDLE_MAX_MS, settings.idle_max_ms)),
+        intake_retention_ms=int(get(INTAKE_RETENTION_MS, settings.intake_retention_ms)),
+    )

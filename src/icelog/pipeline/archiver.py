@@ -1,0 +1,265 @@
+"""The archive job: intake → Iceberg, exactly once, one Spark append per table per pass.
+
+A pass, per archived topic:
+  1. reconcile: read the offsets the table contains from its snapshot summary (the truth) and copy
+     them to the metadata store (which drives retention and `icelog status`);
+  2. plan the archives that are due from the intake index (plan.py);
+  3. decode the archives in Spark's Python workers (one task and one data file per archive) and append
+     them with DataFrameWriterV2, the snapshot summary carrying the full next-offset map;
+  4. record the new offsets in the metadata store.
+A crash after 3's files are written but before its commit leaves unreferenced files and no snapshot;
+a crash after the commit but before 4 leaves the store behind the table. Either way the next pass starts
+from the table's summary, so it writes no duplicate and leaves no gap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from icelog.config import Settings
+from icelog.errors import IcelogError
+from icelog.lake.layout import SPARK_SCHEMA_DDL, archive_table_ddl, quote_identifier
+from icelog.lake.topic_config import ARCHIVE_TABLE, ArchiveTopicConfig, archive_config
+from icelog.meta.store import IntakeChunk, MetadataStore, PartitionRecord, TopicRecord
+from icelog.pipeline.plan import PlannedArchive, plan_partition
+from icelog.pipeline.reconcile import (
+    COMMIT_USER,
+    COMMIT_USER_PROPERTY,
+    OFFSETS_PROPERTY,
+    TOPIC_ID_PROPERTY,
+    TableOffsets,
+    encode_offsets,
+    table_offsets,
+)
+from icelog.pipeline.transactions import TransactionTracker
+
+log = logging.getLogger(__name__)
+
+RECONCILE_EVERY_MS = 60_000  # re-read a table's offsets at least this often even when nothing is due
+
+# Test hook: kill the job process at a stage ("after-write": data files and a staged, never-published
+# snapshot exist; "after-commit": the table has the archive, the metadata store does not know yet).
+FAULT_ENV = "ICELOG_ARCHIVE_FAULT"
+
+
+@dataclass
+class TopicPassResult:
+    """What one pass did for one topic."""
+
+    topic: str
+    archives: int = 0
+    records: int = 0
+    intake_bytes: int = 0
+    offsets: dict[int, int] = field(default_factory=dict)
+    error: str = ""
+
+
+StableOffsetHook = Callable[[TopicRecord, PartitionRecord], int]
+
+
+class Archiver:
+    """Runs archive passes with one SparkSession against one metadata store."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        spark: Any,
+        store: MetadataStore,
+        stable_offset: StableOffsetHook | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.spark = spark
+        self.store = store
+        self.intake_dir = str(Path(settings.data_dir).resolve() / "intake")
+        self.transactions = TransactionTracker(self.intake_dir)
+        # Only committed records are archived: nothing at or past a partition's last stable offset.
+        self.stable_offset = stable_offset or self.transactions.stable_offset
+        self.clock = clock
+        self._tables_ready: set[tuple[str, str]] = set()
+        self._last_reconcile_ms: dict[uuid.UUID, int] = {}
+
+    # -- naming --------------------------------------------------------------------------------
+    def table_name(self, config: ArchiveTopicConfig) -> str:
+        return quote_identifier(self.settings.archive.catalog_name, config.namespace, config.table)
+
+    def topic_config(self, topic: TopicRecord) -> ArchiveTopicConfig:
+        return archive_config(topic.name, topic.configs, self.settings.topic_defaults, self.settings.archive)
+
+    # -- a pass --------------------------------------------------------------------------------
+    def run_pass(self, force: bool = False, topics: Collection[str] | None = None) -> list[TopicPassResult]:
+        """Archive what is due in every archived topic (or those named); failures are recorded, not raised."""
+        results = []
+        for topic in self.store.list_topics():
+            config = self.topic_config(topic)
+            if not config.enabled or (topics is not None and topic.name not in topics):
+                continue
+            try:
+                results.append(self.archive_topic(topic, config, force))
+            except Exception as exc:  # catalog/warehouse down, bad config: record, retry next pass
+                message = f"{type(exc).__name__}: {first_line(exc)}"
+                log.warning("archiving %s failed (intake kept; will retry): %s", topic.name, message)
+                try:
+                    self.store.record_archive_error(
+                        topic.topic_id, range(topic.partitions), message, int(self.clock() * 1000)
+                    )
+                except Exception:
+                    log.exception("could not record the archive error of %s", topic.name)
+                results.append(TopicPassResult(topic.name, error=message))
+        return results
+
+    def ensure_table(self, config: ArchiveTopicConfig) -> None:
+        """Create the archive table (namespace, partition spec, sort order) unless it exists."""
+        if config.identifier in self._tables_ready:
+            return
+        if not self.spark.catalog.tableExists(self.table_name(config)):
+            for statement in archive_table_ddl(
+                self.settings.archive.catalog_name, config.namespace, config.table
+            ).statements:
+                self.spark.sql(statement)
+        self._tables_ready.add(config.identifier)
+
+    def reconcile(self, topic: TopicRecord, config: ArchiveTopicConfig) -> TableOffsets:
+        """The table's offsets, copied into the metadata store."""
+        found = table_offsets(self.spark, self.table_name(config))
+        if found.topic_id is not None and found.topic_id != str(topic.topic_id):
+            # A deleted topic's table: its offsets say nothing about this topic (same name, new id).
+            raise IcelogError(
+                f"table {self.table_name(config)} holds the archive of an older topic {topic.name!r} "
+                f"(id {found.topic_id}); drop or rename it, or set {ARCHIVE_TABLE} for the new topic"
+            )
+        if found.offsets:
+            self.store.record_archive(topic.topic_id, found.offsets, found.committed_ms)
+        return found
+
+    def archive_topic(
+        self, topic: TopicRecord, config: ArchiveTopicConfig, force: bool = False
+    ) -> TopicPassResult:
+        now_ms = int(self.clock() * 1000)
+        chunks_by_partition: dict[int, list[IntakeChunk]] = defaultdict(list)
+        for chunk in self.store.intake_chunks(topic.topic_id):
+            chunks_by_partition[chunk.partition].append(chunk)
+        partitions = self.store.partitions(topic.topic_id)
+        for part in partitions:
+            self.transactions.update(
+                topic.topic_id, part.partition, chunks_by_partition.get(part.partition, [])
+            )
+        # Cheap look first, from the store's copy of the offsets: touch the catalog only when some
+        # archive is due (or now and then, to notice a table changed behind our back).
+        known = {s.partition: s.archived_offset for s in self.store.archive_states(topic.topic_id)}
+        last_look = self._last_reconcile_ms.get(topic.topic_id, -1)
+        due = self._plan(topic, config, partitions, chunks_by_partition, known, now_ms, force)
+        if not due and 0 <= now_ms - last_look < RECONCILE_EVERY_MS:
+            return TopicPassResult(topic.name, offsets=known)
+        self.ensure_table(config)
+        committed = self.reconcile(topic, config)
+        self._last_reconcile_ms[topic.topic_id] = now_ms
+        archives = self._plan(
+            topic, config, partitions, chunks_by_partition, committed.offsets, now_ms, force
+        )
+        result = TopicPassResult(topic.name, offsets=dict(committed.offsets))
+        if not archives:
+            return result
+        new_offsets = dict(committed.offsets)
+        for archive in archives:
+            new_offsets[archive.partition] = max(new_offsets.get(archive.partition, 0), archive.end_offset)
+        self.write(topic, config, archives, new_offsets)
+        fault_point("after-commit")
+        self.store.record_archive(topic.topic_id, new_offsets, int(self.clock() * 1000))
+        result.archives = len(archives)
+        result.records = sum(a.record_count for a in archives)
+        result.intake_bytes = sum(a.intake_bytes for a in archives)
+        result.offsets = new_offsets
+        log.info(
+            "archived %s: %d records in %d archive(s) (%s); next offsets %s",
+            topic.name,
+            result.records,
+            len(archives),
+            ",".join(sorted({a.reason for a in archives})),
+            encode_offsets(new_offsets),
+        )
+        return result
+
+    def _plan(
+        self,
+        topic: TopicRecord,
+        config: ArchiveTopicConfig,
+        partitions: list[PartitionRecord],
+        chunks_by_partition: dict[int, list[IntakeChunk]],
+        archived: dict[int, int],
+        now_ms: int,
+        force: bool,
+    ) -> list[PlannedArchive]:
+        archives: list[PlannedArchive] = []
+        for part in partitions:
+            start = max(archived.get(part.partition, 0), part.log_start_offset)
+            chunks = chunks_by_partition.get(part.partition, [])
+            stable = self.stable_offset(topic, part)
+            for archive in plan_partition(chunks, start, stable, config, now_ms, force):
+                aborted = self.transactions.aborted(
+                    topic.topic_id, part.partition, archive.start_offset, archive.end_offset
+                )
+                if aborted:
+                    ranges = tuple((r.producer_id, r.first_offset, r.last_offset) for r in aborted)
+                    archive = dataclasses.replace(archive, aborted=ranges)
+                archives.append(archive)
+        return archives
+
+    def write(
+        self,
+        topic: TopicRecord,
+        config: ArchiveTopicConfig,
+        archives: list[PlannedArchive],
+        new_offsets: dict[int, int],
+    ) -> None:
+        """Decode the archives in Spark workers (one task and one file each) and append them in one commit."""
+        intake_dir = self.intake_dir
+        planned = list(archives)
+
+        def decode(batches: Any) -> Any:
+            from icelog.pipeline.decode import decode_archive
+
+            for batch in batches:
+                for index in batch.column(0).to_pylist():
+                    yield from decode_archive(intake_dir, planned[index])
+
+        frame = self.spark.range(0, len(planned), 1, len(planned)).mapInArrow(decode, SPARK_SCHEMA_DDL)
+        writer = (
+            frame.writeTo(self.table_name(config))
+            # Each task holds one partition's archive in offset order already: no shuffle, no re-sort.
+            .option("use-table-distribution-and-ordering", "false")
+            .option(f"snapshot-property.{OFFSETS_PROPERTY}", encode_offsets(new_offsets))
+            .option(f"snapshot-property.{TOPIC_ID_PROPERTY}", str(topic.topic_id))
+            .option(f"snapshot-property.{COMMIT_USER_PROPERTY}", COMMIT_USER)
+        )
+        if os.environ.get(FAULT_ENV) == "after-write":
+            # Stage the snapshot (files written, snapshot not current) and die before publishing it.
+            self.spark.sql(
+                f"ALTER TABLE {self.table_name(config)} SET TBLPROPERTIES ('write.wap.enabled'='true')"
+            )
+            self.spark.conf.set("spark.wap.id", uuid.uuid4().hex)
+            writer.append()
+            fault_point("after-write")
+        writer.append()
+
+
+def fault_point(name: str) -> None:
+    """Die here, like a kill -9, when the test hook names this stage."""
+    if os.environ.get(FAULT_ENV) == name:
+        log.error("fault injection: killing the archive job at %s", name)
+        os._exit(137)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error (Py4J errors carry whole Java stack traces), at most 500 characters."""
+    text = str(exc).strip().splitlines()
+    return text[0][:500] if text else ""

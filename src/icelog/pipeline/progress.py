@@ -1,0 +1,70 @@
+"""Archive progress per partition for `icelog status`: archived through, lag, last commit, last error."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from icelog.config import Settings
+from icelog.lake.topic_config import archive_config
+from icelog.meta.store import MetadataStore
+
+
+@dataclass(frozen=True)
+class ArchiveProgress:
+    """How far behind the intake one partition's Iceberg table is."""
+
+    enabled: bool
+    archived_offset: int  # offsets below this are in the table
+    lag_records: int
+    lag_bytes: int
+    lag_seconds: float  # age of the oldest record not yet archived
+    last_commit_ms: int
+    last_error: str
+
+
+def archive_progress(
+    settings: Settings, store: MetadataStore, now_ms: int | None = None
+) -> dict[tuple[uuid.UUID, int], ArchiveProgress]:
+    """Progress of every partition of every topic (disabled topics included, with enabled=False)."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    states = {(s.topic_id, s.partition): s for s in store.archive_states()}
+    pending: dict[tuple[uuid.UUID, int], tuple[int, int]] = {}  # bytes, oldest ingest ms
+    chunks = store.intake_chunks()
+    out: dict[tuple[uuid.UUID, int], ArchiveProgress] = {}
+    for topic in store.list_topics():
+        config = archive_config(topic.name, topic.configs, settings.topic_defaults, settings.archive)
+        for part in store.partitions(topic.topic_id):
+            key = (topic.topic_id, part.partition)
+            state = states.get(key)
+            archived = max(state.archived_offset if state else 0, 0)
+            out[key] = ArchiveProgress(
+                config.enabled,
+                archived,
+                max(part.high_watermark - max(archived, part.log_start_offset), 0),
+                0,
+                0.0,
+                state.last_commit_ms if state else -1,
+                state.last_error if state else "",
+            )
+    for chunk in chunks:
+        key = (chunk.topic_id, chunk.partition)
+        progress = out.get(key)
+        if progress is None or chunk.end_offset <= progress.archived_offset:
+            continue
+        size, oldest = pending.get(key, (0, -1))
+        ingest = chunk.ingest_timestamp if chunk.ingest_timestamp >= 0 else chunk.max_timestamp
+        pending[key] = (size + chunk.length, ingest if oldest < 0 else min(oldest, ingest))
+    for key, (size, oldest) in pending.items():
+        p = out[key]
+        out[key] = ArchiveProgress(
+            p.enabled,
+            p.archived_offset,
+            p.lag_records,
+            size,
+            max(now_ms - oldest, 0) / 1000 if oldest >= 0 else 0.0,
+            p.last_commit_ms,
+            p.last_error,
+        )
+    return out

@@ -1,0 +1,82 @@
+"""Reading back what an archive table holds: the offsets recorded in its snapshot summaries.
+
+Every archive commit writes, in its snapshot summary, the full map of next offsets per partition
+(`icelog.archive.offsets`), not only the partitions it touched. So the current snapshot alone answers
+"what does the table contain", and expiring older snapshots loses nothing. Snapshots committed by
+others (compaction, deletes) carry no map: walk the current snapshot's ancestry to the newest one
+that does; if none is left (expired), derive the map from the data (max(kafka.offset) + 1).
+Snapshots that are not ancestors of the current one (staged, or written by a job that died before
+its commit) are never looked at.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+OFFSETS_PROPERTY = "icelog.archive.offsets"
+TOPIC_ID_PROPERTY = "icelog.archive.topic-id"
+COMMIT_USER_PROPERTY = "commit-user"
+COMMIT_USER = "icelog-archiver"
+
+
+@dataclass(frozen=True)
+class TableOffsets:
+    """The next offset per partition that a table contains, and where that came from."""
+
+    offsets: dict[int, int]
+    snapshot_id: int | None
+    committed_ms: int
+    source: str  # snapshot | ancestor | data | empty
+    topic_id: str | None = None  # the topic id the recording snapshot was archived from
+
+
+def encode_offsets(offsets: dict[int, int]) -> str:
+    return json.dumps({str(p): o for p, o in sorted(offsets.items())}, separators=(",", ":"))
+
+
+def decode_offsets(text: str) -> dict[int, int]:
+    return {int(p): int(o) for p, o in json.loads(text).items()}
+
+
+def load_iceberg_table(spark: Any, name: str) -> Any:
+    """The Java org.apache.iceberg.Table behind a Spark table name (fresh: the catalog does not cache)."""
+    jvm = spark.sparkContext._jvm
+    return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, name)
+
+
+def table_offsets(spark: Any, name: str, max_ancestors: int = 1000) -> TableOffsets:
+    """Offsets the table `name` contains, from the newest snapshot summary on its current lineage."""
+    table = load_iceberg_table(spark, name)
+    snapshot = table.currentSnapshot()
+    if snapshot is None:
+        return TableOffsets({}, None, -1, "empty")
+    current_id = int(snapshot.snapshotId())
+    hops = 0
+    while snapshot is not None and hops < max_ancestors:
+        text = snapshot.summary().get(OFFSETS_PROPERTY)
+        if text is not None:
+            topic_id = snapshot.summary().get(TOPIC_ID_PROPERTY)
+            return TableOffsets(
+                decode_offsets(str(text)),
+                current_id,
+                int(snapshot.timestampMillis()),
+                "snapshot" if hops == 0 else "ancestor",
+                None if topic_id is None else str(topic_id),
+            )
+        parent = snapshot.parentId()
+        snapshot = table.snapshot(parent) if parent is not None else None
+        hops += 1
+    log.warning(
+        "%s: no snapshot on the current lineage records %s; deriving offsets from the data",
+        name,
+        OFFSETS_PROPERTY,
+    )
+    rows = spark.sql(
+        f"SELECT kafka.partition AS p, max(kafka.offset) + 1 AS o FROM {name} GROUP BY 1"
+    ).collect()
+    return TableOffsets({int(r.p): int(r.o) for r in rows}, current_id, -1, "data")

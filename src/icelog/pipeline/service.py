@@ -1,0 +1,173 @@
+"""The archiver as a long-running process: passes on a poll interval, backoff on failure, a single instance.
+
+`icelog serve` starts it as a child process (`icelog archive`) so the Spark driver never shares the
+broker's event loop or GIL. The Spark session starts only once some topic is archived.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from icelog.config import Settings
+from icelog.errors import IcelogError
+from icelog.lake.topic_config import archive_config
+from icelog.meta.store import MetadataStore, open_store
+from icelog.pipeline.archiver import Archiver, TopicPassResult, first_line
+
+log = logging.getLogger(__name__)
+
+SETTINGS_ENV = "ICELOG_ARCHIVER_SETTINGS"  # the parent broker's Settings as JSON
+
+
+class ArchiverLock:
+    """An exclusive lock on <data_dir>/archiver.lock: two archivers would append the same records twice."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = Path(data_dir) / "archiver.lock"
+        self._handle: IO[str] | None = None
+
+    def acquire(self, wait_s: float = 0.0) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+")  # noqa: SIM115 - held open while the lock is held
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    handle.close()
+                    raise IcelogError(
+                        f"another archiver holds {self.path}; run one archiver per data directory"
+                    ) from None
+                time.sleep(0.2)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._handle = handle
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
+def archived_topics_exist(settings: Settings, store: MetadataStore) -> bool:
+    return any(
+        archive_config(t.name, t.configs, settings.topic_defaults, settings.archive).enabled
+        for t in store.list_topics()
+    )
+
+
+class ArchiveService:
+    """Runs passes until stopped; owns the Spark session and the metadata store connection."""
+
+    def __init__(self, settings: Settings, spark: Any = None, store: MetadataStore | None = None) -> None:
+        self.settings = settings
+        self.store = store or open_store(settings.metadata_url)
+        self._spark = spark
+        self._owns_spark = spark is None
+        self._archiver: Archiver | None = None
+        self.stop_event = threading.Event()
+
+    def archiver(self) -> Archiver:
+        if self._archiver is None:
+            if self._spark is None:
+                from icelog.lake.spark import create_session
+
+                log.info("starting Spark (master %s) for the archiver", self.settings.archive.spark_master)
+                self._spark = create_session(self.settings, "icelog-archiver")
+            self._archiver = Archiver(self.settings, self._spark, self.store)
+        return self._archiver
+
+    def run_once(self, force: bool = True, topics: list[str] | None = None) -> list[TopicPassResult]:
+        if not archived_topics_exist(self.settings, self.store):
+            return []
+        return self.archiver().run_pass(force=force, topics=topics)
+
+    def run_forever(self, parent_pid: int | None = None) -> bool:
+        """Poll for due archives; after a failed pass wait with exponential backoff (capped).
+
+        Returns False if Spark died (the process should exit so that `icelog serve` starts a new one).
+        """
+        poll_s = self.settings.archive.poll_interval_ms / 1000
+        backoff_max_s = self.settings.archive.retry_backoff_max_ms / 1000
+        backoff_s = 0.0
+        while not self.stop_event.is_set():
+            if parent_pid is not None and os.getppid() != parent_pid:
+                log.info("the broker that started the archiver is gone; stopping")
+                return True
+            failed = False
+            try:
+                if archived_topics_exist(self.settings, self.store):
+                    failed = any(r.error for r in self.archiver().run_pass(force=False))
+            except Exception:
+                log.exception("archive pass failed")
+                failed = True
+            if failed and not self.spark_alive():
+                log.error("the Spark driver is gone; exiting so that a new archiver starts")
+                return False
+            backoff_s = min(max(backoff_s * 2, 1.0), backoff_max_s) if failed else 0.0
+            self.stop_event.wait(backoff_s or poll_s)
+        return True
+
+    def spark_alive(self) -> bool:
+        """Whether the Spark driver JVM still answers (a pass can fail because it died)."""
+        if self._spark is None:
+            return True
+        try:
+            self._spark.sparkContext._jvm.java.lang.System.currentTimeMillis()
+            return True
+        except Exception:
+            return False
+
+    def close(self) -> None:
+        if self._spark is not None and self._owns_spark:
+            try:
+                self._spark.stop()
+            except Exception as exc:  # the JVM may be gone already (a signal to the whole group)
+                log.info("Spark was already stopped: %s", first_line(exc))
+        self.store.close()
+
+
+class ArchiverProcess:
+    """The archiver child of `icelog serve`: started with the broker's settings, restarted if it dies."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+
+    def start(self) -> None:
+        env = {**os.environ, SETTINGS_ENV: self.settings.model_dump_json()}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "icelog", "archive", "--parent-pid", str(os.getpid())], env=env
+        )
+        log.info("started the archiver (pid %d)", self.proc.pid)
+
+    def check(self) -> None:
+        """Restart the child if it exited (called from the broker's upkeep loop)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            self.restarts += 1
+            log.warning("the archiver exited with %s; restarting it", self.proc.returncode)
+            self.start()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

@@ -1,0 +1,83 @@
+"""Which offsets the archiver may write: the last stable offset and aborted ranges of each partition.
+
+Only committed records are archived (Bufstream: "each archive file will contain committed messages").
+The archiver runs in its own process, so it rebuilds the broker's per-partition transaction index
+(log/transactions.TxnIndex) from the intake itself, incrementally: batch headers and the markers of
+control batches, in offset order. Records at or past the last stable offset wait; records of aborted
+transactions are dropped (their offsets still count as archived).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from icelog.log import intake_file
+from icelog.log.producers import iter_stored_headers
+from icelog.log.transactions import MARKER_COMMIT, AbortedRange, TxnIndex, marker_type
+from icelog.meta.store import IntakeChunk, PartitionRecord, TopicRecord
+
+
+@dataclass
+class _PartitionTxns:
+    index: TxnIndex = field(default_factory=TxnIndex)
+    scanned_through: int = -1  # the offset after the last batch replayed into the index
+
+
+class TransactionTracker:
+    """Per-partition TxnIndex kept up to date from intake chunks (the archiver's stable-offset hook)."""
+
+    def __init__(self, intake_dir: str | Path) -> None:
+        self.intake_dir = Path(intake_dir)
+        self._partitions: dict[tuple[uuid.UUID, int], _PartitionTxns] = {}
+
+    def update(self, topic_id: uuid.UUID, partition: int, chunks: Sequence[IntakeChunk]) -> None:
+        """Replay the batches of `chunks` (offset order) that the index has not seen yet."""
+        state = self._partitions.setdefault((topic_id, partition), _PartitionTxns())
+        if chunks and state.scanned_through < chunks[0].base_offset:
+            # First look, or intake before what we saw is gone: start over from what is kept.
+            state.index = TxnIndex()
+            state.scanned_through = chunks[0].base_offset
+        for chunk in chunks:
+            if chunk.end_offset <= state.scanned_through:
+                continue
+            data = _read(self.intake_dir, chunk)
+            for batch in iter_stored_headers(data):
+                if batch.base_offset < state.scanned_through:
+                    continue
+                marker = marker_type(data, batch.position) if batch.is_control else None
+                if batch.is_control:
+                    if marker is not None:
+                        state.index.on_marker(batch.producer_id, batch.base_offset, marker == MARKER_COMMIT)
+                else:
+                    state.index.on_data(batch.producer_id, batch.base_offset, batch.is_transactional)
+                state.scanned_through = batch.last_offset + 1
+        if chunks:
+            state.index.drop_before(chunks[0].base_offset)  # aborted ranges the intake no longer holds
+
+    def stable_offset(self, topic: TopicRecord, partition: PartitionRecord) -> int:
+        """The last stable offset (the high watermark when no transaction is open)."""
+        state = self._partitions.get((topic.topic_id, partition.partition))
+        if state is None:
+            return partition.high_watermark
+        return state.index.last_stable_offset(min(partition.high_watermark, max(state.scanned_through, 0)))
+
+    def aborted(self, topic_id: uuid.UUID, partition: int, start: int, end: int) -> list[AbortedRange]:
+        state = self._partitions.get((topic_id, partition))
+        return [] if state is None else state.index.aborted_between(start, end)
+
+
+def _read(directory: Path, chunk: IntakeChunk) -> bytes:
+    fd = os.open(intake_file.file_path(directory, chunk.file_id), os.O_RDONLY)
+    try:
+        data = os.pread(fd, chunk.length, chunk.position)
+    finally:
+        os.close(fd)
+    if len(data) != chunk.length:
+        raise OSError(
+            f"intake file {chunk.file_id} is short: wanted {chunk.length} bytes at {chunk.position}"
+        )
+    return data
