@@ -87,10 +87,11 @@ ICELOG_PREFIX = "icelog."
 
 
 def _check_icelog_key(key: str, value: str | None) -> None:
-    """Validate the icelog.* keys that have a known meaning (archive settings); others persist as given."""
-    from icelog.lake.topic_config import CHECKS
+    """Validate the icelog.* keys that have a known meaning (archive, schema); others persist as given."""
+    from icelog.lake.topic_config import CHECKS as ARCHIVE_CHECKS
+    from icelog.schema.topic_config import CHECKS as SCHEMA_CHECKS
 
-    check = CHECKS.get(key)
+    check = ARCHIVE_CHECKS.get(key) or SCHEMA_CHECKS.get(key)
     if check is None or value is None:
         return
     try:

@@ -1,0 +1,1 @@
+"""Schemas: the embedded schema registry, Protobuf descriptors, data enforcement, Protobuf → Iceberg."""
