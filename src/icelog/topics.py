@@ -32,7 +32,8 @@ def validate_topic_name(name: str | None) -> str:
     return name
 
 
-def _long(minimum: int) -> Callable[[str], None]:
+def check_long(minimum: int) -> Callable[[str], None]:
+    """A validator of integer config values at or above `minimum`."""
     def check(value: str) -> None:
         try:
             number = int(value)
@@ -70,15 +71,15 @@ TIMESTAMP_TYPE = "message.timestamp.type"
 TOPIC_CONFIG_KEYS: dict[str, TopicConfigKey] = {
     key.name: key
     for key in (
-        TopicConfigKey(RETENTION_MS, "604800000", _long(-1), "Delete intake data older than this (-1: keep)."),
-        TopicConfigKey(RETENTION_BYTES, "-1", _long(-1), "Keep at most this many intake bytes per partition."),
-        TopicConfigKey(MAX_MESSAGE_BYTES, "1048588", _long(0), "Largest record batch accepted."),
+        TopicConfigKey(RETENTION_MS, "604800000", check_long(-1), "Delete intake data older than this (-1: keep)."),
+        TopicConfigKey(RETENTION_BYTES, "-1", check_long(-1), "Keep at most this many intake bytes per partition."),
+        TopicConfigKey(MAX_MESSAGE_BYTES, "1048588", check_long(0), "Largest record batch accepted."),
         TopicConfigKey(TIMESTAMP_TYPE, "CreateTime", _one_of("CreateTime", "LogAppendTime"), "Timestamp type."),
         TopicConfigKey("cleanup.policy", "delete", _one_of("delete"), "Only delete is supported."),
         TopicConfigKey("compression.type", "producer", _one_of("producer"), "Batches are stored as produced."),
-        TopicConfigKey("min.insync.replicas", "1", _long(1), "Accepted for compatibility; one durable copy."),
-        TopicConfigKey("segment.bytes", "268435456", _long(14), "Accepted for compatibility."),
-        TopicConfigKey("segment.ms", "604800000", _long(1), "Accepted for compatibility."),
+        TopicConfigKey("min.insync.replicas", "1", check_long(1), "Accepted for compatibility; one durable copy."),
+        TopicConfigKey("segment.bytes", "268435456", check_long(14), "Accepted for compatibility."),
+        TopicConfigKey("segment.ms", "604800000", check_long(1), "Accepted for compatibility."),
     )
 }
 

@@ -6,9 +6,11 @@ Precedence: explicit topic config < broker `topic_defaults` < `archive:` setting
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from icelog.topics import check_long
 
 if TYPE_CHECKING:
     from icelog.config import ArchiveSettings
@@ -25,18 +27,6 @@ KIND_NONE = "none"
 ARCHIVE_KINDS = (KIND_ICEBERG, KIND_NONE)
 
 
-def _check_long(minimum: int) -> Callable[[str], None]:
-    def check(value: str) -> None:
-        try:
-            number = int(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not an integer") from None
-        if number < minimum:
-            raise ValueError(f"{number} is below the minimum {minimum}")
-
-    return check
-
-
 def _check_kind(value: str) -> None:
     if value not in ARCHIVE_KINDS:
         raise ValueError(f"{value!r} is not one of {', '.join(ARCHIVE_KINDS)}")
@@ -51,10 +41,10 @@ def _check_table(value: str) -> None:
 CHECKS = {
     ARCHIVE_KIND: _check_kind,
     ARCHIVE_TABLE: _check_table,
-    ARCHIVE_MAX_BYTES: _check_long(1),
-    ARCHIVE_COMPLETE_DELAY_MAX_MS: _check_long(0),
-    ARCHIVE_IDLE_MAX_MS: _check_long(0),
-    INTAKE_RETENTION_MS: _check_long(-1),
+    ARCHIVE_MAX_BYTES: check_long(1),
+    ARCHIVE_COMPLETE_DELAY_MAX_MS: check_long(0),
+    ARCHIVE_IDLE_MAX_MS: check_long(0),
+    INTAKE_RETENTION_MS: check_long(-1),
 }
 
 

@@ -27,8 +27,23 @@ ATTR_TRANSACTIONAL = 0x10
 ATTR_CONTROL = 0x20
 
 
+class BatchAttributes:
+    """Flags read from a batch's attributes field."""
+
+    __slots__ = ()
+    attributes: int
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & ATTR_TRANSACTIONAL)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & ATTR_CONTROL)
+
+
 @dataclass(frozen=True, slots=True)
-class BatchHeader:
+class BatchHeader(BatchAttributes):
     """The fields of a v2 record batch header that the broker uses."""
 
     position: int
@@ -41,14 +56,6 @@ class BatchHeader:
     producer_epoch: int
     base_sequence: int
     records_count: int
-
-    @property
-    def is_transactional(self) -> bool:
-        return bool(self.attributes & ATTR_TRANSACTIONAL)
-
-    @property
-    def is_control(self) -> bool:
-        return bool(self.attributes & ATTR_CONTROL)
 
 
 def parse_produced_batches(records: bytes | bytearray, max_batch_bytes: int) -> list[BatchHeader]:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.log.batch import ATTR_CONTROL, ATTR_TRANSACTIONAL, HEADER_SIZE, LOG_OVERHEAD, BatchHeader
+from icelog.log.batch import HEADER_SIZE, LOG_OVERHEAD, BatchAttributes, BatchHeader
 
 BATCHES_KEPT = 5  # Kafka's max.in.flight.requests.per.connection limit for idempotence
 _SEQUENCE_MODULUS = 1 << 31
@@ -41,7 +41,7 @@ class ProducerEntry:
 
 
 @dataclass(frozen=True, slots=True)
-class StoredBatch:
+class StoredBatch(BatchAttributes):
     """The header fields of a stored (offset-assigned) batch that producer state is rebuilt from."""
 
     base_offset: int
@@ -52,14 +52,6 @@ class StoredBatch:
     base_sequence: int
     position: int
     size: int
-
-    @property
-    def is_transactional(self) -> bool:
-        return bool(self.attributes & ATTR_TRANSACTIONAL)
-
-    @property
-    def is_control(self) -> bool:
-        return bool(self.attributes & ATTR_CONTROL)
 
 
 def last_sequence(base_sequence: int, last_offset_delta: int) -> int:
