@@ -45,7 +45,8 @@ def lake_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProc
 
 @pytest.fixture(scope="session")
 def lake_settings(lake_broker: BrokerProcess) -> Settings:
-    return load_settings(data_dir=str(lake_broker.data_dir))
+    # The archiver reads schemas from the lake broker's embedded registry (raw topics: no subject there).
+    return load_settings(data_dir=str(lake_broker.data_dir), registry_listen=f"127.0.0.1:{lake_broker.registry_port}")
 
 
 @pytest.fixture(scope="session")
@@ -163,7 +164,7 @@ def check_offsets_contiguous(rows: list[dict[str, Any]], expected: dict[int, int
 def run_archive_cli(
     settings: Settings, topic: str, fault: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **ARCHIVE_ENV}
+    env = {**os.environ, **ARCHIVE_ENV, "ICELOG_REGISTRY_LISTEN": settings.registry_listen}
     if fault:
         env[FAULT_ENV] = fault
     return subprocess.run(

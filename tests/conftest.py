@@ -30,6 +30,7 @@ class BrokerProcess:
                  extra_args: list[str] | None = None) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
+        self.registry_port = free_port()  # the embedded schema registry; 8081 would clash between brokers
         self.env = env or {}
         self.extra_args = extra_args or []
         self.proc: subprocess.Popen[bytes] | None = None
@@ -39,10 +40,15 @@ class BrokerProcess:
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def registry_url(self) -> str:
+        return f"http://127.0.0.1:{self.registry_port}"
+
     def start(self, timeout: float = 20.0) -> BrokerProcess:
         # Test brokers keep plain Kafka retention and run no Spark archiver unless a test asks for them
         # (tests/test_archive*.py pass ICELOG_ARCHIVE__* in `env`).
-        quiet = {"ICELOG_ARCHIVE__DEFAULT_KIND": "none", "ICELOG_ARCHIVE__ENABLED": "false"}
+        quiet = {"ICELOG_ARCHIVE__DEFAULT_KIND": "none", "ICELOG_ARCHIVE__ENABLED": "false",
+                 "ICELOG_REGISTRY_LISTEN": f"127.0.0.1:{self.registry_port}"}
         env = {**os.environ, **quiet, **self.env}
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child process keeps writing after we return
         self.proc = subprocess.Popen(

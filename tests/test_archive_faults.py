@@ -69,7 +69,7 @@ def test_sigkill_of_a_running_job_then_a_new_pass_writes_exactly_once(
     topic = "archive-sigkill"
     create_topic(lake_broker, topic)
     produced = produce(lake_broker, topic, 3000)
-    env = {**os.environ, **ARCHIVE_ENV}
+    env = {**os.environ, **ARCHIVE_ENV, "ICELOG_REGISTRY_LISTEN": lake_settings.registry_listen}
     job = subprocess.Popen(
         [
             sys.executable,

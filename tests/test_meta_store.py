@@ -278,3 +278,25 @@ def test_reopen_keeps_everything(open_same_store: OpenStore) -> None:
     assert reopened.intake_chunks() == chunks[1:]
     assert reopened.intake_tail() == IntakeTail(4, 500)
     assert reopened.get_topic("gone") is None and reopened.partitions(gone.topic_id) == []
+
+
+# -- archive table columns (field ids of tables with a Protobuf schema) ---------------------------------------
+def test_table_columns_are_replaced_per_table_and_survive_reopen(open_same_store: OpenStore) -> None:
+    from icelog.meta.store import TableColumn
+
+    store = open_same_store()
+    assert store.table_columns("icelog.a") == []
+    v1 = [TableColumn("value", 2, "struct"), TableColumn("key", 1, "struct"), TableColumn("value.amount", 3, "int")]
+    store.save_table_columns("icelog.a", v1)
+    store.save_table_columns("icelog.b", v1[:1])
+    v2 = [
+        TableColumn("key", 1, "struct"),
+        TableColumn("value", 2, "struct"),
+        TableColumn("value.amount__v1", 3, "int", deleted=True),
+        TableColumn("value.amount", 4, "string"),
+    ]
+    store.save_table_columns("icelog.a", v2)
+    store.close()
+    reopened = open_same_store()
+    assert reopened.table_columns("icelog.a") == v2  # ordered by field id, the old path gone
+    assert reopened.table_columns("icelog.b") == v1[:1]

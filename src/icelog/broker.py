@@ -13,6 +13,9 @@ from icelog.coordinator.transactions import TransactionCoordinator
 from icelog.log.manager import LogManager
 from icelog.meta.store import open_store
 from icelog.pipeline.service import ArchiverProcess
+from icelog.schema.enforcement import Enforcer, HttpSchemaSource, LocalSchemaSource, SchemaSource
+from icelog.schema.registry.server import RegistryServer
+from icelog.schema.registry.service import RegistryService
 from icelog.wire.context import BrokerState
 from icelog.wire.server import KafkaServer
 
@@ -37,6 +40,13 @@ class Broker:
         )
         self.state.groups, self.state.transactions = self.groups, self.transactions
         self.server = KafkaServer(self.state)
+        # The embedded schema registry, unless an external one is configured (registry_url).
+        self.registry_service = RegistryService(self.logs.store)
+        self.registry = RegistryServer(self.registry_service) if settings.serves_registry else None
+        self.schema_source: SchemaSource = LocalSchemaSource(self.registry_service)
+        if settings.registry_url:
+            self.schema_source = HttpSchemaSource(settings.registry_url)
+        self.state.enforcer = Enforcer(self.schema_source, settings.registry_cache_ttl_ms, settings.topic_defaults)
         self._stopping = asyncio.Event()
         self.archiver: ArchiverProcess | None = None
 
@@ -49,6 +59,15 @@ class Broker:
         await self.transactions.recover()  # before serving: finish or abort what a crash left open
         self.groups.start()
         self.transactions.start()
+        if self.registry is not None:  # before the Kafka listener: a taken port stops start-up cleanly
+            host, _, port = self.settings.registry_listen.rpartition(":")
+            try:
+                await self.registry.start(host or "0.0.0.0", int(port))
+            except OSError as exc:
+                raise SystemExit(
+                    f"icelog: cannot serve the schema registry on {self.settings.registry_listen}: {exc} "
+                    "(set registry_listen / --registry-listen, or off)"
+                ) from exc
         await self.server.start()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -60,7 +79,8 @@ class Broker:
         upkeep = asyncio.create_task(self._upkeep())
         print(
             f"icelog serving Kafka on {self.state.advertised_host}:{self.state.advertised_port} "
-            f"(data in {self.settings.data_dir})",
+            f"(data in {self.settings.data_dir})"
+            + (f", schema registry on {self.settings.registry_listen}" if self.registry is not None else ""),
             flush=True,
         )
         writer_task = self.logs.writer._task
@@ -71,6 +91,10 @@ class Broker:
         if self.archiver is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.archiver.stop)
         await self.server.stop()
+        if self.registry is not None:
+            await self.registry.stop()
+        if isinstance(self.schema_source, HttpSchemaSource):
+            await self.schema_source.close()
         await self.transactions.stop()
         await self.groups.stop()
         failed = self.logs.writer.failed

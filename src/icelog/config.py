@@ -90,6 +90,16 @@ class Settings(BaseSettings):
     group_min_session_timeout_ms: int = Field(6000, gt=0, description="Kafka's group.min.session.timeout.ms.")
     group_max_session_timeout_ms: int = Field(1800000, gt=0, description="Kafka's group.max.session.timeout.ms.")
     transaction_max_timeout_ms: int = Field(900000, gt=0, description="Kafka's transaction.max.timeout.ms.")
+    registry_listen: str = Field(
+        "localhost:8081",
+        description="HOST:PORT of the embedded Confluent-compatible schema registry ('off': do not serve it).",
+    )
+    registry_url: str | None = Field(
+        None, description="An external schema registry (http://HOST:PORT); when set, icelog serves none of its own."
+    )
+    registry_cache_ttl_ms: int = Field(
+        5000, ge=0, description="How long produce-time enforcement trusts a subject's cached latest schema."
+    )
     topic_defaults: dict[str, str] = Field(
         default_factory=dict, description="Topic config defaults for new topics, e.g. retention.ms: '86400000'."
     )
@@ -111,6 +121,19 @@ class Settings(BaseSettings):
     @property
     def port(self) -> int:
         return int(self.listen.rpartition(":")[2])
+
+    @field_validator("registry_listen")
+    @classmethod
+    def _check_registry_listen(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if value != "off" and (not sep or not port.isdigit()):
+            raise ValueError(f"registry_listen must be HOST:PORT or off, got {value!r}")
+        return value
+
+    @property
+    def serves_registry(self) -> bool:
+        """Whether this broker serves the embedded schema registry."""
+        return self.registry_url is None and self.registry_listen != "off"
 
     @property
     def metadata_url(self) -> str:

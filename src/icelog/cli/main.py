@@ -13,7 +13,8 @@ from icelog.errors import IcelogError
 
 def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(
-        args.config, listen=getattr(args, "listen", None), data_dir=getattr(args, "data_dir", None)
+        args.config, listen=getattr(args, "listen", None), data_dir=getattr(args, "data_dir", None),
+        registry_listen=getattr(args, "registry_listen", None),
     )
 
 
@@ -37,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the broker")
     serve.add_argument("--listen", help="HOST:PORT of the Kafka listener (default localhost:9092)")
     serve.add_argument("--data-dir", help="where all state lives (default ./icelog-data)")
+    serve.add_argument(
+        "--registry-listen", help="HOST:PORT of the embedded schema registry (default localhost:8081; off: none)"
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=cmd_serve)
 

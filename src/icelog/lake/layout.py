@@ -62,8 +62,11 @@ def quote_identifier(*parts: str) -> str:
     return ".".join("`" + part.replace("`", "``") + "`" for part in parts)
 
 
-def archive_table_ddl(catalog: str, namespace: str, table: str) -> TableDDL:
-    """CREATE NAMESPACE / CREATE TABLE / partition fields / sort order for an archive table."""
+def archive_table_ddl(catalog: str, namespace: str, table: str, columns_ddl: str = SPARK_SCHEMA_DDL) -> TableDDL:
+    """CREATE NAMESPACE / CREATE TABLE / partition fields / sort order for an archive table.
+
+    `columns_ddl`: the raw layout's columns, or those of a topic with a Protobuf schema (pipeline/table_schema.py).
+    """
     ident = quote_identifier(catalog, namespace, table)
     props = ", ".join(f"'{k}'='{v}'" for k, v in ARCHIVE_TABLE_PROPERTIES.items())
     partition_by = ", ".join(
@@ -75,7 +78,7 @@ def archive_table_ddl(catalog: str, namespace: str, table: str) -> TableDDL:
     return TableDDL(
         (
             f"CREATE NAMESPACE IF NOT EXISTS {quote_identifier(catalog, namespace)}",
-            f"CREATE TABLE IF NOT EXISTS {ident} ({SPARK_SCHEMA_DDL}) USING iceberg "
+            f"CREATE TABLE IF NOT EXISTS {ident} ({columns_ddl}) USING iceberg "
             f"PARTITIONED BY ({partition_by}) TBLPROPERTIES ({props})",
             f"ALTER TABLE {ident} WRITE ORDERED BY {', '.join(ARCHIVE_SORT_ORDER)}",
         )

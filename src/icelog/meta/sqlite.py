@@ -12,6 +12,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from icelog.errors import StoreError, TopicExistsError, UnknownTopicError
+from icelog.meta.sqlite_registry import SqliteRegistry
 from icelog.meta.store import (
     ArchiveState,
     CommittedOffset,
@@ -20,6 +21,7 @@ from icelog.meta.store import (
     IntakeTail,
     MetadataStore,
     PartitionRecord,
+    TableColumn,
     TopicRecord,
     TransactionRecord,
 )
@@ -89,10 +91,18 @@ CREATE TABLE IF NOT EXISTS transactions (
     state TEXT NOT NULL,
     detail TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS table_columns (
+    table_name TEXT NOT NULL,
+    path TEXT NOT NULL,
+    field_id INTEGER NOT NULL,
+    signature TEXT NOT NULL,
+    deleted INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (table_name, path)
+);
 """
 
 
-class SqliteStore(MetadataStore):
+class SqliteStore(SqliteRegistry, MetadataStore):
     """One SQLite database in WAL mode; a lock serialises the broker's threads on one connection."""
 
     def __init__(self, path: str | Path) -> None:
@@ -107,6 +117,7 @@ class SqliteStore(MetadataStore):
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 self._conn.execute(statement)
+        self._create_registry_tables()
         columns = {row[1] for row in self._conn.execute("PRAGMA table_info(intake_chunks)")}
         if "ingest_timestamp" not in columns:  # stores created before the archiver
             # (suppress: another process, the archiver or the broker, may have added it just now)
@@ -345,6 +356,24 @@ class SqliteStore(MetadataStore):
                     "DELETE FROM group_offsets WHERE group_id = ? AND topic = ? AND partition = ?",
                     [(group_id, t, p) for t, p in partitions],
                 )
+
+    # -- archive table columns -------------------------------------------------------------------
+    def table_columns(self, table: str) -> list[TableColumn]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT path, field_id, signature, deleted FROM table_columns WHERE table_name = ? "
+                "ORDER BY field_id",
+                (table,),
+            ).fetchall()
+        return [TableColumn(path, field_id, signature, bool(deleted)) for path, field_id, signature, deleted in rows]
+
+    def save_table_columns(self, table: str, columns: Iterable[TableColumn]) -> None:
+        with self._tx(durable=True) as conn:
+            conn.execute("DELETE FROM table_columns WHERE table_name = ?", (table,))
+            conn.executemany(
+                "INSERT INTO table_columns (table_name, path, field_id, signature, deleted) VALUES (?, ?, ?, ?, ?)",
+                [(table, c.path, c.field_id, c.signature, int(c.deleted)) for c in columns],
+            )
 
     # -- producers and transactions ----------------------------------------------------------------
     def allocate_producer_ids(self, count: int) -> int:

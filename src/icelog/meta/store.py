@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from icelog.errors import ConfigError
+from icelog.meta.registry import RegistryStore
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,25 @@ class TransactionRecord:
     pending_offsets: dict[str, GroupOffsets] = field(default_factory=dict)
 
 
-class MetadataStore(ABC):
-    """Durable metadata shared by every layer. Each method commits atomically or raises StoreError."""
+@dataclass(frozen=True)
+class TableColumn:
+    """One column of an archive table with a schema: its Iceberg field id, allocated once and kept.
+
+    `path` is the column's dotted path in the table ("value.amount", "value.tags.element"); `signature`
+    its type ("long", "struct", "list", ...); `deleted` marks a column no longer in the schema (kept, null).
+    """
+
+    path: str
+    field_id: int
+    signature: str
+    deleted: bool = False
+
+
+class MetadataStore(RegistryStore, ABC):
+    """Durable metadata shared by every layer. Each method commits atomically or raises StoreError.
+
+    The schema registry's methods (`registry_*`) are declared in meta/registry.py.
+    """
 
     # -- topics --------------------------------------------------------------------------------
     @abstractmethod
@@ -194,6 +212,15 @@ class MetadataStore(ABC):
     @abstractmethod
     def delete_offsets(self, group_id: str, partitions: Iterable[tuple[str, int]] | None = None) -> None:
         """Drop committed offsets of some partitions of a group, or all of them (None)."""
+
+    # -- archive table columns (field ids of tables with a Protobuf schema) ----------------------
+    @abstractmethod
+    def table_columns(self, table: str) -> list[TableColumn]:
+        """The column records of an archive table ("namespace.table"), ordered by field id (empty if none)."""
+
+    @abstractmethod
+    def save_table_columns(self, table: str, columns: Iterable[TableColumn]) -> None:
+        """Replace the column records of an archive table."""
 
     # -- producers and transactions ----------------------------------------------------------------
     @abstractmethod

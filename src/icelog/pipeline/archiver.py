@@ -40,6 +40,7 @@ from icelog.pipeline.reconcile import (
     encode_offsets,
     table_offsets,
 )
+from icelog.pipeline.table_schema import ArchiveSchema, TableSchemas
 from icelog.pipeline.transactions import TransactionTracker
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,8 @@ class Archiver:
         self.clock = clock
         self._tables_ready: set[tuple[str, str]] = set()
         self._last_reconcile_ms: dict[uuid.UUID, int] = {}
+        # Topics with a Protobuf schema (registry subjects per icelog.schema.<side>): table_schema.py
+        self.schemas = TableSchemas(settings, spark, store)
 
     # -- naming --------------------------------------------------------------------------------
     def table_name(self, config: ArchiveTopicConfig) -> str:
@@ -99,6 +102,7 @@ class Archiver:
     def run_pass(self, force: bool = False, topics: Collection[str] | None = None) -> list[TopicPassResult]:
         """Archive what is due in every archived topic (or those named); failures are recorded, not raised."""
         results = []
+        self.schemas.begin_pass()
         for topic in self.store.list_topics():
             config = self.topic_config(topic)
             if not config.enabled or (topics is not None and topic.name not in topics):
@@ -160,7 +164,10 @@ class Archiver:
         due = self._plan(topic, config, partitions, chunks_by_partition, known, now_ms, force)
         if not due and 0 <= now_ms - last_look < RECONCILE_EVERY_MS:
             return TopicPassResult(topic.name, offsets=known)
-        self.ensure_table(config)
+        # The latest registry schemas (None: raw layout) decide the table's columns before anything is read.
+        schema = self.schemas.resolve(topic, config, self.table_name(config))
+        if schema is None:
+            self.ensure_table(config)
         committed = self.reconcile(topic, config)
         self._last_reconcile_ms[topic.topic_id] = now_ms
         archives = self._plan(
@@ -172,7 +179,7 @@ class Archiver:
         new_offsets = dict(committed.offsets)
         for archive in archives:
             new_offsets[archive.partition] = max(new_offsets.get(archive.partition, 0), archive.end_offset)
-        self.write(topic, config, archives, new_offsets)
+        self.write(topic, config, archives, new_offsets, schema)
         fault_point("after-commit")
         self.store.record_archive(topic.topic_id, new_offsets, int(self.clock() * 1000))
         result.archives = len(archives)
@@ -220,6 +227,7 @@ class Archiver:
         config: ArchiveTopicConfig,
         archives: list[PlannedArchive],
         new_offsets: dict[int, int],
+        schema: ArchiveSchema | None = None,
     ) -> None:
         """Decode the archives in Spark workers (one task and one file each) and append them in one commit."""
         intake_dir = self.intake_dir
@@ -232,7 +240,20 @@ class Archiver:
                 for index in batch.column(0).to_pylist():
                     yield from decode_archive(intake_dir, planned[index])
 
-        frame = self.spark.range(0, len(planned), 1, len(planned)).mapInArrow(decode, SPARK_SCHEMA_DDL)
+        ddl = SPARK_SCHEMA_DDL
+        if schema is not None:
+            key, value, arrow = schema.key, schema.value, schema.arrow_schema()
+            ddl = schema.spark_ddl
+
+            def decode(batches: Any) -> Any:  # noqa: F811 - the Protobuf variant of the raw decoder above
+                from icelog.pipeline.decode_protobuf import decode_archive_protobuf
+
+                decoders: dict[str, Any] = {}
+                for batch in batches:
+                    for index in batch.column(0).to_pylist():
+                        yield from decode_archive_protobuf(intake_dir, planned[index], key, value, arrow, decoders)
+
+        frame = self.spark.range(0, len(planned), 1, len(planned)).mapInArrow(decode, ddl)
         writer = (
             frame.writeTo(self.table_name(config))
             # Each task holds one partition's archive in offset order already: no shuffle, no re-sort.

@@ -12,6 +12,7 @@ from icelog.log.manager import LogManager
 if TYPE_CHECKING:
     from icelog.coordinator.groups import GroupCoordinator
     from icelog.coordinator.transactions import TransactionCoordinator
+    from icelog.schema.enforcement import Enforcer
 
 
 @dataclass
@@ -24,6 +25,7 @@ class BrokerState:
     advertised_port: int
     groups: GroupCoordinator | None = None  # set by the Broker
     transactions: TransactionCoordinator | None = None
+    enforcer: Enforcer | None = None  # schema data enforcement on produce (set by the Broker)
 
 
 @dataclass(frozen=True, slots=True)

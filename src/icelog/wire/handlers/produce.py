@@ -10,6 +10,7 @@ from kafka.protocol.api_key import ApiKey
 from kafka.protocol.producer import ProduceResponse
 
 from icelog.errors import ErrorCode, KafkaApiError
+from icelog.schema.enforcement import InvalidRecordsError
 from icelog.wire.context import RequestContext, handles
 
 PartitionResponse = ProduceResponse.TopicProduceResponse.PartitionProduceResponse
@@ -39,10 +40,19 @@ async def produce(ctx: RequestContext, request: Any) -> Any:
                     )
                 topic, partition = logs.partition(topic_data.name, data.index)
                 result.log_start_offset = partition.log_start_offset
-                appended, done = logs.append(topic, partition, data.records or b"")
+                records = data.records or b""
+                enforcer = ctx.broker.enforcer
+                if enforcer is not None and records and enforcer.applies(topic):
+                    records = await enforcer.enforce(topic, records, topic.config.max_message_bytes)
+                appended, done = logs.append(topic, partition, records)
             except KafkaApiError as exc:
                 result.error_code = int(exc.code)
                 result.error_message = exc.message
+                if isinstance(exc, InvalidRecordsError):
+                    result.record_errors = [
+                        PartitionResponse.BatchIndexAndErrorMessage(batch_index=i, batch_index_error_message=m)
+                        for i, m in exc.record_errors
+                    ]
                 continue
             result.base_offset = appended.base_offset
             result.log_append_time_ms = appended.log_append_time

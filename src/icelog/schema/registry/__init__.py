@@ -1,0 +1,1 @@
+"""The embedded Confluent-compatible schema registry: REST server, service logic, compatibility rules."""

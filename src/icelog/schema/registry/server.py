@@ -1,0 +1,236 @@
+"""Confluent-compatible Schema Registry REST API (aiohttp), served from the broker's event loop.
+
+Handlers that only read the store run inline (one SQLite read); those that compile a schema (register,
+look up, compatibility, `format=serialized` on a cold cache) run in a worker thread so protoc never
+blocks the Kafka listener.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from icelog.meta.registry import RegistrySchema
+from icelog.schema.registry.service import (
+    SCHEMA_TYPES,
+    RegistryError,
+    RegistryService,
+    SchemaInput,
+    schema_json,
+)
+
+log = logging.getLogger(__name__)
+CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+T = TypeVar("T")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _reply(body: object, status: int = 200) -> web.Response:
+    return web.Response(text=json.dumps(body), status=status, content_type="application/json")
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    return request.query.get(name, "false").lower() == "true"
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    # Every failure leaves in Confluent's shape, which its clients turn into SchemaRegistryError.
+    try:
+        return await handler(request)
+    except RegistryError as exc:
+        return _reply({"error_code": exc.error_code, "message": exc.message}, exc.status)
+    except web.HTTPException as exc:
+        return _reply({"error_code": exc.status, "message": exc.reason}, exc.status)
+    except Exception as exc:
+        log.exception("schema registry request %s %s failed", request.method, request.path)
+        return _reply({"error_code": 50001, "message": f"Error in the backend data store: {exc}"}, 500)
+
+
+class RegistryServer:
+    """The REST routes over one RegistryService."""
+
+    def __init__(self, service: RegistryService) -> None:
+        self.service = service
+        self._runner: web.AppRunner | None = None
+
+    async def _in_thread(self, func: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(func, *args))
+
+    async def _body(self, request: web.Request) -> SchemaInput:
+        try:
+            body = json.loads(await request.read() or b"null")
+        except ValueError:
+            raise RegistryError(422, 42201, "Invalid schema: the body is not JSON") from None
+        return SchemaInput.from_json(body)
+
+    async def _schema_text(self, record: RegistrySchema, fmt: str | None) -> str:
+        if fmt == "serialized" and not self.service.is_compiled(record.schema_id):
+            return await self._in_thread(self.service.schema_text, record, fmt)  # a cold cache runs protoc
+        return self.service.schema_text(record, fmt)
+
+    def app(self) -> web.Application:
+        """The aiohttp application with every route."""
+        app = web.Application(middlewares=[_errors])
+        r = app.router
+        r.add_get("/", self.root)
+        r.add_get("/schemas/types", self.schema_types)
+        r.add_get("/schemas/ids/{id}", self.schema_by_id)
+        r.add_get("/schemas/ids/{id}/schema", self.raw_schema_by_id)
+        r.add_get("/schemas/ids/{id}/versions", self.versions_of_schema)
+        r.add_get("/schemas/ids/{id}/subjects", self.subjects_of_schema)
+        r.add_get("/subjects", self.subjects)
+        r.add_post("/subjects/{subject}", self.lookup)
+        r.add_delete("/subjects/{subject}", self.delete_subject)
+        r.add_get("/subjects/{subject}/versions", self.versions)
+        r.add_post("/subjects/{subject}/versions", self.register)
+        r.add_get("/subjects/{subject}/versions/{version}", self.version)
+        r.add_delete("/subjects/{subject}/versions/{version}", self.delete_version)
+        r.add_get("/subjects/{subject}/versions/{version}/schema", self.raw_schema_of_version)
+        r.add_post("/compatibility/subjects/{subject}/versions/{version}", self.compatibility)
+        r.add_post("/compatibility/subjects/{subject}/versions", self.compatibility)
+        for path in ("/config", "/config/{subject}"):
+            r.add_get(path, self.get_config)
+            r.add_put(path, self.put_config)
+            r.add_delete(path, self.delete_config)
+        return app
+
+    async def start(self, host: str, port: int) -> None:
+        """Listen on host:port (raises OSError if the address is taken)."""
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host, port).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # -- schemas -------------------------------------------------------------------------------
+    async def root(self, request: web.Request) -> web.Response:
+        return _reply({})
+
+    async def schema_types(self, request: web.Request) -> web.Response:
+        return _reply(list(SCHEMA_TYPES))
+
+    def _schema_id(self, request: web.Request) -> int:
+        text = request.match_info["id"]
+        if not text.isdigit():
+            raise RegistryError(404, 40403, f"Schema {text} not found")
+        return int(text)
+
+    async def schema_by_id(self, request: web.Request) -> web.Response:
+        record = self.service.schema(self._schema_id(request))
+        text = await self._schema_text(record, request.query.get("format"))
+        return _reply(schema_json(record, text))
+
+    async def raw_schema_by_id(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.service.schema(self._schema_id(request)).schema)
+
+    async def versions_of_schema(self, request: web.Request) -> web.Response:
+        schema_id = self._schema_id(request)
+        self.service.schema(schema_id)
+        deleted = _flag(request, "deleted")
+        found = [v for v in self.service.store.registry_versions_of_schema(schema_id) if deleted or not v.deleted]
+        return _reply([{"subject": v.subject, "version": v.version} for v in found])
+
+    async def subjects_of_schema(self, request: web.Request) -> web.Response:
+        schema_id = self._schema_id(request)
+        self.service.schema(schema_id)
+        deleted = _flag(request, "deleted")
+        found = self.service.store.registry_versions_of_schema(schema_id)
+        return _reply(sorted({v.subject for v in found if deleted or not v.deleted}))
+
+    # -- subjects ------------------------------------------------------------------------------
+    async def subjects(self, request: web.Request) -> web.Response:
+        deleted = _flag(request, "deleted") or _flag(request, "deleted_only")
+        names = self.service.subjects(deleted, request.query.get("subjectPrefix", ""))
+        if _flag(request, "deleted_only"):
+            names = [n for n in names if n not in set(self.service.subjects(False))]
+        return _reply(names)
+
+    async def versions(self, request: web.Request) -> web.Response:
+        subject = request.match_info["subject"]
+        found = self.service.versions(subject, _flag(request, "deleted") or _flag(request, "deleted_only"))
+        if _flag(request, "deleted_only"):
+            found = [v for v in found if v.deleted]
+        return _reply([v.version for v in found])
+
+    async def register(self, request: web.Request) -> web.Response:
+        subject = request.match_info["subject"]
+        given = await self._body(request)
+        version = await self._in_thread(self.service.register, subject, given)
+        return _reply({"id": version.schema_id, "version": version.version, "subject": subject})
+
+    async def version(self, request: web.Request) -> web.Response:
+        subject = request.match_info["subject"]
+        found = self.service.version(subject, request.match_info["version"], _flag(request, "deleted"))
+        record = self.service.schema(found.schema_id)
+        text = await self._schema_text(record, request.query.get("format"))
+        extra = {"subject": subject, "version": found.version, "id": found.schema_id}
+        return _reply(schema_json(record, text, extra))
+
+    async def raw_schema_of_version(self, request: web.Request) -> web.Response:
+        subject = request.match_info["subject"]
+        found = self.service.version(subject, request.match_info["version"], _flag(request, "deleted"))
+        return web.Response(text=self.service.schema(found.schema_id).schema)
+
+    async def lookup(self, request: web.Request) -> web.Response:
+        subject = request.match_info["subject"]
+        given = await self._body(request)
+        found, record = await self._in_thread(self.service.lookup, subject, given, _flag(request, "deleted"))
+        text = await self._schema_text(record, request.query.get("format"))
+        return _reply(schema_json(record, text, {"subject": subject, "version": found.version, "id": found.schema_id}))
+
+    async def delete_subject(self, request: web.Request) -> web.Response:
+        subject = request.match_info["subject"]
+        return _reply(self.service.delete_subject(subject, _flag(request, "permanent")))
+
+    async def delete_version(self, request: web.Request) -> web.Response:
+        subject = request.match_info["subject"]
+        return _reply(self.service.delete_version(subject, request.match_info["version"], _flag(request, "permanent")))
+
+    async def compatibility(self, request: web.Request) -> web.Response:
+        subject = request.match_info["subject"]
+        version = request.match_info.get("version", "latest")
+        given = await self._body(request)
+        problems = await self._in_thread(self.service.test_compatibility, subject, version, given)
+        body: dict[str, object] = {"is_compatible": not problems}
+        if _flag(request, "verbose"):
+            body["messages"] = problems
+        return _reply(body)
+
+    # -- config --------------------------------------------------------------------------------
+    async def get_config(self, request: web.Request) -> web.Response:
+        subject = request.match_info.get("subject")
+        if subject is None:
+            return _reply({"compatibilityLevel": self.service.compatibility(None)})
+        level = self.service.subject_compatibility(subject)
+        if level is None:
+            if not _flag(request, "defaultToGlobal"):
+                raise RegistryError(
+                    404, 40408, f"Subject '{subject}' does not have subject-level compatibility configured"
+                )
+            level = self.service.compatibility(None)
+        return _reply({"compatibilityLevel": level})
+
+    async def put_config(self, request: web.Request) -> web.Response:
+        subject = request.match_info.get("subject")
+        try:
+            body = json.loads(await request.read() or b"null")
+        except ValueError:
+            body = None
+        level = body.get("compatibility") if isinstance(body, dict) else None
+        return _reply({"compatibility": self.service.set_compatibility(subject, level)})
+
+    async def delete_config(self, request: web.Request) -> web.Response:
+        subject = request.match_info.get("subject")
+        if subject is not None and not self.service.store.registry_versions(subject):
+            raise RegistryError(404, 40401, f"Subject '{subject}' not found.")
+        return _reply({"compatibilityLevel": self.service.delete_compatibility(subject)})
+

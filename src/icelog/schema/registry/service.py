@@ -1,0 +1,352 @@
+"""The schema registry's logic over the metadata store, in Confluent's terms and with its error codes.
+
+Synchronous and store-backed, so the REST server (in threads), produce-time enforcement and the
+archiver can all use it. Compiled schemas are cached by id: ids are immutable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from google.protobuf import descriptor_pb2
+
+from icelog.errors import IcelogError
+from icelog.meta.registry import RegistryConflictError, RegistrySchema, RegistryStore, SchemaReference, SubjectVersion
+from icelog.schema.protobuf_schema import InvalidSchemaError, compile_schema, main_file_of, serialized_main
+from icelog.schema.registry import compat
+
+PROTOBUF = "PROTOBUF"
+SCHEMA_TYPES = (PROTOBUF,)
+_MAX_VERSION = 2**31 - 1
+_COMPILED_CACHE_SIZE = 1024
+_REGISTER_ATTEMPTS = 5
+
+
+class RegistryError(IcelogError):
+    """A registry request fails; `status` and `error_code` are Confluent's."""
+
+    def __init__(self, status: int, error_code: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.error_code, self.message = status, error_code, message
+
+
+def subject_not_found(subject: str) -> RegistryError:
+    return RegistryError(404, 40401, f"Subject '{subject}' not found.")
+
+
+def version_not_found(subject: str, version: int | str) -> RegistryError:
+    return RegistryError(404, 40402, f"Version {version} not found for subject '{subject}'.")
+
+
+def schema_not_found(detail: str = "Schema not found") -> RegistryError:
+    return RegistryError(404, 40403, detail)
+
+
+def invalid_schema(message: str) -> RegistryError:
+    return RegistryError(422, 42201, f"Invalid schema: {message}")
+
+
+@dataclass(frozen=True)
+class SchemaInput:
+    """A schema as a client submits it."""
+
+    schema: str
+    schema_type: str = PROTOBUF
+    references: tuple[SchemaReference, ...] = ()
+
+    @classmethod
+    def from_json(cls, body: object) -> SchemaInput:
+        """Parse a register/lookup/compatibility request body (42201 when malformed)."""
+        if not isinstance(body, dict) or not isinstance(body.get("schema"), str):
+            raise RegistryError(422, 42201, "Invalid schema: the body needs a 'schema' string")
+        refs = []
+        for ref in body.get("references") or []:
+            try:
+                refs.append(SchemaReference(str(ref["name"]), str(ref["subject"]), int(ref["version"])))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise invalid_schema(f"bad reference {ref!r}") from exc
+        return cls(body["schema"], str(body.get("schemaType") or "AVRO").upper(), tuple(refs))
+
+
+def _canonical(fds: descriptor_pb2.FileDescriptorSet) -> bytes:
+    main = descriptor_pb2.FileDescriptorProto()
+    main.CopyFrom(main_file_of(fds))
+    main.ClearField("name")
+    main.ClearField("source_code_info")
+    stack = list(main.message_type)
+    while stack:  # protoc fills json_name, serialized descriptors often do not: not part of the schema
+        message = stack.pop()
+        for field in message.field:
+            field.ClearField("json_name")
+        stack.extend(message.nested_type)
+    return main.SerializeToString(deterministic=True)
+
+
+def fingerprint(schema_type: str, fds: descriptor_pb2.FileDescriptorSet, refs: Sequence[SchemaReference]) -> str:
+    """Identity of a schema: equal .proto text, its serialized form and formatting variants share it."""
+    digest = hashlib.sha256(schema_type.encode())
+    digest.update(_canonical(fds))
+    digest.update(json.dumps(sorted((r.name, r.subject, r.version) for r in refs)).encode())
+    return digest.hexdigest()
+
+
+def parse_version(version: str | int) -> int | None:
+    """A version path segment: a positive int, or None for latest ('latest' or -1); 42202 otherwise."""
+    text = str(version)
+    if text in ("latest", "-1"):
+        return None
+    if not text.isdigit() or not 1 <= int(text) <= _MAX_VERSION:
+        raise RegistryError(
+            422, 42202,
+            f"The specified version '{text}' is not a valid version id. Allowed values are between "
+            f"[1, {_MAX_VERSION}] and the string \"latest\"",
+        )
+    return int(text)
+
+
+class RegistryService:
+    """Confluent Schema Registry semantics over a RegistryStore."""
+
+    def __init__(self, store: RegistryStore) -> None:
+        self.store = store
+        self._compiled: OrderedDict[int, descriptor_pb2.FileDescriptorSet] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- schemas -------------------------------------------------------------------------------
+    def schema(self, schema_id: int) -> RegistrySchema:
+        """The schema with this id (40403 if unknown or no longer in any subject)."""
+        record = self.store.registry_schema(schema_id)
+        if record is None or not self.store.registry_versions_of_schema(schema_id):
+            raise schema_not_found(f"Schema {schema_id} not found")
+        return record
+
+    def resolve_references(self, refs: Sequence[SchemaReference]) -> dict[str, str]:
+        """Import name -> schema text for every reference, transitively (42201 if one is missing)."""
+        out: dict[str, str] = {}
+        pending = list(refs)
+        while pending:
+            ref = pending.pop()
+            if ref.name in out:
+                continue
+            found = [v for v in self.store.registry_versions(ref.subject) if v.version == ref.version]
+            if not found:
+                raise invalid_schema(f"reference {ref.name} -> {ref.subject} version {ref.version} not found")
+            record = self.store.registry_schema(found[0].schema_id)
+            assert record is not None
+            out[ref.name] = record.schema
+            pending.extend(record.references)
+        return out
+
+    def compile(self, schema: str, refs: Sequence[SchemaReference]) -> descriptor_pb2.FileDescriptorSet:
+        """Compile a schema with its references (42201 when it does not compile)."""
+        try:
+            return compile_schema(schema, self.resolve_references(refs))
+        except InvalidSchemaError as exc:
+            raise invalid_schema(str(exc)) from None
+
+    def compiled(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet:
+        """The compiled descriptor set of a registered schema (cached: ids are immutable)."""
+        with self._lock:
+            fds = self._compiled.get(schema_id)
+            if fds is not None:
+                self._compiled.move_to_end(schema_id)
+                return fds
+        record = self.store.registry_schema(schema_id)
+        if record is None:
+            raise schema_not_found(f"Schema {schema_id} not found")
+        fds = self.compile(record.schema, record.references)
+        with self._lock:
+            self._compiled[schema_id] = fds
+            while len(self._compiled) > _COMPILED_CACHE_SIZE:
+                self._compiled.popitem(last=False)
+        return fds
+
+    def is_compiled(self, schema_id: int) -> bool:
+        """Whether the compiled form of a schema is cached (then serving it costs no protoc run)."""
+        with self._lock:
+            return schema_id in self._compiled
+
+    def schema_text(self, record: RegistrySchema, fmt: str | None) -> str:
+        """The schema as stored, or with fmt=serialized as a base64 FileDescriptorProto."""
+        if fmt == "serialized":
+            return serialized_main(self.compiled(record.schema_id))
+        return record.schema
+
+    # -- subjects and versions -----------------------------------------------------------------
+    def subjects(self, deleted: bool = False, prefix: str = "") -> list[str]:
+        """Subjects with a live version (with deleted=True also those with only soft-deleted ones)."""
+        names = {v.subject for v in self.store.registry_versions() if deleted or not v.deleted}
+        return sorted(n for n in names if n.startswith(prefix))
+
+    def versions(self, subject: str, deleted: bool = False) -> list[SubjectVersion]:
+        """A subject's versions (40401 if it has none, counting soft-deleted ones only with deleted=True)."""
+        versions = [v for v in self.store.registry_versions(subject) if deleted or not v.deleted]
+        if not versions:
+            raise subject_not_found(subject)
+        return versions
+
+    def version(self, subject: str, version: str | int, deleted: bool = False) -> SubjectVersion:
+        """One version of a subject by number or 'latest' (40401, 40402, 42202)."""
+        number = parse_version(version)
+        everything = self.store.registry_versions(subject)
+        if not any(deleted or not v.deleted for v in everything):
+            raise subject_not_found(subject)
+        live = [v for v in everything if deleted or not v.deleted]
+        if number is None:
+            return live[-1]
+        for v in live:
+            if v.version == number:
+                return v
+        raise version_not_found(subject, number)
+
+    def latest(self, subject: str) -> SubjectVersion | None:
+        """The latest live version of a subject, or None."""
+        live = [v for v in self.store.registry_versions(subject) if not v.deleted]
+        return live[-1] if live else None
+
+    # -- register, look up, check --------------------------------------------------------------
+    def _check_type(self, given: SchemaInput) -> None:
+        if given.schema_type not in SCHEMA_TYPES:
+            raise invalid_schema(f"schemaType {given.schema_type} is not supported; icelog holds PROTOBUF schemas")
+
+    def register(self, subject: str, given: SchemaInput) -> SubjectVersion:
+        """Register a schema under a subject after the compatibility check (409 if incompatible)."""
+        self._check_type(given)
+        fds = self.compile(given.schema, given.references)
+        print_ = fingerprint(given.schema_type, fds, given.references)
+        for _ in range(_REGISTER_ATTEMPTS):
+            live = self.versions_or_empty(subject)
+            same = self.store.registry_schema_by_fingerprint(print_)
+            if same is not None:
+                for v in live:
+                    if v.schema_id == same.schema_id:
+                        return v
+            problems = compat.check(self.compatibility(subject), fds, [self.compiled(v.schema_id) for v in live])
+            if problems:
+                raise RegistryError(
+                    409, 409,
+                    f"Schema being registered is incompatible with an earlier schema for subject \"{subject}\", "
+                    f"details: {problems}",
+                )
+            try:
+                return self.store.registry_add_version(
+                    subject, given.schema_type, given.schema, given.references, print_,
+                    live[-1].version if live else None,
+                )
+            except RegistryConflictError:
+                continue  # someone registered meanwhile: check against the new latest
+        raise RegistryError(500, 50001, f"subject {subject!r} keeps changing; retry the registration")
+
+    def versions_or_empty(self, subject: str) -> list[SubjectVersion]:
+        """Live versions of a subject, oldest first (empty if none)."""
+        return [v for v in self.store.registry_versions(subject) if not v.deleted]
+
+    def lookup(self, subject: str, given: SchemaInput, deleted: bool = False) -> tuple[SubjectVersion, RegistrySchema]:
+        """The version of a subject that holds this schema (40401 no subject, 40403 not in it)."""
+        self._check_type(given)
+        everything = [v for v in self.store.registry_versions(subject) if deleted or not v.deleted]
+        if not everything:
+            raise subject_not_found(subject)
+        fds = self.compile(given.schema, given.references)
+        record = self.store.registry_schema_by_fingerprint(fingerprint(given.schema_type, fds, given.references))
+        if record is not None:
+            for v in everything:
+                if v.schema_id == record.schema_id:
+                    return v, record
+        raise schema_not_found()
+
+    def test_compatibility(self, subject: str, version: str, given: SchemaInput) -> list[str]:
+        """Why the schema could not be registered against `version` (or all, for transitive levels)."""
+        self._check_type(given)
+        fds = self.compile(given.schema, given.references)
+        level = self.compatibility(subject)
+        if parse_version(version) is None and level.endswith("_TRANSITIVE"):
+            against = self.versions_or_empty(subject)
+        else:
+            against = [self.version(subject, version)] if self.versions_or_empty(subject) else []
+        return compat.check(level, fds, [self.compiled(v.schema_id) for v in against])
+
+    # -- deletes -------------------------------------------------------------------------------
+    def delete_subject(self, subject: str, permanent: bool) -> list[int]:
+        """Soft-delete every live version, or (permanent) remove a soft-deleted subject's versions."""
+        everything = self.store.registry_versions(subject)
+        if not everything:
+            raise subject_not_found(subject)
+        live = [v.version for v in everything if not v.deleted]
+        if permanent:
+            if live:
+                raise RegistryError(
+                    404, 40405, f"Subject '{subject}' was not deleted first before being permanently deleted"
+                )
+            versions = [v.version for v in everything]
+        else:
+            if not live:
+                raise RegistryError(
+                    404, 40404, f"Subject '{subject}' was soft deleted.Set permanent=true to delete permanently"
+                )
+            versions = live
+        self.store.registry_delete_versions(subject, versions, permanent)
+        if permanent:
+            self.store.registry_set_compatibility(subject, None)
+        return versions
+
+    def delete_version(self, subject: str, version: str, permanent: bool) -> int:
+        """Soft-delete one version, or (permanent) remove a soft-deleted one."""
+        target = self.version(subject, version, deleted=permanent)
+        if permanent and not target.deleted:
+            raise RegistryError(
+                404, 40407,
+                f"Subject '{subject}' Version {target.version} was not deleted first before being permanently deleted",
+            )
+        self.store.registry_delete_versions(subject, [target.version], permanent)
+        return target.version
+
+    # -- compatibility config ------------------------------------------------------------------
+    def compatibility(self, subject: str | None) -> str:
+        """The level in force for a subject: its own, else the global one, else BACKWARD."""
+        level = self.store.registry_compatibility(subject) if subject is not None else None
+        return level or self.store.registry_compatibility(None) or compat.DEFAULT_LEVEL
+
+    def subject_compatibility(self, subject: str) -> str | None:
+        """The level set on the subject itself, or None."""
+        return self.store.registry_compatibility(subject)
+
+    def set_compatibility(self, subject: str | None, level: object) -> str:
+        """Set a subject's (or the global) level (42203 if it is not a level)."""
+        if not isinstance(level, str) or level.upper() not in compat.LEVELS:
+            raise RegistryError(422, 42203, f"Invalid compatibility level. Valid values are {list(compat.LEVELS)}")
+        self.store.registry_set_compatibility(subject, level.upper())
+        return level.upper()
+
+    def delete_compatibility(self, subject: str | None) -> str:
+        """Remove a subject's (or reset the global) level; return the level it had."""
+        previous = self.compatibility(subject)
+        self.store.registry_set_compatibility(subject, None)
+        return previous
+
+    # -- for enforcement and the archive --------------------------------------------------------
+    def latest_schema_id(self, subject: str) -> int | None:
+        """The schema id of a subject's latest live version, or None."""
+        latest = self.latest(subject)
+        return None if latest is None else latest.schema_id
+
+
+def reference_json(refs: Sequence[SchemaReference]) -> list[dict[str, object]]:
+    """References in Confluent's JSON shape."""
+    return [{"name": r.name, "subject": r.subject, "version": r.version} for r in refs]
+
+
+def schema_json(record: RegistrySchema, text: str, extra: Mapping[str, object] | None = None) -> dict[str, object]:
+    """A schema in Confluent's JSON shape (schemaType is omitted for AVRO, as Confluent does)."""
+    out: dict[str, object] = dict(extra or {})
+    out["schema"] = text
+    if record.schema_type != "AVRO":
+        out["schemaType"] = record.schema_type
+    if record.references:
+        out["references"] = reference_json(record.references)
+    return out
