@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 class _PendingAppend:
     topic_id: uuid.UUID
     partition: int
-    payload: bytes
+    payload: bytes | bytearray
     base_offset: int
     end_offset: int
     max_timestamp: int
@@ -163,7 +163,7 @@ class IntakeWriter:
 
     # -- appends -------------------------------------------------------------------------------
     def submit(
-        self, topic_id: uuid.UUID, partition: int, payload: bytes, base_offset: int, end_offset: int,
+        self, topic_id: uuid.UUID, partition: int, payload: bytes | bytearray, base_offset: int, end_offset: int,
         max_timestamp: int,
     ) -> asyncio.Future[None]:
         """Queue batches whose offsets are assigned; the future resolves once they are durable."""
@@ -222,7 +222,7 @@ class IntakeWriter:
         total = sum(len(i.payload) for i in group) + intake_file.FRAME_HEADER_SIZE * len(by_partition)
         if self._active_size > 0 and self._active_size + total > self.settings.segment_bytes:
             self._roll()
-        parts: list[bytes] = []
+        parts: list[bytes | bytearray] = []
         chunks: list[IntakeChunk] = []
         position = self._active_size
         for (topic_id, partition), items in by_partition.items():
@@ -269,7 +269,7 @@ class IntakeWriter:
 _IOV_MAX = 512
 
 
-def _write_all(fd: int, parts: list[bytes], total: int) -> None:
+def _write_all(fd: int, parts: list[bytes | bytearray], total: int) -> None:
     """writev in slices under IOV_MAX; a short write raises (recovery truncates the torn frame)."""
     written = 0
     for start in range(0, len(parts), _IOV_MAX):

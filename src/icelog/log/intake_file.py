@@ -42,7 +42,12 @@ class Frame:
 
 
 def encode_frame(
-    topic_id: uuid.UUID, partition: int, base_offset: int, end_offset: int, max_timestamp: int, payload: bytes
+    topic_id: uuid.UUID,
+    partition: int,
+    base_offset: int,
+    end_offset: int,
+    max_timestamp: int,
+    payload: bytes | bytearray,
 ) -> bytes:
     """The frame header for a payload (write the header, then the payload)."""
     tail = _FRAME.pack(MAGIC, 0, len(payload), partition, topic_id.bytes, base_offset, end_offset, max_timestamp)[8:]

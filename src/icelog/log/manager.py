@@ -211,9 +211,8 @@ class LogManager:
         base = partition.reserve(record_count)
         assign_offsets(buffer, batches, base)
         max_ts = append_time if append_time >= 0 else max(b.max_timestamp for b in batches)
-        done = self.writer.submit(
-            partition.topic_id, partition.partition, bytes(buffer), base, base + record_count, max_ts
-        )
+        # The bytearray goes to the writer as is: nothing touches it after offsets are assigned.
+        done = self.writer.submit(partition.topic_id, partition.partition, buffer, base, base + record_count, max_ts)
         partition.producers.record(batches, base, done)
         offset = base
         for batch in batches:
@@ -230,7 +229,7 @@ class LogManager:
         buffer = bytearray(encode_marker_batch(producer_id, producer_epoch, commit, coordinator_epoch, now))
         base = partition.reserve(1)
         struct.pack_into(">q", buffer, 0, base)
-        done = self.writer.submit(partition.topic_id, partition.partition, bytes(buffer), base, base + 1, now)
+        done = self.writer.submit(partition.topic_id, partition.partition, buffer, base, base + 1, now)
         partition.producers.observe_epoch(producer_id, producer_epoch)
         partition.txn_index.on_marker(producer_id, base, commit)
         return done
