@@ -1,0 +1,152 @@
+"""The layers of src/icelog import each other in one direction only (issue 8, "shape the house").
+
+Every import in every module is read with `ast` — top-level, function-level and `TYPE_CHECKING` ones alike,
+since a function-level import is still a dependency — and checked against ALLOWED below. The same table is
+in docs/architecture.md ("Allowed imports"). Adding a package means adding a row here; a split package
+(e.g. `schema/` → `schema/registry/`, `schema/enforce/`, `schema/archive/`) may get finer rows, since a
+module's rule is the longest row that names it or a package above it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+ERRORS = {"icelog.errors"}
+# The config layer: broker settings, topic names and every topic config key (Kafka's, icelog.archive.*,
+# icelog.schema.*). It imports nothing above it, so the log, the lake and the schema layer all read it.
+CONFIG = {"icelog.config", "icelog.topics", "icelog.topic_configs"} | ERRORS
+EVERYTHING_BUT_CLI = {
+    "icelog.errors", "icelog.config", "icelog.topics", "icelog.topic_configs", "icelog.meta", "icelog.log",
+    "icelog.coordinator", "icelog.schema", "icelog.lake", "icelog.pipeline", "icelog.wire",
+}
+
+# module or package → the icelog modules/packages it may import (besides its own top-level package).
+ALLOWED: dict[str, set[str]] = {
+    "icelog": set(),  # the package's __init__
+    "icelog.errors": set(),
+    "icelog.config": ERRORS,
+    "icelog.topic_configs": {"icelog.config"} | ERRORS,  # declarations only: never topics.py, never a feature
+    "icelog.topics": {"icelog.topic_configs"} | ERRORS,
+    "icelog.meta": ERRORS,
+    # The intake log: offsets, files, retention. Knows nothing of Iceberg, Spark, schemas or the protocol.
+    "icelog.log": CONFIG | {"icelog.meta"},
+    "icelog.coordinator": {"icelog.log", "icelog.meta"} | ERRORS,
+    # Registry, Protobuf, Protobuf → Iceberg types. Never the wire, the pipeline or the lake.
+    "icelog.schema": {"icelog.meta", "icelog.topic_configs"} | ERRORS,
+    # Produce-time enforcement decodes and re-encodes the produced batches: the log's batch parser.
+    "icelog.schema.enforcement": {"icelog.meta", "icelog.topic_configs", "icelog.log.batch"} | ERRORS,
+    # Table layouts, catalog, Spark session: pure functions of settings. Never the log or the broker.
+    "icelog.lake": {"icelog.config"} | ERRORS,
+    # The archive job reads the intake's file format and batch headers (read-only) and writes the lake.
+    "icelog.pipeline": CONFIG | {"icelog.meta", "icelog.log", "icelog.lake", "icelog.schema"},
+    # The Kafka protocol: knows nothing of Iceberg or Spark; of schemas only produce-time enforcement.
+    "icelog.wire": CONFIG | {"icelog.meta", "icelog.log", "icelog.coordinator", "icelog.schema.enforcement"},
+    # The broker process assembles the layers (the archiver is a child process it supervises).
+    "icelog.broker": EVERYTHING_BUT_CLI,
+    "icelog.cli": EVERYTHING_BUT_CLI | {"icelog.broker"},
+    "icelog.__main__": {"icelog.cli"},
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted((SRC / "icelog").rglob("*.py"))}
+
+
+def icelog_imports(name: str, path: Path, known: set[str]) -> Iterator[tuple[int, str]]:
+    """(line, imported icelog module) for every import statement anywhere in the module."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                # `from icelog.x import y` imports the module icelog.x.y when there is one.
+                sub = f"{target}.{alias.name}"
+                yield node.lineno, sub if sub in known else target
+
+
+def rule_for(name: str) -> str | None:
+    """The longest ALLOWED row naming this module or a package above it (the root row only names itself)."""
+    best = None
+    for row in ALLOWED:
+        matches = name == row or (row != "icelog" and name.startswith(row + "."))
+        if matches and (best is None or len(row) > len(best)):
+            best = row
+    return best
+
+
+def top_level(name: str) -> str:
+    return ".".join(name.split(".")[:2])
+
+
+def within(target: str, prefixes: set[str]) -> bool:
+    return any(target == p or target.startswith(p + ".") for p in prefixes)
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = sorted(name for name in modules() if rule_for(name) is None)
+    assert not missing, f"add a row to ALLOWED (and docs/architecture.md) for: {missing}"
+
+
+def test_no_import_crosses_a_layer_the_wrong_way() -> None:
+    known = set(modules())
+    wrong = []
+    for name, path in modules().items():
+        row = rule_for(name)
+        assert row is not None
+        for line, target in icelog_imports(name, path, known):
+            if not (target == "icelog" or target.startswith("icelog.")):
+                continue
+            if top_level(target) == top_level(name) and name != "icelog":
+                continue  # inside one top-level package
+            if not within(target, ALLOWED[row]):
+                allowed = sorted(ALLOWED[row])
+                wrong.append(f"{path.relative_to(SRC)}:{line} imports {target} (row {row!r} allows {allowed})")
+    assert not wrong, "imports against the layer table:\n" + "\n".join(wrong)
+
+
+def test_the_layer_table_has_no_circle() -> None:
+    # Between top-level packages the allowed directions form a DAG: no two layers may import each other.
+    graph = {top_level(row): set() for row in ALLOWED if row != "icelog"}
+    for row, targets in ALLOWED.items():
+        if row != "icelog":
+            graph[top_level(row)] |= {top_level(t) for t in targets} - {top_level(row)}
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        if state.get(node) == 1:
+            raise AssertionError("circle in ALLOWED: " + " → ".join([*trail, node]))
+        if state.get(node) == 2:
+            return
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt, [*trail, node])
+        state[node] = 2
+
+    for node in sorted(graph):
+        visit(node, [])
+
+
+def test_no_row_is_stale() -> None:
+    # A row that names no module (after a move or split) would hide a missing rule for the new place.
+    names = set(modules())
+    stale = sorted(row for row in ALLOWED if not any(n == row or n.startswith(row + ".") for n in names))
+    assert not stale, f"ALLOWED rows that match no module under src/icelog: {stale}"
