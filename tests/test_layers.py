@@ -4,12 +4,15 @@ Every import in every module is read with `ast` — top-level, function-level an
 since a function-level import is still a dependency — and checked against ALLOWED below. The same table is
 in docs/architecture.md ("Allowed imports"). Adding a package means adding a row here; a split package
 (e.g. `schema/` → `schema/registry/`, `schema/enforce/`, `schema/archive/`) may get finer rows, since a
-module's rule is the longest row that names it or a package above it.
+module's rule is the longest row that names it or a package above it. Two more tests keep
+docs/architecture.md's layer table and allowed-imports table in step with the tree and with ALLOWED.
 """
 
 from __future__ import annotations
 
 import ast
+import fnmatch
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -150,3 +153,49 @@ def test_no_row_is_stale() -> None:
     names = set(modules())
     stale = sorted(row for row in ALLOWED if not any(n == row or n.startswith(row + ".") for n in names))
     assert not stale, f"ALLOWED rows that match no module under src/icelog: {stale}"
+
+
+def _doc_section(title: str) -> str:
+    text = (SRC.parent / "docs" / "architecture.md").read_text()
+    return text.split(title, 1)[1].split("\n#", 1)[0]
+
+
+def _table_rows(section: str) -> list[list[str]]:
+    return [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in section.splitlines()
+        if line.startswith("| ") and not line.startswith("|---")
+    ][1:]
+
+
+def test_architecture_doc_allows_what_the_test_allows() -> None:
+    # docs/architecture.md "Allowed imports" is this table in prose; they must not drift apart.
+    documented = {}
+    for name, targets in _table_rows(_doc_section("### Allowed imports")):
+        row = "icelog." + name.strip("`")
+        if targets.startswith("everything but"):
+            allowed = set(EVERYTHING_BUT_CLI)
+        elif targets.startswith("everything"):
+            allowed = EVERYTHING_BUT_CLI | {"icelog.broker"}
+        else:  # names in backticks, but not those in a parenthesised "why"
+            allowed = {"icelog." + t for t in re.findall(r"`([^`]+)`", re.sub(r"\(.*?\)", "", targets))}
+        documented[row] = allowed | ERRORS
+    expected = {row: targets | ERRORS for row, targets in ALLOWED.items()
+                if row not in ("icelog", "icelog.errors", "icelog.__main__")}
+    assert documented == expected
+
+
+def test_architecture_doc_names_every_module() -> None:
+    # The "Layers" table's modules column covers the tree: every module file is named (or a `dir/*` holds it).
+    patterns = []
+    for cells in _table_rows(_doc_section("## Layers and their one reason to change")):
+        for item in re.findall(r"`([^`]+)`", cells[1]):
+            braces = re.fullmatch(r"(.*)\{(.+)\}(.*)", item)
+            patterns += [braces[1] + part + braces[3] for part in braces[2].split(",")] if braces else [item]
+    missing = []
+    for path in sorted((SRC / "icelog").rglob("*.py")):
+        rel = path.relative_to(SRC / "icelog").as_posix()
+        if path.name == "__init__.py" or any(fnmatch.fnmatch(rel, p) for p in patterns):
+            continue
+        missing.append(rel)
+    assert not missing, f"docs/architecture.md's layer table does not name {missing}"
