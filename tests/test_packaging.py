@@ -255,9 +255,18 @@ def test_wheel_without_extras_serves_and_archives(tmp_path: Path) -> None:
         ".".join(p.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
         for p in (SRC / "icelog").rglob("*.py")
     ) if name != "icelog.__main__")
-    where = _run([python, "-c", "import importlib, sys, icelog\n"
-                  f"for m in {third_party + ours!r}: importlib.import_module(m)\n"
-                  "print(icelog.__file__)"], cwd=tmp_path, timeout=300)
+    script = (
+        "import importlib, sys, icelog\n"
+        "failed = []\n"
+        f"for m in {third_party + ours!r}:\n"
+        "    try:\n"
+        "        importlib.import_module(m)\n"
+        "    except Exception as exc:\n"
+        "        failed.append(f'{m}: {type(exc).__name__}: {exc}')\n"
+        "print(icelog.__file__)\n"
+        "sys.exit('cannot import without extras:\\n' + '\\n'.join(failed) if failed else 0)\n"
+    )
+    where = _run([python, "-c", script], cwd=tmp_path, timeout=300)
     assert where.strip().startswith(str(venv)), f"icelog was imported from {where.strip()}, not the installed wheel"
     assert "serve" in _run([venv / "bin" / "icelog", "--help"], cwd=tmp_path, timeout=60)
     step("imports + --help", started)
