@@ -291,8 +291,9 @@ def test_wheel_without_extras_serves_and_archives(tmp_path: Path) -> None:
         producer.close()
         step("serve + topic + produce", started)
 
-        # One archive pass with the installed CLI (the broker keeps serving the embedded registry: the archiver
-        # asks it whether the topic's `auto` subjects exist).
+        # One archive pass with the installed CLI. The broker stays up: today the archiver asks the embedded
+        # registry over HTTP whether an `auto` topic's subjects exist, which fails with the broker down
+        # (issue 8 point 3). Once it reads the metadata store instead, stop the broker before this step.
         started = time.monotonic()
         _run([venv / "bin" / "icelog", "archive", "--once", "--data-dir", data_dir, "--topic", topic],
              cwd=tmp_path, timeout=900,
