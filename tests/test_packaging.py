@@ -55,16 +55,25 @@ def _type_checking_only(node: ast.If) -> bool:
 
 
 def runtime_imports(tree: ast.AST) -> Iterator[tuple[int, str]]:
-    """(line, module) of every absolute import that can run: anywhere but under `if TYPE_CHECKING:`."""
-    for node in ast.iter_child_nodes(tree):
+    """(line, module) of every absolute import that can run: anywhere but under `if TYPE_CHECKING:`.
+
+    Imports with an ImportError fallback count too: aiokafka's compiled parser has a pure fallback that is
+    5x slower, and a plain install must not get the slow path silently.
+    """
+    yield from _imports_in(list(ast.iter_child_nodes(tree)))
+
+
+def _imports_in(nodes: list[ast.AST]) -> Iterator[tuple[int, str]]:
+    for node in nodes:
         if isinstance(node, ast.If) and _type_checking_only(node):
-            yield from (item for child in node.orelse for item in runtime_imports(child))
-            continue
-        if isinstance(node, ast.Import):
+            yield from _imports_in(node.orelse)
+        elif isinstance(node, ast.Import):
             yield from ((node.lineno, alias.name) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            yield node.lineno, node.module
-        yield from runtime_imports(node)
+        elif isinstance(node, ast.ImportFrom):
+            if not node.level and node.module:
+                yield node.lineno, node.module
+        else:
+            yield from _imports_in(list(ast.iter_child_nodes(node)))
 
 
 def third_party_imports() -> dict[str, list[str]]:
