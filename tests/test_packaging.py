@@ -322,3 +322,4 @@ def test_wheel_without_extras_serves_and_archives(tmp_path: Path) -> None:
     )
     assert archived == sorted(produced)
     print(f"packaging test timings (s): {timings}")
+    shutil.rmtree(venv)  # about 1 GB; kept only when the test fails, for a look at what was installed
