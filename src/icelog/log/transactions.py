@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 import crc32c
 
-from icelog.log.batch import ATTR_CONTROL, ATTR_TRANSACTIONAL, HEADER_SIZE
 from icelog.log.producers import StoredBatch
+from icelog.log.record_format import ATTR_CONTROL, ATTR_TRANSACTIONAL, HEADER_SIZE
+from icelog.log.varint import encode_varint as _write_varint
+from icelog.log.varint import read_varint as _read_varint
 
 MARKER_ABORT = 0
 MARKER_COMMIT = 1
-_HEADER = struct.Struct(">qiibIhiqqqhii")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,34 +92,9 @@ def marker_type(data: bytes | memoryview, position: int) -> int | None:
         if key_length < 4:
             return None
         _version, kind = struct.unpack_from(">hh", data, pos)
-    except (IndexError, struct.error):
+    except (IndexError, ValueError, struct.error):  # ValueError: a malformed varint
         return None
     return int(kind) if kind in (MARKER_ABORT, MARKER_COMMIT) else None
-
-
-def _read_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
-    shift = 0
-    raw = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        raw |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            break
-        shift += 7
-    return (raw >> 1) ^ -(raw & 1), pos
-
-
-def _write_varint(value: int) -> bytes:
-    raw = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while True:
-        if raw & ~0x7F:
-            out.append((raw & 0x7F) | 0x80)
-            raw >>= 7
-        else:
-            out.append(raw)
-            return bytes(out)
 
 
 def encode_marker_batch(
