@@ -214,6 +214,17 @@ def test_zstd_without_content_size_in_the_frame() -> None:
     assert caught.value.code == ErrorCode.CORRUPT_MESSAGE
 
 
+def test_lz4_frames_without_content_size_and_concatenated() -> None:
+    import lz4.frame
+
+    unsized = lz4.frame.compress(PLAIN, store_size=False)
+    assert records.decompress(3, unsized) == PLAIN
+    assert records.decompress(3, unsized + lz4.frame.compress(PLAIN)) == PLAIN * 2
+    with pytest.raises(KafkaApiError) as caught:
+        records.decompress(3, unsized[:-5])
+    assert caught.value.code == ErrorCode.CORRUPT_MESSAGE
+
+
 @pytest.mark.parametrize("codec", sorted(ENCODERS), ids=["gzip", "snappy", "lz4", "zstd"])
 def test_decompression_bomb_is_refused(monkeypatch: pytest.MonkeyPatch, codec: int) -> None:
     monkeypatch.setattr(records, "MAX_UNCOMPRESSED_BYTES", 1 << 20)

@@ -213,17 +213,28 @@ def _lz4(payload: bytes | memoryview, limit: int) -> bytes:
     size = 0
     rest = bytes(payload)
     while True:
-        frame = lz4.frame.LZ4FrameDecompressor()
-        chunk = frame.decompress(rest, max_length=limit - size + 1)
-        size += len(chunk)
-        if size > limit:
+        # max_length is allocated up front, so ask for the size the frame header declares (0: unknown)
+        # and go on in 1 MiB steps rather than asking for the whole limit at once.
+        declared = lz4.frame.get_frame_info(rest)["content_size"]
+        if declared > limit - size:
             raise _TooLarge()
-        out.append(chunk)
+        step = declared + 1 if declared else 1 << 20
+        frame = lz4.frame.LZ4FrameDecompressor()
+        data = rest
+        while True:
+            chunk = frame.decompress(data, max_length=min(step, limit - size + 1))
+            data = b""
+            size += len(chunk)
+            if size > limit:
+                raise _TooLarge()
+            out.append(chunk)
+            if frame.eof or frame.needs_input:
+                break
         if not frame.eof:
             raise ValueError("lz4 frame is truncated")
         rest = frame.unused_data
         if not rest:
-            return b"".join(out)
+            return out[0] if len(out) == 1 else b"".join(out)
 
 
 def _zstd(payload: bytes | memoryview, limit: int) -> bytes:
