@@ -16,7 +16,16 @@ from dataclasses import dataclass
 import crc32c
 
 from icelog.log.producers import StoredBatch
-from icelog.log.record_format import ATTR_CONTROL, ATTR_TRANSACTIONAL, HEADER_SIZE
+from icelog.log.record_format import (
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
+    CRC,
+    CRC_START,
+    HEADER,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    UINT32,
+)
 from icelog.log.varint import encode_varint as _write_varint
 from icelog.log.varint import read_varint as _read_varint
 
@@ -115,12 +124,10 @@ def encode_marker_batch(
     )
     record = _write_varint(len(body)) + body
     attributes = ATTR_TRANSACTIONAL | ATTR_CONTROL
-    after_crc = (
-        struct.pack(
-            ">hiqqqhii", attributes, 0, timestamp_ms, timestamp_ms, producer_id, producer_epoch, -1, 1
-        )
-        + record
+    length = HEADER_SIZE - LOG_OVERHEAD + len(record)
+    batch = bytearray(
+        HEADER.pack(0, length, -1, 2, 0, attributes, 0, timestamp_ms, timestamp_ms, producer_id, producer_epoch, -1, 1)
     )
-    crc = crc32c.crc32c(after_crc)
-    length = 4 + 1 + 4 + len(after_crc)  # partitionLeaderEpoch + magic + crc + rest
-    return struct.pack(">qiibI", 0, length, -1, 2, crc) + after_crc
+    batch += record
+    UINT32.pack_into(batch, CRC, crc32c.crc32c(memoryview(batch)[CRC_START:]))
+    return bytes(batch)
