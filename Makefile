@@ -14,7 +14,7 @@ test: setup
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/setup.sh
+$(STAMP): pyproject.toml setup.py src/icelog/log/_records.c scripts/setup.sh
 	scripts/setup.sh
 	touch $(STAMP)
 

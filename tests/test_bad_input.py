@@ -15,6 +15,7 @@ from typing import Any
 import crc32c
 import pytest
 from conftest import BrokerProcess
+from kafka.codec import gzip_encode, lz4_encode, snappy_encode, zstd_encode
 from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
 from kafka.protocol.consumer import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, MetadataRequest, MetadataResponse
@@ -28,7 +29,9 @@ UNKNOWN_TOPIC_OR_PARTITION = 3
 MESSAGE_TOO_LARGE = 10
 INVALID_TOPIC_EXCEPTION = 17
 INVALID_REQUIRED_ACKS = 21
+INVALID_TIMESTAMP = 32
 UNSUPPORTED_VERSION = 35
+INVALID_RECORD = 87
 
 SEED_TOPIC = "bad-input-seed"
 SEED_VALUES = [f"seed-{i}".encode() for i in range(40)]
@@ -442,6 +445,132 @@ def test_bad_partition_does_not_affect_others_in_the_request(
     assert_broker_healthy(seeded, created, [b"a", b"b", b"c"])
     with Connection(seeded) as other:
         assert read_values(other, created, 1) == [b"p1"]
+
+
+# -- the records inside a batch ---------------------------------------------------------------------
+# Batches whose header and CRC are right but whose records are not what the header says: Kafka's broker
+# walks the records of every produced batch (decompressing it) and so must we, or a consumer and the
+# archiver meet a batch they cannot read (a poison pill). Records are written by hand here, independently
+# of the broker's code.
+def zz(value: int) -> bytes:
+    """A zigzag varint."""
+    raw = ((value << 1) ^ (value >> 63)) & (2**64 - 1)
+    out = bytearray()
+    while raw > 0x7F:
+        out.append(raw & 0x7F | 0x80)
+        raw >>= 7
+    out.append(raw)
+    return bytes(out)
+
+
+def raw_record(offset_delta: int, value: bytes = b"v", ts_delta: int = 0,
+               headers: list[tuple[bytes, bytes]] | None = None, length_delta: int = 0) -> bytes:
+    hdrs = headers or []
+    body = (b"\x00" + zz(ts_delta) + zz(offset_delta) + zz(-1) + zz(len(value)) + value + zz(len(hdrs))
+            + b"".join(zz(len(k)) + k + zz(len(v)) + v for k, v in hdrs))
+    return zz(len(body) + length_delta) + body
+
+
+def raw_batch(records: bytes, count: int, attributes: int = 0, base_ts: int = 1_700_000_000_000,
+              max_ts: int | None = None, producer_id: int = -1) -> bytes:
+    """A v2 batch around `records` (already compressed if `attributes` say so) with a correct CRC."""
+    max_ts = base_ts if max_ts is None else max_ts
+    sequence = 0 if producer_id >= 0 else -1
+    after_crc = struct.pack(">hiqqqhii", attributes, count - 1, base_ts, max_ts, producer_id, 0 if producer_id >= 0
+                            else -1, sequence, count) + records
+    header = struct.pack(">qiibI", 0, 4 + 1 + 4 + len(after_crc), 0, 2, crc32c.crc32c(after_crc))
+    return header + after_crc
+
+
+def three(**changes: Any) -> bytes:
+    """Records 0-2 of a good batch; `changes` (r0=..., r1=..., r2=...) replace some with other raw records."""
+    return b"".join(changes.get(f"r{i}", raw_record(i, f"bad-{i}".encode())) for i in range(3))
+
+
+CODEC_ENCODERS = {1: gzip_encode, 2: snappy_encode, 3: lz4_encode, 4: zstd_encode}
+CODEC_IDS = {1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+
+# case -> (batch, expected error code)
+RECORD_CORRUPTIONS: dict[str, tuple[Callable[[], bytes], int]] = {
+    "record-length-past-its-fields": (lambda: raw_batch(three(r1=raw_record(1, b"bad-1", length_delta=2)), 3),
+                                      CORRUPT_MESSAGE),
+    "record-length-short-of-its-fields": (lambda: raw_batch(three(r2=raw_record(2, b"bad-2", length_delta=-1)), 3),
+                                          CORRUPT_MESSAGE),
+    "truncated-varint": (lambda: raw_batch(three(r2=zz(3) + b"\x00\x00\x80"), 3), CORRUPT_MESSAGE),
+    "varint-longer-than-5-bytes": (
+        lambda: raw_batch(three(r0=zz(12) + b"\x00\x00" + b"\x80" * 5 + b"\x00" + zz(-1) + zz(1) + b"v" + zz(0)), 3),
+        CORRUPT_MESSAGE),
+    "count-above-records-present": (lambda: raw_batch(three()[: -len(raw_record(2, b"bad-2"))], 3), CORRUPT_MESSAGE),
+    "count-below-records-present": (lambda: raw_batch(three() + raw_record(3, b"bad-3"), 3), CORRUPT_MESSAGE),
+    "offset-deltas-0-2-1": (lambda: raw_batch(three(r1=raw_record(2, b"x"), r2=raw_record(1, b"y")), 3),
+                            CORRUPT_MESSAGE),
+    "header-value-past-record": (
+        lambda: raw_batch(three(r1=raw_record(1, headers=[(b"k", b"val")]).replace(zz(3) + b"val", zz(9) + b"val")), 3),
+        CORRUPT_MESSAGE),
+    "null-header-key": (
+        lambda: raw_batch(three(r1=raw_record(1, headers=[(b"k", b"v")]).replace(zz(1) + b"k", zz(-1) + b"k")), 3),
+        CORRUPT_MESSAGE),
+    "control-batch-from-producer": (lambda: raw_batch(three(), 3, attributes=0x30, producer_id=1000), INVALID_RECORD),
+    "compression-codec-5": (lambda: raw_batch(three(), 3, attributes=5), CORRUPT_MESSAGE),
+    "bad-records-inside-lz4": (lambda: raw_batch(lz4_encode(three(r1=raw_record(5))), 3, attributes=3),
+                               CORRUPT_MESSAGE),
+    **{f"truncated-{CODEC_IDS[c]}-payload": ((lambda c=c: raw_batch(CODEC_ENCODERS[c](three())[:-6], 3,
+                                                                     attributes=c)), CORRUPT_MESSAGE)
+       for c in CODEC_ENCODERS},
+    **{f"garbage-{CODEC_IDS[c]}-payload": ((lambda c=c: raw_batch(b"\xff" * 40, 3, attributes=c)), CORRUPT_MESSAGE)
+       for c in CODEC_ENCODERS},
+}
+
+
+def test_hand_made_batch_is_accepted(seeded: BrokerProcess, conn: Connection, created: str) -> None:
+    """The builders below make batches the broker takes: each corruption case changes only what it says."""
+    for codec in (0, *CODEC_ENCODERS):
+        records = three() if codec == 0 else CODEC_ENCODERS[codec](three())
+        assert produce(conn, created, raw_batch(records, 3, attributes=codec)).error_code == NONE, codec
+    assert read_values(conn, created)[3:] == [b"bad-0", b"bad-1", b"bad-2"] * 5
+
+
+@pytest.mark.parametrize("case", sorted(RECORD_CORRUPTIONS))
+def test_corrupt_records_are_rejected_and_nothing_is_stored(
+    seeded: BrokerProcess, conn: Connection, created: str, case: str
+) -> None:
+    make, expected = RECORD_CORRUPTIONS[case]
+
+    result = produce(conn, created, make())
+
+    assert result.error_code == expected, result
+    assert result.error_message, "the answer says what is wrong"
+    assert result.base_offset == -1
+    assert high_watermark(conn, created) == 3
+    assert produce(conn, created, batch([b"d"])).base_offset == 3
+    assert_broker_healthy(seeded, created, [b"a", b"b", b"c", b"d"])
+
+
+@pytest.mark.parametrize(("ts_delta", "max_ts_delta"), [(-1_700_000_000_001 - 5, 0), (10, 5)],
+                         ids=["negative-timestamp", "timestamp-after-max-timestamp"])
+def test_bad_timestamp_is_invalid_timestamp_with_the_record_index(
+    seeded: BrokerProcess, conn: Connection, created: str, ts_delta: int, max_ts_delta: int
+) -> None:
+    base = 1_700_000_000_000
+    bad = three(r2=raw_record(2, b"bad-2", ts_delta=ts_delta))
+
+    result = produce(conn, created, raw_batch(bad, 3, base_ts=base, max_ts=base + max_ts_delta))
+
+    assert result.error_code == INVALID_TIMESTAMP, result
+    assert [(e.batch_index, "timestamp" in e.batch_index_error_message) for e in result.record_errors] == [(2, True)]
+    assert high_watermark(conn, created) == 3
+    assert_broker_healthy(seeded, created, [b"a", b"b", b"c"])
+
+
+def test_header_key_that_is_not_utf8_is_invalid_record(seeded: BrokerProcess, conn: Connection, created: str) -> None:
+    # Kafka's Java broker would take it, but every Python client (and the archiver) fails to decode the key.
+    bad = three(r1=raw_record(1, headers=[(b"\xc3\x28", b"v")]))
+
+    result = produce(conn, created, raw_batch(bad, 3))
+
+    assert result.error_code == INVALID_RECORD, result
+    assert [e.batch_index for e in result.record_errors] == [1]
+    assert_broker_healthy(seeded, created, [b"a", b"b", b"c"])
 
 
 def test_invalid_acks(seeded: BrokerProcess, conn: Connection, created: str) -> None:

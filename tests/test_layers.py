@@ -39,10 +39,11 @@ ALLOWED: dict[str, set[str]] = {
     # The intake log: offsets, files, retention. Knows nothing of Iceberg, Spark, schemas or the protocol.
     "icelog.log": CONFIG | {"icelog.meta"},
     "icelog.coordinator": CONFIG | {"icelog.log", "icelog.meta"},
-    # Registry, Protobuf, Protobuf → Iceberg types. Never the wire, the pipeline, the lake or the log...
-    "icelog.schema": CONFIG | {"icelog.meta"},
-    # ...except that produce-time enforcement decodes and re-encodes produced batches with the log's parser.
-    "icelog.schema.enforcement": CONFIG | {"icelog.meta", "icelog.log.batch"},
+    # Registry, Protobuf, Protobuf → Iceberg types. Never the wire, the pipeline or the lake; of the log only
+    # its one varint codec (a leaf module: Confluent's envelope writes message indexes as zig-zag varints)...
+    "icelog.schema": CONFIG | {"icelog.meta", "icelog.log.varint"},
+    # ...and produce-time enforcement decodes and re-encodes produced batches with the log's parser.
+    "icelog.schema.enforcement": CONFIG | {"icelog.meta", "icelog.log.varint", "icelog.log.batch"},
     # Table layouts, catalog, Spark session: pure functions of settings. Never the log or the broker.
     "icelog.lake": CONFIG,
     # The archive job reads the intake's file format and batch headers (read-only) and writes the lake.
@@ -81,10 +82,10 @@ def icelog_imports(name: str, path: Path, known: set[str]) -> Iterator[tuple[int
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            for alias in node.names:
-                # `from icelog.x import y` imports the module icelog.x.y when there is one.
-                sub = f"{target}.{alias.name}"
-                yield node.lineno, sub if sub in known else target
+            # `from icelog.x import y` imports the module icelog.x.y when there is one.
+            subs = {f"{target}.{alias.name}" for alias in node.names}
+            for found in sorted({sub if sub in known else target for sub in subs}):
+                yield node.lineno, found
 
 
 def rule_for(name: str) -> str | None:

@@ -2,62 +2,51 @@
 
 from __future__ import annotations
 
-from enum import IntEnum
+from collections.abc import Sequence
+from enum import EnumMeta, IntEnum
+from typing import TYPE_CHECKING
+
+import kafka.errors
+
+# kafka-python names a few codes as older Kafka releases did; icelog answers with the names of Kafka's
+# current Errors.java, and kafka-python's names stay as aliases of the same values.
+_KAFKA_NAMES = {
+    "NO_ERROR": "NONE",
+    "UNKNOWN": "UNKNOWN_SERVER_ERROR",
+    "NOT_LEADER_FOR_PARTITION": "NOT_LEADER_OR_FOLLOWER",
+    "MESSAGE_SIZE_TOO_LARGE": "MESSAGE_TOO_LARGE",
+    "INVALID_TOPIC": "INVALID_TOPIC_EXCEPTION",
+}
 
 
-class ErrorCode(IntEnum):
-    """Kafka protocol error codes icelog returns (see Kafka's `Errors.java`)."""
+def _error_code_members() -> list[tuple[str, int]]:
+    """(name, code) of every Kafka error kafka-python knows: Kafka's name first, then any alias."""
+    members: list[tuple[str, int]] = []
+    known = {code: error for code, error in kafka.errors.kafka_errors.items() if code is not None}
+    for code, error in sorted(known.items()):
+        name = _KAFKA_NAMES.get(error.message, error.message)
+        members.append((name, code))
+        if name != error.message:
+            members.append((error.message, code))
+    return members
 
-    NONE = 0
-    UNKNOWN_SERVER_ERROR = -1
-    OFFSET_OUT_OF_RANGE = 1
-    CORRUPT_MESSAGE = 2
-    UNKNOWN_TOPIC_OR_PARTITION = 3
-    INVALID_FETCH_SIZE = 4
-    LEADER_NOT_AVAILABLE = 5
-    NOT_LEADER_OR_FOLLOWER = 6
-    REQUEST_TIMED_OUT = 7
-    MESSAGE_TOO_LARGE = 10
-    INVALID_TOPIC_EXCEPTION = 17
-    RECORD_LIST_TOO_LARGE = 18
-    INVALID_REQUIRED_ACKS = 21
-    UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
-    UNSUPPORTED_VERSION = 35
-    TOPIC_ALREADY_EXISTS = 36
-    INVALID_PARTITIONS = 37
-    INVALID_REPLICATION_FACTOR = 38
-    INVALID_REQUEST = 42
-    INVALID_CONFIG = 40
-    POLICY_VIOLATION = 44
-    INVALID_TIMESTAMP = 32
-    KAFKA_STORAGE_ERROR = 56
-    INVALID_RECORD = 87
-    # consumer groups, idempotent producers and transactions
-    COORDINATOR_LOAD_IN_PROGRESS = 14
-    COORDINATOR_NOT_AVAILABLE = 15
-    NOT_COORDINATOR = 16
-    ILLEGAL_GENERATION = 22
-    INCONSISTENT_GROUP_PROTOCOL = 23
-    INVALID_GROUP_ID = 24
-    UNKNOWN_MEMBER_ID = 25
-    INVALID_SESSION_TIMEOUT = 26
-    REBALANCE_IN_PROGRESS = 27
-    OUT_OF_ORDER_SEQUENCE_NUMBER = 45
-    DUPLICATE_SEQUENCE_NUMBER = 46
-    INVALID_PRODUCER_EPOCH = 47
-    INVALID_TXN_STATE = 48
-    INVALID_PRODUCER_ID_MAPPING = 49
-    INVALID_TRANSACTION_TIMEOUT = 50
-    CONCURRENT_TRANSACTIONS = 51
-    OPERATION_NOT_ATTEMPTED = 55
-    UNKNOWN_PRODUCER_ID = 59
-    NON_EMPTY_GROUP = 68
-    GROUP_ID_NOT_FOUND = 69
-    MEMBER_ID_REQUIRED = 79
-    FENCED_INSTANCE_ID = 82
-    GROUP_SUBSCRIBED_TO_TOPIC = 86
-    UNSTABLE_OFFSET_COMMIT = 88
-    PRODUCER_FENCED = 90
+
+if TYPE_CHECKING:  # the members are generated at import time; give the type checker their type
+
+    class _ErrorCodeMeta(EnumMeta):
+        def __getattr__(cls, name: str) -> ErrorCode: ...
+
+    class ErrorCode(IntEnum, metaclass=_ErrorCodeMeta):
+        """Kafka protocol error codes (Kafka's `Errors.java`), generated from kafka-python's `kafka.errors`."""
+
+else:
+    ErrorCode = IntEnum("ErrorCode", _error_code_members(), module=__name__)
+    ErrorCode.__doc__ = "Kafka protocol error codes (Kafka's `Errors.java`), generated from kafka-python's errors."
+
+
+def is_retriable(code: int) -> bool:
+    """Whether a client may retry a request that failed with `code` (kafka-python's `retriable` flag)."""
+    return bool(kafka.errors.for_code(code).retriable)
 
 
 class IcelogError(Exception):
@@ -87,7 +76,14 @@ class IntakeCorruptError(IcelogError):
 class KafkaApiError(IcelogError):
     """A request fails with a Kafka error code that goes back to the client."""
 
-    def __init__(self, code: ErrorCode, message: str = "") -> None:
+    def __init__(self, code: ErrorCode, message: str = "", record_errors: Sequence[tuple[int, str]] = ()) -> None:
         super().__init__(f"{code.name}: {message}" if message else code.name)
         self.code = code
         self.message = message
+        # (index of the record in its batch, why): Produce v8+ answers them as record_errors (KIP-467)
+        self.record_errors = list(record_errors)
+
+    @property
+    def retriable(self) -> bool:
+        """Whether the client may retry (kafka-python's classification of the code)."""
+        return is_retriable(self.code)

@@ -1,30 +1,39 @@
-"""Kafka RecordBatch (magic v2) headers: validation, offset assignment, timestamp look-ups.
+"""Kafka RecordBatch (magic v2): validation of produced batches, offset assignment, timestamp look-ups.
 
 Batches are stored exactly as produced (still compressed). The broker patches the base offset in place:
-the CRC-32C covers attributes onwards, so bytes 0-11 can change without recomputing it.
+the CRC-32C covers attributes onwards, so bytes 0-11 can change without recomputing it. The header layout
+is `record_format`'s; the records inside are checked by `records`.
 """
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 import crc32c
 
 from icelog.errors import ErrorCode, KafkaApiError
-
-HEADER_SIZE = 61
-LOG_OVERHEAD = 12  # baseOffset + batchLength, the bytes before batchLength's count starts
-_HEADER = struct.Struct(">qiibIhiqqqhii")
-_OFFSET_AND_LENGTH = struct.Struct(">qi")
-_LAST_OFFSET_DELTA = struct.Struct(">i")
-_MAX_TIMESTAMP = struct.Struct(">q")
-_CRC = struct.Struct(">I")
-
-ATTR_COMPRESSION_MASK = 0x07
-ATTR_LOG_APPEND_TIME = 0x08
-ATTR_TRANSACTIONAL = 0x10
-ATTR_CONTROL = 0x20
+from icelog.log.record_format import (
+    ATTR_COMPRESSION_MASK,
+    ATTR_CONTROL,
+    ATTR_LOG_APPEND_TIME,
+    ATTR_TRANSACTIONAL,
+    ATTRIBUTES,
+    BASE_OFFSET,
+    BATCH_LENGTH,
+    CRC,
+    CRC_START,
+    HEADER,
+    HEADER_SIZE,
+    INT16,
+    INT32,
+    INT64,
+    LAST_OFFSET_DELTA,
+    LOG_OVERHEAD,
+    MAX_TIMESTAMP,
+    RECORDS,
+    UINT32,
+)
+from icelog.log.records import decompress, validate_records
 
 
 class BatchAttributes:
@@ -59,9 +68,13 @@ class BatchHeader(BatchAttributes):
 
 
 def parse_produced_batches(records: bytes | bytearray, max_batch_bytes: int) -> list[BatchHeader]:
-    """Split and validate the batches of one partition in a Produce request.
+    """Split and validate the batches of one partition in a Produce request, records included.
 
-    Raises CORRUPT_MESSAGE (bad length, magic or CRC) or MESSAGE_TOO_LARGE; nothing is stored on error.
+    Checks what Kafka's broker checks before an append (header, CRC, then every record: count, lengths,
+    varints, offset deltas, timestamps, header keys) and raises the code Kafka answers: CORRUPT_MESSAGE for
+    bytes that do not hold what the header says (or do not decompress), INVALID_RECORD for a control batch
+    or a bad sequence from a producer, INVALID_TIMESTAMP with the record's index, MESSAGE_TOO_LARGE.
+    Nothing is stored on error.
     """
     view = memoryview(records)
     total = len(view)
@@ -73,7 +86,7 @@ def parse_produced_batches(records: bytes | bytearray, max_batch_bytes: int) -> 
         if total - pos < HEADER_SIZE:
             raise KafkaApiError(ErrorCode.CORRUPT_MESSAGE, f"truncated batch header at byte {pos}")
         (_, length, _, magic, crc, attributes, last_delta, base_ts, max_ts, pid, epoch, base_seq, count) = (
-            _HEADER.unpack_from(view, pos)
+            HEADER.unpack_from(view, pos)
         )
         size = LOG_OVERHEAD + length
         if magic != 2:
@@ -84,22 +97,42 @@ def parse_produced_batches(records: bytes | bytearray, max_batch_bytes: int) -> 
             raise KafkaApiError(
                 ErrorCode.MESSAGE_TOO_LARGE, f"batch of {size} bytes is over max.message.bytes={max_batch_bytes}"
             )
-        if crc32c.crc32c(view[pos + 21 : pos + size]) != crc:
+        if crc32c.crc32c(view[pos + CRC_START : pos + size]) != crc:
             raise KafkaApiError(ErrorCode.CORRUPT_MESSAGE, "record batch CRC-32C mismatch")
         if count < 1 or last_delta != count - 1:
             raise KafkaApiError(
                 ErrorCode.CORRUPT_MESSAGE, f"batch declares {count} records but last offset delta {last_delta}"
             )
+        if attributes & ATTR_CONTROL:
+            raise KafkaApiError(ErrorCode.INVALID_RECORD, "clients may not write control batches")
+        if pid >= 0 and base_seq < 0:
+            raise KafkaApiError(
+                ErrorCode.INVALID_RECORD, f"invalid sequence number {base_seq} in a batch of producer {pid}"
+            )
+        _validate_records(view[pos + RECORDS : pos + size], attributes, count, base_ts, max_ts)
         batches.append(BatchHeader(pos, size, attributes, last_delta, base_ts, max_ts, pid, epoch, base_seq, count))
         pos += size
     return batches
+
+
+def _validate_records(payload: memoryview, attributes: int, count: int, base_ts: int, max_ts: int) -> None:
+    """Raise the Kafka error for the first bad record of a batch's records section (compressed or not)."""
+    problem = validate_records(decompress(attributes & ATTR_COMPRESSION_MASK, payload), count, base_ts, max_ts)
+    if problem is None:
+        return
+    code, index, message = problem
+    # Kafka answers per-record problems (timestamps, header keys) with the record's index; broken bytes
+    # (CORRUPT_MESSAGE) fail the whole batch without one.
+    error_code = ErrorCode(code)
+    record_errors = [(index, message)] if error_code != ErrorCode.CORRUPT_MESSAGE and index >= 0 else []
+    raise KafkaApiError(error_code, message, record_errors)
 
 
 def assign_offsets(buffer: bytearray, batches: list[BatchHeader], base_offset: int) -> int:
     """Write consecutive base offsets into the batches in place; return the next offset."""
     offset = base_offset
     for batch in batches:
-        struct.pack_into(">q", buffer, batch.position, offset)
+        INT64.pack_into(buffer, batch.position + BASE_OFFSET, offset)
         offset += batch.last_offset_delta + 1
     return offset
 
@@ -107,12 +140,12 @@ def assign_offsets(buffer: bytearray, batches: list[BatchHeader], base_offset: i
 def set_log_append_time(buffer: bytearray, batches: list[BatchHeader], timestamp_ms: int) -> None:
     """Stamp LogAppendTime on every batch (this changes the CRC, so recompute it)."""
     for batch in batches:
-        attributes_pos = batch.position + 21
-        attributes = struct.unpack_from(">h", buffer, attributes_pos)[0] | ATTR_LOG_APPEND_TIME
-        struct.pack_into(">h", buffer, attributes_pos, attributes)
-        struct.pack_into(">q", buffer, batch.position + 35, timestamp_ms)
-        crc = crc32c.crc32c(memoryview(buffer)[attributes_pos : batch.position + batch.size])
-        _CRC.pack_into(buffer, batch.position + 17, crc)
+        attributes_pos = batch.position + ATTRIBUTES
+        attributes = INT16.unpack_from(buffer, attributes_pos)[0] | ATTR_LOG_APPEND_TIME
+        INT16.pack_into(buffer, attributes_pos, attributes)
+        INT64.pack_into(buffer, batch.position + MAX_TIMESTAMP, timestamp_ms)
+        crc = crc32c.crc32c(memoryview(buffer)[batch.position + CRC_START : batch.position + batch.size])
+        UINT32.pack_into(buffer, batch.position + CRC, crc)
 
 
 def iter_stored_batches(data: bytes | memoryview) -> list[tuple[int, int, int, int]]:
@@ -121,9 +154,9 @@ def iter_stored_batches(data: bytes | memoryview) -> list[tuple[int, int, int, i
     pos = 0
     total = len(data)
     while pos + HEADER_SIZE <= total:
-        base, length = _OFFSET_AND_LENGTH.unpack_from(data, pos)
-        size = LOG_OVERHEAD + length
-        last = base + _LAST_OFFSET_DELTA.unpack_from(data, pos + 23)[0]
+        base = INT64.unpack_from(data, pos + BASE_OFFSET)[0]
+        size = LOG_OVERHEAD + INT32.unpack_from(data, pos + BATCH_LENGTH)[0]
+        last = base + INT32.unpack_from(data, pos + LAST_OFFSET_DELTA)[0]
         out.append((pos, size, base, last))
         pos += size
     return out
@@ -131,7 +164,7 @@ def iter_stored_batches(data: bytes | memoryview) -> list[tuple[int, int, int, i
 
 def batch_max_timestamp(data: bytes | memoryview, position: int) -> int:
     """The maxTimestamp field of the batch at `position`."""
-    return int(_MAX_TIMESTAMP.unpack_from(data, position + 35)[0])
+    return int(INT64.unpack_from(data, position + MAX_TIMESTAMP)[0])
 
 
 def first_record_at_or_after(batch: bytes, timestamp_ms: int) -> tuple[int, int] | None:

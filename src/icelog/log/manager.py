@@ -197,8 +197,6 @@ class LogManager:
     ) -> tuple[AppendResult, asyncio.Future[None]]:
         """Validate, assign offsets and queue batches; the future resolves when they are durable."""
         batches = parse_produced_batches(records, topic.config.max_message_bytes)
-        if any(b.is_control for b in batches):
-            raise KafkaApiError(ErrorCode.INVALID_RECORD, "clients may not write control batches")
         retry = partition.producers.check(batches)
         if retry is not None:  # an idempotent producer resent a batch we have: answer with its offsets
             return AppendResult(retry.base_offset, -1), _when_durable(retry.done)

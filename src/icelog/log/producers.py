@@ -9,18 +9,17 @@ headers of the partition's intake chunks (producer id, epoch and base sequence a
 from __future__ import annotations
 
 import asyncio
-import struct
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.log.batch import HEADER_SIZE, LOG_OVERHEAD, BatchAttributes, BatchHeader
+from icelog.log.batch import BatchAttributes, BatchHeader
+from icelog.log.record_format import HEADER, HEADER_SIZE, LOG_OVERHEAD
 
 BATCHES_KEPT = 5  # Kafka's max.in.flight.requests.per.connection limit for idempotence
 _SEQUENCE_MODULUS = 1 << 31
-_STORED_HEADER = struct.Struct(">qiibIhiqqqhii")
 
 
 @dataclass(slots=True)
@@ -65,7 +64,7 @@ def iter_stored_headers(data: bytes | memoryview) -> Iterator[StoredBatch]:
     total = len(data)
     while pos + HEADER_SIZE <= total:
         (base, length, _, _magic, _crc, attributes, last_delta, _bts, _mts, pid, epoch, base_seq, _count) = (
-            _STORED_HEADER.unpack_from(data, pos)
+            HEADER.unpack_from(data, pos)
         )
         size = LOG_OVERHEAD + length
         yield StoredBatch(base, base + last_delta, attributes, pid, epoch, base_seq, pos, size)

@@ -15,12 +15,22 @@ from dataclasses import dataclass
 
 import crc32c
 
-from icelog.log.batch import ATTR_CONTROL, ATTR_TRANSACTIONAL, HEADER_SIZE
 from icelog.log.producers import StoredBatch
+from icelog.log.record_format import (
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
+    CRC,
+    CRC_START,
+    HEADER,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    UINT32,
+)
+from icelog.log.varint import encode_varint as _write_varint
+from icelog.log.varint import read_varint as _read_varint
 
 MARKER_ABORT = 0
 MARKER_COMMIT = 1
-_HEADER = struct.Struct(">qiibIhiqqqhii")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,34 +101,9 @@ def marker_type(data: bytes | memoryview, position: int) -> int | None:
         if key_length < 4:
             return None
         _version, kind = struct.unpack_from(">hh", data, pos)
-    except (IndexError, struct.error):
+    except (IndexError, ValueError, struct.error):  # ValueError: a malformed varint
         return None
     return int(kind) if kind in (MARKER_ABORT, MARKER_COMMIT) else None
-
-
-def _read_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
-    shift = 0
-    raw = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        raw |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            break
-        shift += 7
-    return (raw >> 1) ^ -(raw & 1), pos
-
-
-def _write_varint(value: int) -> bytes:
-    raw = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while True:
-        if raw & ~0x7F:
-            out.append((raw & 0x7F) | 0x80)
-            raw >>= 7
-        else:
-            out.append(raw)
-            return bytes(out)
 
 
 def encode_marker_batch(
@@ -139,12 +124,10 @@ def encode_marker_batch(
     )
     record = _write_varint(len(body)) + body
     attributes = ATTR_TRANSACTIONAL | ATTR_CONTROL
-    after_crc = (
-        struct.pack(
-            ">hiqqqhii", attributes, 0, timestamp_ms, timestamp_ms, producer_id, producer_epoch, -1, 1
-        )
-        + record
+    length = HEADER_SIZE - LOG_OVERHEAD + len(record)
+    batch = bytearray(
+        HEADER.pack(0, length, -1, 2, 0, attributes, 0, timestamp_ms, timestamp_ms, producer_id, producer_epoch, -1, 1)
     )
-    crc = crc32c.crc32c(after_crc)
-    length = 4 + 1 + 4 + len(after_crc)  # partitionLeaderEpoch + magic + crc + rest
-    return struct.pack(">qiibI", 0, length, -1, 2, crc) + after_crc
+    batch += record
+    UINT32.pack_into(batch, CRC, crc32c.crc32c(memoryview(batch)[CRC_START:]))
+    return bytes(batch)

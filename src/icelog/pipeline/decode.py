@@ -8,13 +8,13 @@ every codec (gzip, snappy, lz4, zstd).
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from icelog.log import intake_file
-from icelog.log.batch import ATTR_CONTROL, ATTR_TRANSACTIONAL, iter_stored_batches
+from icelog.log.batch import iter_stored_batches
+from icelog.log.record_format import ATTR_CONTROL, ATTR_TRANSACTIONAL, ATTRIBUTES_LOW_BYTE, INT64, PRODUCER_ID
 from icelog.pipeline.plan import PlannedArchive
 
 try:  # the compiled parser
@@ -23,9 +23,6 @@ except ImportError:  # pragma: no cover - aiokafka without its extension
     _FastBatch = None
 
 ROWS_PER_ARROW_BATCH = 65536
-_ATTRIBUTES_LOW_BYTE = 22
-_PRODUCER_ID = struct.Struct(">q")
-_PRODUCER_ID_AT = 43
 
 
 def _batch_class(prefer_fast: bool = True) -> Any:
@@ -119,11 +116,11 @@ def decode_archive(
         for pos, size, base, last in iter_stored_batches(view):
             if last < start or base >= end:
                 continue
-            attributes = view[pos + _ATTRIBUTES_LOW_BYTE]
+            attributes = view[pos + ATTRIBUTES_LOW_BYTE]
             if attributes & ATTR_CONTROL:
                 continue
             if attributes & ATTR_TRANSACTIONAL and archive.aborted:
-                producer_id = _PRODUCER_ID.unpack_from(view, pos + _PRODUCER_ID_AT)[0]
+                producer_id = INT64.unpack_from(view, pos + PRODUCER_ID)[0]
                 if any(pid == producer_id and first <= base <= last for pid, first, last in archive.aborted):
                     continue  # an aborted transaction's records are not records of the topic
             batch = batch_class(bytes(view[pos : pos + size]))

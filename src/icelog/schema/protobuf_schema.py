@@ -30,6 +30,7 @@ from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import DecodeError
 
 from icelog.errors import IcelogError
+from icelog.log.varint import VARINT_BYTES, VarintError, read_varint, write_varint
 
 MAGIC_BYTE = 0
 MAIN_FILE = "schema.proto"
@@ -219,15 +220,10 @@ def serialized_main(fds: descriptor_pb2.FileDescriptorSet) -> str:
 
 
 def _read_varint(payload: bytes, pos: int) -> tuple[int, int] | None:
-    value = shift = 0
-    while pos < len(payload) and shift < 64:
-        byte = payload[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return (value >> 1) ^ -(value & 1), pos  # zigzag
-        shift += 7
-    return None
+    try:  # Confluent writes the indexes as Kafka's int32 zigzag varints (ByteUtils.writeVarint)
+        return read_varint(payload, pos, max_bytes=VARINT_BYTES)
+    except VarintError:
+        return None
 
 
 def parse_envelope(payload: bytes) -> tuple[int, list[int], int] | None:
@@ -257,14 +253,6 @@ def parse_envelope(payload: bytes) -> tuple[int, list[int], int] | None:
     return schema_id, indexes, pos
 
 
-def _write_varint(value: int, out: bytearray) -> None:
-    value = (value << 1) ^ (value >> 63)  # zigzag
-    while value & ~0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-
-
 def encode_envelope(schema_id: int, message_indexes: Sequence[int]) -> bytes:
     """Confluent's envelope for a schema id and message indexes ([0] is written as the single byte 0)."""
     out = bytearray(struct.pack(">bI", MAGIC_BYTE, schema_id))
@@ -272,7 +260,7 @@ def encode_envelope(schema_id: int, message_indexes: Sequence[int]) -> bytes:
     if indexes == [0]:
         out.append(0)
         return bytes(out)
-    _write_varint(len(indexes), out)
+    write_varint(len(indexes), out)
     for index in indexes:
-        _write_varint(index, out)
+        write_varint(index, out)
     return bytes(out)

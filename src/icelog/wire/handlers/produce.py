@@ -10,7 +10,6 @@ from kafka.protocol.api_key import ApiKey
 from kafka.protocol.producer import ProduceResponse
 
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.schema.enforcement import InvalidRecordsError
 from icelog.wire.context import RequestContext, handles
 
 PartitionResponse = ProduceResponse.TopicProduceResponse.PartitionProduceResponse
@@ -48,7 +47,7 @@ async def produce(ctx: RequestContext, request: Any) -> Any:
             except KafkaApiError as exc:
                 result.error_code = int(exc.code)
                 result.error_message = exc.message
-                if isinstance(exc, InvalidRecordsError):
+                if exc.record_errors:
                     result.record_errors = [
                         PartitionResponse.BatchIndexAndErrorMessage(batch_index=i, batch_index_error_message=m)
                         for i, m in exc.record_errors

@@ -1,0 +1,3 @@
+def validate_records(
+    buffer: bytes | bytearray | memoryview, count: int, base_timestamp: int, max_timestamp: int
+) -> tuple[int, int, str] | None: ...

@@ -1,0 +1,308 @@
+"""The records inside a produced v2 batch: decompress them and check that they are what the header says.
+
+`validate_records` walks the records without building Python objects. It is the compiled
+`icelog.log._records` (built from `_records.c` by `pip install`) when that extension is importable, and the
+pure-Python `validate_records_py` below otherwise; the two give the same answer for every input
+(tests/test_records.py checks it on corrupt inputs).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Callable
+
+import lz4.frame
+import snappy
+import zstandard
+
+from icelog.errors import ErrorCode, KafkaApiError
+from icelog.log.record_format import CODEC_GZIP, CODEC_LZ4, CODEC_NAMES, CODEC_NONE, CODEC_SNAPPY, CODEC_ZSTD
+from icelog.log.varint import VARINT_BYTES, VARLONG_BYTES, VarintError, read_uvarint, read_varint
+
+# A batch whose records decompress to more than this is refused (MESSAGE_TOO_LARGE) before it is all in
+# memory: a few kilobytes of zstd or gzip can otherwise expand to gigabytes and take the broker down.
+MAX_UNCOMPRESSED_BYTES = 256 * 1024 * 1024
+
+_NO_TIMESTAMP = -1
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+# (error code, record index or -1, message): what both implementations answer for a bad batch.
+RecordsProblem = tuple[int, int, str]
+
+
+class _Invalid(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def validate_records_py(
+    buffer: bytes | bytearray | memoryview, count: int, base_timestamp: int, max_timestamp: int
+) -> RecordsProblem | None:
+    """Check that `buffer` (a batch's decompressed records section) holds exactly `count` good records.
+
+    None if it does, else (error code, index of the offending record or -1, message) for the first problem.
+    """
+    data = memoryview(buffer).cast("B")
+    end = len(data)
+    pos = 0
+    index = 0
+    try:
+        for index in range(count):
+            if pos >= end:
+                raise _Invalid(
+                    ErrorCode.CORRUPT_MESSAGE, f"record {index} is missing: the batch declares {count} records"
+                )
+            length, pos = _varint(data, pos, end, VARINT_BYTES, index, "length")
+            if length < 0:
+                raise _Invalid(ErrorCode.CORRUPT_MESSAGE, f"record {index}: length {length} is negative")
+            if length > end - pos:
+                raise _Invalid(
+                    ErrorCode.CORRUPT_MESSAGE,
+                    f"record {index}: length {length} runs past the end of the batch ({end - pos} bytes left)",
+                )
+            rec_end = pos + length
+            if pos >= rec_end:
+                raise _Invalid(ErrorCode.CORRUPT_MESSAGE, f"record {index}: attributes: truncated")
+            pos += 1  # attributes: unused in v2 records
+            ts_delta, pos = _varint(data, pos, rec_end, VARLONG_BYTES, index, "timestamp delta")
+            offset_delta, pos = _varint(data, pos, rec_end, VARINT_BYTES, index, "offset delta")
+            if offset_delta != index:
+                raise _Invalid(
+                    ErrorCode.CORRUPT_MESSAGE,
+                    f"record {index}: offset delta {offset_delta}, expected {index} (deltas run 0..count-1)",
+                )
+            timestamp = base_timestamp + ts_delta
+            if not _INT64_MIN <= timestamp <= _INT64_MAX:
+                raise _Invalid(
+                    ErrorCode.INVALID_TIMESTAMP,
+                    f"record {index}: base timestamp {base_timestamp} + delta {ts_delta} overflows",
+                )
+            if timestamp < _NO_TIMESTAMP:
+                raise _Invalid(
+                    ErrorCode.INVALID_TIMESTAMP,
+                    f"record {index}: timestamp {timestamp} is negative (only -1, no timestamp, is allowed)",
+                )
+            if timestamp > max_timestamp:
+                raise _Invalid(
+                    ErrorCode.INVALID_TIMESTAMP,
+                    f"record {index}: timestamp {timestamp} is after the batch's max timestamp {max_timestamp}",
+                )
+            key_length, pos = _length(data, pos, rec_end, index, "key length", nullable=True)
+            pos += max(key_length, 0)
+            value_length, pos = _length(data, pos, rec_end, index, "value length", nullable=True)
+            pos += max(value_length, 0)
+            header_count, pos = _varint(data, pos, rec_end, VARINT_BYTES, index, "header count")
+            if header_count < 0:
+                raise _Invalid(ErrorCode.CORRUPT_MESSAGE, f"record {index}: header count {header_count} is negative")
+            for header in range(header_count):
+                key_length, pos = _length(data, pos, rec_end, index, f"header {header} key length", nullable=False)
+                try:
+                    bytes(data[pos : pos + key_length]).decode("utf-8")
+                except UnicodeDecodeError:
+                    raise _Invalid(
+                        ErrorCode.INVALID_RECORD, f"record {index}: header {header} key is not valid UTF-8"
+                    ) from None
+                pos += key_length
+                value_length, pos = _length(data, pos, rec_end, index, f"header {header} value length", nullable=True)
+                pos += max(value_length, 0)
+            if pos != rec_end:
+                raise _Invalid(
+                    ErrorCode.CORRUPT_MESSAGE,
+                    f"record {index}: its fields end {rec_end - pos} bytes before the end its length gives",
+                )
+        index = -1
+        if pos != end:
+            raise _Invalid(
+                ErrorCode.CORRUPT_MESSAGE, f"{end - pos} bytes follow the {count} records the batch declares"
+            )
+    except _Invalid as problem:
+        return int(problem.code), index, problem.message
+    return None
+
+
+def _varint(data: memoryview, pos: int, end: int, max_bytes: int, index: int, field: str) -> tuple[int, int]:
+    try:
+        return read_varint(data, pos, end, max_bytes)
+    except VarintError as exc:
+        raise _Invalid(ErrorCode.CORRUPT_MESSAGE, f"record {index}: {field}: {exc}") from None
+
+
+def _length(data: memoryview, pos: int, end: int, index: int, field: str, nullable: bool) -> tuple[int, int]:
+    """(length, position after its varint) of a length-prefixed field that must fit before `end`.
+
+    -1 is a null field, allowed only if `nullable` (keys, values and header values; not header keys).
+    """
+    length, pos = _varint(data, pos, end, VARINT_BYTES, index, field)
+    if length < (-1 if nullable else 0):
+        raise _Invalid(ErrorCode.CORRUPT_MESSAGE, f"record {index}: {field} {length} is negative")
+    if length > end - pos:
+        raise _Invalid(
+            ErrorCode.CORRUPT_MESSAGE,
+            f"record {index}: {field} {length} runs past the record's end ({end - pos} bytes left)",
+        )
+    return length, pos
+
+
+try:
+    from icelog.log._records import validate_records
+
+    COMPILED = True
+except ImportError:  # not built (a source tree without `pip install -e .`, or no C compiler at install)
+    validate_records = validate_records_py
+    COMPILED = False
+
+
+# -- decompression -----------------------------------------------------------------------------------
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_HEADER = 16  # magic, version int32, compatible version int32
+_BLOCK_SIZE = struct.Struct(">i")
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def decompress(codec: int, payload: bytes | memoryview) -> bytes | memoryview:
+    """The records section of a batch compressed with `codec` (0-4), decompressed.
+
+    Raises CORRUPT_MESSAGE if the payload does not decompress completely, MESSAGE_TOO_LARGE past
+    MAX_UNCOMPRESSED_BYTES, and CORRUPT_MESSAGE for a codec id Kafka does not define.
+    """
+    if codec == CODEC_NONE:
+        return payload
+    decoder = _DECODERS.get(codec)
+    if decoder is None:
+        raise KafkaApiError(ErrorCode.CORRUPT_MESSAGE, f"compression codec {codec} is not one of 0-4")
+    try:
+        return decoder(payload, MAX_UNCOMPRESSED_BYTES)
+    except _TooLarge:
+        raise KafkaApiError(
+            ErrorCode.MESSAGE_TOO_LARGE,
+            f"{CODEC_NAMES[codec]} records decompress to more than {MAX_UNCOMPRESSED_BYTES} bytes",
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - each codec library raises its own types for bad input
+        raise KafkaApiError(
+            ErrorCode.CORRUPT_MESSAGE, f"{CODEC_NAMES[codec]} records do not decompress: {exc or type(exc).__name__}"
+        ) from None
+
+
+def _gzip(payload: bytes | memoryview, limit: int) -> bytes:
+    # Concatenated gzip members are one stream (Java's GZIPInputStream reads them all).
+    out: list[bytes] = []
+    size = 0
+    rest = bytes(payload)
+    while True:
+        member = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        chunk = member.decompress(rest, limit - size + 1)
+        size += len(chunk)
+        if size > limit or member.unconsumed_tail:
+            raise _TooLarge()
+        out.append(chunk)
+        if not member.eof:
+            raise ValueError("gzip stream is truncated")
+        rest = member.unused_data
+        if not rest:
+            return b"".join(out)
+
+
+def _lz4(payload: bytes | memoryview, limit: int) -> bytes:
+    out: list[bytes] = []
+    size = 0
+    rest = bytes(payload)
+    while True:
+        # max_length is allocated up front, so ask for the size the frame header declares (0: unknown)
+        # and go on in 1 MiB steps rather than asking for the whole limit at once.
+        declared = lz4.frame.get_frame_info(rest)["content_size"]
+        if declared > limit - size:
+            raise _TooLarge()
+        step = declared + 1 if declared else 1 << 20
+        frame = lz4.frame.LZ4FrameDecompressor()
+        data = rest
+        while True:
+            chunk = frame.decompress(data, max_length=min(step, limit - size + 1))
+            data = b""
+            size += len(chunk)
+            if size > limit:
+                raise _TooLarge()
+            out.append(chunk)
+            if frame.eof or frame.needs_input:
+                break
+        if not frame.eof:
+            raise ValueError("lz4 frame is truncated")
+        rest = frame.unused_data
+        if not rest:
+            return out[0] if len(out) == 1 else b"".join(out)
+
+
+def _zstd(payload: bytes | memoryview, limit: int) -> bytes:
+    data = bytes(payload)
+    declared = zstandard.frame_content_size(data)  # -1: the frame header does not say
+    if declared >= 0:
+        if declared > limit:
+            raise _TooLarge()
+        # One pass: fails on a cut-off frame, on content of another size and on bytes after the frame.
+        out: bytes = zstandard.ZstdDecompressor().decompress(data, allow_extra_data=False)
+        return out
+    # No size in the header (zstd-jni's streams): count a bounded streaming read first (zstd expands up
+    # to ~40000x), then decode in full, which also proves the last frame complete (the streaming reader
+    # returns a cut-off frame's output without an error).
+    total = 0
+    with zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True) as reader:
+        while chunk := reader.read(1 << 20):
+            total += len(chunk)
+            if total > limit:
+                raise _TooLarge()
+    frames: list[bytes] = []
+    rest = data
+    while rest:
+        frame = zstandard.ZstdDecompressor().decompressobj()
+        frames.append(frame.decompress(rest))
+        if not frame.eof:
+            raise ValueError("zstd frame is truncated")
+        rest = frame.unused_data
+    return b"".join(frames)
+
+
+def _snappy(payload: bytes | memoryview, limit: int) -> bytes:
+    # Kafka's Java clients and kafka-python write xerial's block framing; librdkafka reads both and the
+    # Java consumer falls back to raw snappy when the xerial magic is absent.
+    data = memoryview(payload)
+    if bytes(data[: len(_XERIAL_MAGIC)]) != _XERIAL_MAGIC:
+        return _snappy_block(data, limit)
+    if len(data) < _XERIAL_HEADER:
+        raise ValueError("xerial snappy header is truncated")
+    out: list[bytes] = []
+    size = 0
+    pos = _XERIAL_HEADER
+    while pos < len(data):
+        if len(data) - pos < _BLOCK_SIZE.size:
+            raise ValueError(f"xerial block size at byte {pos} is truncated")
+        (block_size,) = _BLOCK_SIZE.unpack_from(data, pos)
+        pos += _BLOCK_SIZE.size
+        if not 0 < block_size <= len(data) - pos:
+            raise ValueError(f"xerial block of {block_size} bytes at byte {pos} does not fit the payload")
+        block = _snappy_block(data[pos : pos + block_size], limit - size)
+        size += len(block)
+        out.append(block)
+        pos += block_size
+    return b"".join(out)
+
+
+def _snappy_block(block: memoryview, limit: int) -> bytes:
+    # A raw snappy block starts with its uncompressed length: refuse a bomb before allocating it.
+    length, _ = read_uvarint(block, 0, max_bytes=VARINT_BYTES)
+    if length > limit:
+        raise _TooLarge()
+    out: bytes = snappy.decompress(bytes(block))
+    return out
+
+
+_DECODERS: dict[int, Callable[[bytes | memoryview, int], bytes]] = {
+    CODEC_GZIP: _gzip,
+    CODEC_SNAPPY: _snappy,
+    CODEC_LZ4: _lz4,
+    CODEC_ZSTD: _zstd,
+}
