@@ -35,7 +35,7 @@ from icelog.meta.sqlite import SqliteStore  # noqa: E402
 from icelog.schema.enforcement import Enforcer, LocalSchemaSource  # noqa: E402
 from icelog.schema.protobuf_schema import compile_schema, message_descriptor  # noqa: E402
 from icelog.schema.registry.service import RegistryService  # noqa: E402
-from icelog.schema.topic_config import side_config  # noqa: E402
+from icelog.topic_configs.schema import side_config  # noqa: E402
 
 PROTO = """syntax = "proto3";
 package bench;

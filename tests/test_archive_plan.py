@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 
 from icelog.config import ArchiveSettings
-from icelog.lake.topic_config import archive_config
 from icelog.meta.store import IntakeChunk
 from icelog.pipeline.plan import monotonic_ingest_times, next_due_ms, plan_partition
+from icelog.topic_configs.archive import archive_config
 
 TOPIC = uuid.uuid4()
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from icelog.errors import ErrorCode, KafkaApiError
+from icelog.topic_configs.archive import CHECKS as ARCHIVE_CHECKS
+from icelog.topic_configs.checks import Check, check_long, one_of
+from icelog.topic_configs.schema import CHECKS as SCHEMA_CHECKS
 
 MAX_TOPIC_NAME_LENGTH = 249
 # Each partition costs memory and start-up work in the broker; a request for millions would stall it.
@@ -32,34 +35,13 @@ def validate_topic_name(name: str | None) -> str:
     return name
 
 
-def check_long(minimum: int) -> Callable[[str], None]:
-    """A validator of integer config values at or above `minimum`."""
-    def check(value: str) -> None:
-        try:
-            number = int(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not an integer") from None
-        if number < minimum:
-            raise ValueError(f"{number} is below the minimum {minimum}")
-
-    return check
-
-
-def _one_of(*choices: str) -> Callable[[str], None]:
-    def check(value: str) -> None:
-        if value not in choices:
-            raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
-
-    return check
-
-
 @dataclass(frozen=True)
 class TopicConfigKey:
     """A topic config key icelog understands."""
 
     name: str
     default: str
-    check: Callable[[str], None]
+    check: Check
     doc: str
 
 
@@ -74,9 +56,9 @@ TOPIC_CONFIG_KEYS: dict[str, TopicConfigKey] = {
         TopicConfigKey(RETENTION_MS, "604800000", check_long(-1), "Delete intake data older than this (-1: keep)."),
         TopicConfigKey(RETENTION_BYTES, "-1", check_long(-1), "Keep at most this many intake bytes per partition."),
         TopicConfigKey(MAX_MESSAGE_BYTES, "1048588", check_long(0), "Largest record batch accepted."),
-        TopicConfigKey(TIMESTAMP_TYPE, "CreateTime", _one_of("CreateTime", "LogAppendTime"), "Timestamp type."),
-        TopicConfigKey("cleanup.policy", "delete", _one_of("delete"), "Only delete is supported."),
-        TopicConfigKey("compression.type", "producer", _one_of("producer"), "Batches are stored as produced."),
+        TopicConfigKey(TIMESTAMP_TYPE, "CreateTime", one_of("CreateTime", "LogAppendTime"), "Timestamp type."),
+        TopicConfigKey("cleanup.policy", "delete", one_of("delete"), "Only delete is supported."),
+        TopicConfigKey("compression.type", "producer", one_of("producer"), "Batches are stored as produced."),
         TopicConfigKey("min.insync.replicas", "1", check_long(1), "Accepted for compatibility; one durable copy."),
         TopicConfigKey("segment.bytes", "268435456", check_long(14), "Accepted for compatibility."),
         TopicConfigKey("segment.ms", "604800000", check_long(1), "Accepted for compatibility."),
@@ -89,9 +71,6 @@ ICELOG_PREFIX = "icelog."
 
 def _check_icelog_key(key: str, value: str | None) -> None:
     """Validate the icelog.* keys that have a known meaning (archive, schema); others persist as given."""
-    from icelog.lake.topic_config import CHECKS as ARCHIVE_CHECKS
-    from icelog.schema.topic_config import CHECKS as SCHEMA_CHECKS
-
     check = ARCHIVE_CHECKS.get(key) or SCHEMA_CHECKS.get(key)
     if check is None or value is None:
         return

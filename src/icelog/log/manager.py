@@ -13,7 +13,6 @@ from pathlib import Path
 
 from icelog.config import Settings
 from icelog.errors import ErrorCode, KafkaApiError, StoreError, TopicExistsError, UnknownTopicError
-from icelog.lake.topic_config import archive_config
 from icelog.log import intake_file
 from icelog.log.batch import assign_offsets, parse_produced_batches, set_log_append_time
 from icelog.log.intake import IntakeFiles, IntakeWriter
@@ -21,6 +20,7 @@ from icelog.log.partition import PartitionLog
 from icelog.log.producers import iter_stored_headers
 from icelog.log.transactions import encode_marker_batch, marker_type
 from icelog.meta.store import IntakeChunk, MetadataStore, TopicRecord
+from icelog.topic_configs.archive import archive_config
 from icelog.topics import MAX_PARTITIONS_PER_TOPIC, EffectiveConfig, validate_topic_configs, validate_topic_name
 
 log = logging.getLogger(__name__)

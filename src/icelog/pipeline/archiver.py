@@ -28,7 +28,6 @@ from typing import Any
 from icelog.config import Settings
 from icelog.errors import IcelogError
 from icelog.lake.layout import SPARK_SCHEMA_DDL, archive_table_ddl, quote_identifier
-from icelog.lake.topic_config import ARCHIVE_TABLE, ArchiveTopicConfig, archive_config
 from icelog.meta.store import IntakeChunk, MetadataStore, PartitionRecord, TopicRecord
 from icelog.pipeline.plan import PlannedArchive, plan_partition
 from icelog.pipeline.reconcile import (
@@ -42,6 +41,7 @@ from icelog.pipeline.reconcile import (
 )
 from icelog.pipeline.table_schema import ArchiveSchema, TableSchemas
 from icelog.pipeline.transactions import TransactionTracker
+from icelog.topic_configs.archive import ARCHIVE_TABLE, ArchiveTopicConfig, archive_config
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from icelog.lake.topic_config import ArchiveTopicConfig
 from icelog.meta.store import IntakeChunk
+from icelog.topic_configs.archive import ArchiveTopicConfig
 
 
 @dataclass(frozen=True)

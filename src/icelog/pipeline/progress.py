@@ -7,8 +7,8 @@ import uuid
 from dataclasses import dataclass
 
 from icelog.config import Settings
-from icelog.lake.topic_config import archive_config
 from icelog.meta.store import MetadataStore
+from icelog.topic_configs.archive import archive_config
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from typing import IO, Any
 
 from icelog.config import Settings
 from icelog.errors import IcelogError
-from icelog.lake.topic_config import archive_config
 from icelog.meta.store import MetadataStore, open_store
 from icelog.pipeline.archiver import Archiver, TopicPassResult, first_line
+from icelog.topic_configs.archive import archive_config
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ from typing import Any
 
 from icelog.config import Settings
 from icelog.lake.layout import archive_table_ddl
-from icelog.lake.topic_config import ArchiveTopicConfig
 from icelog.meta.store import MetadataStore, TableColumn, TopicRecord
 from icelog.schema.field_ids import evolve
 from icelog.schema.iceberg_types import (
@@ -36,7 +35,8 @@ from icelog.schema.iceberg_types import (
 from icelog.schema.proto_decode import SideDecoding
 from icelog.schema.protobuf_schema import message_descriptor
 from icelog.schema.registry_fetch import LatestSchema, RegistrySchemas
-from icelog.schema.topic_config import SIDES, side_config
+from icelog.topic_configs.archive import ArchiveTopicConfig
+from icelog.topic_configs.schema import SIDES, side_config
 
 log = logging.getLogger(__name__)
 

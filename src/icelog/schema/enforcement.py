@@ -34,7 +34,7 @@ from icelog.schema.protobuf_schema import (
     message_indexes_of,
     parse_envelope,
 )
-from icelog.schema.topic_config import SIDES, SideSchemaConfig, side_config
+from icelog.topic_configs.schema import SIDES, SideSchemaConfig, side_config
 
 _PARSER_CACHE_SIZE = 4096
 

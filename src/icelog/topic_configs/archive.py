@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from icelog.topics import check_long
+from icelog.topic_configs.checks import check_long
 
 if TYPE_CHECKING:
     from icelog.config import ArchiveSettings

@@ -1,0 +1,31 @@
+"""Validators shared by every topic config key: a check raises ValueError with a message naming the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+Check = Callable[[str], None]
+
+
+def check_long(minimum: int) -> Check:
+    """A validator of integer config values at or above `minimum`."""
+
+    def check(value: str) -> None:
+        try:
+            number = int(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an integer") from None
+        if number < minimum:
+            raise ValueError(f"{number} is below the minimum {minimum}")
+
+    return check
+
+
+def one_of(*choices: str) -> Check:
+    """A validator of values that must be one of `choices`."""
+
+    def check(value: str) -> None:
+        if value not in choices:
+            raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
+
+    return check
