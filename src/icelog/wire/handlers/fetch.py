@@ -85,14 +85,14 @@ def _plan(request: Any, logs: Any, read_committed: bool) -> list[_PartitionRead]
             plan.append(item)
             try:
                 _, part = logs.partition(topic.topic, req.partition)
+                data.high_watermark = part.high_watermark
+                data.last_stable_offset = stable = part.last_stable_offset
+                data.log_start_offset = part.log_start_offset
                 part.check_fetch_offset(req.fetch_offset)
             except KafkaApiError as exc:
                 item.error = data.error_code = int(exc.code)
                 continue
             item.part = part
-            data.high_watermark = part.high_watermark
-            data.last_stable_offset = stable = part.last_stable_offset
-            data.log_start_offset = part.log_start_offset
             item.upper = stable if read_committed else None
             item.seen_end = stable if read_committed else part.high_watermark
             if read_committed:  # the reader drops these producers' records up to their abort markers
