@@ -28,8 +28,6 @@ from icelog.topics import MAX_PARTITIONS_PER_TOPIC, EffectiveConfig, validate_to
 
 log = logging.getLogger(__name__)
 
-PRODUCER_SNAPSHOT_INTERVAL_S = 30  # how often partitions that moved get a producer-state snapshot
-
 
 @dataclass
 class TopicState:
@@ -129,7 +127,7 @@ class LogManager:
 
     async def _snapshot_loop(self) -> None:
         while True:
-            await asyncio.sleep(PRODUCER_SNAPSHOT_INTERVAL_S)
+            await asyncio.sleep(self.settings.intake.producer_snapshot_interval_ms / 1000)
             try:
                 snapshots = self.snapshot_producer_state()
                 if snapshots:
