@@ -20,6 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -93,6 +94,8 @@ class TransactionCoordinator:
         self._next_pid = 0
         self._pid_limit = 0
         self._sweeper: asyncio.Task[None] | None = None
+        # Transaction state writes fsync: one thread keeps them off the event loop and in order.
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txn-state")
         logs.txn_verifier = self.verify_append
 
     # -- life cycle ----------------------------------------------------------------------------
@@ -187,6 +190,7 @@ class TransactionCoordinator:
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
+        self._writer.shutdown(wait=True)
 
     def allocate_producer_id(self) -> int:
         """The next producer id of the current block; a new block is stored durably before any id is used."""
@@ -216,7 +220,7 @@ class TransactionCoordinator:
         if meta is None:
             meta = TxnMetadata(transactional_id, self.allocate_producer_id(), 0, timeout_ms)
             self.txns[transactional_id] = self._by_pid[meta.producer_id] = meta
-            self.store.save_transaction(meta.record())
+            await self._save(meta)
             return ErrorCode.NONE, meta.producer_id, 0
         async with meta.lock:
             if producer_id >= 0 and (producer_id, producer_epoch) != (meta.producer_id, meta.producer_epoch):
@@ -234,8 +238,13 @@ class TransactionCoordinator:
                 )
                 await self._complete(meta, commit=False)
             meta.state = TxnState.EMPTY
-            self.store.save_transaction(meta.record())
+            await self._save(meta)
             return ErrorCode.NONE, meta.producer_id, meta.producer_epoch
+
+    async def _save(self, meta: TxnMetadata) -> None:
+        """Store a transaction's state durably (fsync) on the writer thread, in the order asked."""
+        record = meta.record()  # the state now, whatever changes while the write is queued
+        await asyncio.get_running_loop().run_in_executor(self._writer, self.store.save_transaction, record)
 
     def _check(
         self, transactional_id: str, producer_id: int, producer_epoch: int, version: int, fenced_since: int
@@ -285,7 +294,7 @@ class TransactionCoordinator:
             if not set(wanted) <= meta.partitions or meta.state != TxnState.ONGOING:
                 self._begin(meta)
                 meta.partitions.update(wanted)
-                self.store.save_transaction(meta.record())
+                await self._save(meta)
             return {tp: ErrorCode.NONE for tp in wanted}
 
     async def add_offsets(
@@ -298,7 +307,7 @@ class TransactionCoordinator:
         async with meta.lock:
             self._begin(meta)
             meta.pending_offsets.setdefault(group_id, {})
-            self.store.save_transaction(meta.record())
+            await self._save(meta)
             return ErrorCode.NONE
 
     async def txn_offset_commit(
@@ -327,7 +336,7 @@ class TransactionCoordinator:
         async with meta.lock:
             meta.pending_offsets[group_id].update(offsets)
             self.groups.stage_txn_offsets(group_id, producer_id, offsets)
-            self.store.save_transaction(meta.record())
+            await self._save(meta)
         return ErrorCode.NONE
 
     async def end_txn(
@@ -355,7 +364,7 @@ class TransactionCoordinator:
     async def _complete(self, meta: TxnMetadata, commit: bool) -> None:
         """Prepare -> markers on every partition -> offsets -> Complete (caller holds the lock)."""
         meta.state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
-        self.store.save_transaction(meta.record())
+        await self._save(meta)
         fault_point("txn-prepared")
         markers = []
         for topic, partition in sorted(meta.partitions):
@@ -369,7 +378,7 @@ class TransactionCoordinator:
         meta.state = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
         meta.partitions.clear()
         meta.pending_offsets.clear()
-        self.store.save_transaction(meta.record())
+        await self._save(meta)
         fault_point("txn-completed")
         log.debug("transaction %s %s", meta.transactional_id, "committed" if commit else "aborted")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import collections
+import itertools
 import logging
 import struct
 import time
@@ -72,10 +74,16 @@ class LogManager:
         self.writer.recover()
         for record in self.store.list_topics():
             self._install(record)
-        for chunk in self.store.intake_chunks():
-            state = self._by_id.get(chunk.topic_id)
-            if state is not None and chunk.partition < len(state.partitions):
-                self._track_chunk(state.partitions[chunk.partition], chunk)
+        # Rows come ordered by topic, partition and offset: hand each partition its run at once.
+        for (topic_id, partition), run in itertools.groupby(
+            self.store.intake_chunks(), key=lambda c: (c.topic_id, c.partition)
+        ):
+            state = self._by_id.get(topic_id)
+            if state is not None and partition < len(state.partitions):
+                chunks = list(run)
+                state.partitions[partition].load_chunks(chunks)
+                for file_id, count in collections.Counter(c.file_id for c in chunks).items():
+                    self._file_refs[file_id] = self._file_refs.get(file_id, 0) + count
         self._delete_unreferenced_files()
         self._rebuild_producer_state()
 

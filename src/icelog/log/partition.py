@@ -89,6 +89,16 @@ class PartitionLog:
             if not waiter.done():
                 waiter.set_result(None)
 
+    def load_chunks(self, chunks: list[IntakeChunk]) -> None:
+        """Start-up: index the partition's durable chunks (in offset order) in one step."""
+        if not chunks:
+            return
+        self._bases = self._bases + [c.base_offset for c in chunks]
+        self.chunks = self.chunks + chunks
+        self.intake_bytes += sum(c.length for c in chunks)
+        self.high_watermark = max(self.high_watermark, chunks[-1].end_offset)
+        self.next_offset = max(self.next_offset, self.high_watermark)
+
     def drop_chunks_before(self, log_start_offset: int, on_drop: Callable[[IntakeChunk], None]) -> None:
         """Forget chunks wholly below a new log start offset."""
         keep = 0
