@@ -475,3 +475,47 @@ def _add_partitions_to(client: RawClient, txn_id: str, pid: int, epoch: int, top
     )
     response = client.request(request, 1, AddPartitionsToTxnResponse)
     return int(response.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code)
+
+
+def test_a_hanging_transaction_of_an_unknown_producer_is_aborted_after_the_timeout(tmp_path: Path) -> None:
+    """While running: an open transaction no coordinator state owns (written without verification, as
+    older brokers accepted) is aborted by the broker once transaction.max.timeout.ms has passed."""
+    import asyncio
+
+    from icelog.config import IntakeSettings, Settings
+    from icelog.coordinator.groups import GroupCoordinator
+    from icelog.coordinator.transactions import TransactionCoordinator
+    from icelog.log.manager import LogManager
+    from icelog.meta.sqlite import SqliteStore
+
+    async def main() -> None:
+        settings = Settings(data_dir=tmp_path, intake=IntakeSettings(fsync=False))
+        logs = LogManager(settings, SqliteStore(tmp_path / "meta.db"))
+        logs.open()
+        logs.start()
+        groups = GroupCoordinator(logs.store)
+        txns = TransactionCoordinator(logs.store, logs, groups, max_timeout_ms=300)
+        try:
+            state = logs.create_topic("hanging-runtime", 1, {})
+            assert state is not None
+            part = state.partitions[0]
+            verifier, logs.txn_verifier = logs.txn_verifier, None  # an unverified write
+            _, done = logs.append(state, part, build_batch([b"stuck"], 4242, 0, 0, transactional=True))
+            await done
+            logs.txn_verifier = verifier
+            _, done = logs.append(state, part, build_batch([b"after"]))
+            await done
+            assert part.last_stable_offset == 0 < part.high_watermark
+            groups.start()
+            txns.start()
+            deadline = time.monotonic() + WAIT_S
+            while part.last_stable_offset < part.high_watermark and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert part.last_stable_offset == part.high_watermark == 3, "the abort marker moved the LSO on"
+            assert [(r.producer_id, r.first_offset) for r in part.aborted_ranges(0, 3)] == [(4242, 0)]
+        finally:
+            await txns.stop()
+            await groups.stop()
+            await logs.close()
+
+    asyncio.run(main())

@@ -48,6 +48,11 @@ class TxnState(StrEnum):
     COMPLETE_ABORT = "CompleteAbort"
 
 
+# A transaction in these states will get its markers from the coordinator: never abort it as hanging
+# (a Prepare* one is being completed right now, its markers are on their way).
+_OWNING = (TxnState.ONGOING, TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
+
+
 @dataclass
 class TxnMetadata:
     """One transactional id in memory."""
@@ -123,10 +128,11 @@ class TransactionCoordinator:
         # Nobody can ever end these (no Ongoing transaction includes the partition): abort them now.
         await self.abort_hanging(lambda _pid, _opened: True)
 
-    def _owns(self, producer_id: int, tp: tuple[str, int]) -> bool:
+    def _owns(self, producer_id: int, tp: tuple[str, int], states: Iterable[TxnState] = _OWNING) -> bool:
+        """Whether a transaction of this producer in one of `states` includes the partition."""
         meta = self._by_pid.get(producer_id)
         return (
-            meta is not None and meta.producer_id == producer_id and meta.state == TxnState.ONGOING
+            meta is not None and meta.producer_id == producer_id and meta.state in states
             and tp in meta.partitions
         )
 
@@ -176,7 +182,10 @@ class TransactionCoordinator:
                 ErrorCode.INVALID_PRODUCER_EPOCH,
                 f"producer {producer_id} epoch {producer_epoch} is fenced by epoch {meta.producer_epoch}",
             )
-        if meta is None or meta.producer_epoch != producer_epoch or not self._owns(producer_id, (topic, partition)):
+        if (
+            meta is None or meta.producer_epoch != producer_epoch
+            or not self._owns(producer_id, (topic, partition), (TxnState.ONGOING,))
+        ):
             raise KafkaApiError(
                 ErrorCode.INVALID_TXN_STATE,
                 f"partition {topic}-{partition} was not added to a transaction of producer {producer_id} "
