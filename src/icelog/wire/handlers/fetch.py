@@ -10,7 +10,7 @@ from typing import Any
 from kafka.protocol.api_key import ApiKey
 from kafka.protocol.consumer import FetchResponse, ListOffsetsResponse
 
-from icelog.errors import KafkaApiError
+from icelog.errors import ErrorCode, KafkaApiError
 from icelog.wire.context import RequestContext, handles
 
 PartitionData = FetchResponse.FetchableTopicResponse.PartitionData
@@ -116,6 +116,9 @@ def _read_planned(plan: list[_PartitionRead], max_bytes: int) -> int:
             batches = item.part.read(item.offset, budget, item.upper)
         except KafkaApiError as exc:  # retention moved the log start past the offset meanwhile
             item.error = item.data.error_code = int(exc.code)
+            continue
+        except FileNotFoundError:  # ... and deleted the file: the offset is below the log start now
+            item.error = item.data.error_code = int(ErrorCode.OFFSET_OUT_OF_RANGE)
             continue
         if batches:
             item.records = batches[0] if len(batches) == 1 else b"".join(batches)
