@@ -319,3 +319,92 @@ def test_unknown_topic_id_in_frames_is_ignored(tmp_path: Path) -> None:
 async def _create_and_fill(logs: LogManager) -> None:
     logs.create_topic(TOPIC, 1, {})
     await append(logs, batch_values("a", 2))
+
+
+# -- producer-state snapshots ---------------------------------------------------------------------------
+def test_producer_state_comes_back_from_its_snapshot_plus_the_intake_after_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Start-up loads the snapshot taken at shutdown and replays only chunks written after it."""
+    from wire_client import build_batch
+
+    data_dir = tmp_path / "data"
+    first = build_batch([b"a0", b"a1"], producer_id=7, epoch=0, base_sequence=0)
+    second = build_batch([b"b"], producer_id=7, epoch=0, base_sequence=2)
+
+    async def produce(logs: LogManager) -> None:
+        logs.create_topic(TOPIC, 1, {})
+        state, part = logs.partition(TOPIC, 0)
+        await logs.append(state, part, first)[1]
+        await logs.append(state, part, build_batch([b"doomed"], producer_id=8, epoch=0, base_sequence=0,
+                                                   transactional=True))[1]
+        await logs.append_marker(part, 8, 0, commit=False)
+
+    run(data_dir, produce)  # a clean stop: everything is in the snapshot
+
+    async def produce_then_crash() -> None:
+        logs = LogManager(make_settings(data_dir), SqliteStore(data_dir / "meta.db"))
+        logs.open()
+        logs.start()
+        state, part = logs.partition(TOPIC, 0)
+        assert logs.append(state, part, first)[0].base_offset == 0, "a retry of the first batch, from the snapshot"
+        await logs.append(state, part, second)[1]
+        assert logs._snapshot_task is not None
+        logs._snapshot_task.cancel()  # then "crash": no shutdown snapshot
+        await logs.writer.close()
+        logs.store.close()
+
+    with caplog.at_level(logging.INFO, logger="icelog.log.manager"):
+        asyncio.run(produce_then_crash())
+    assert "1 snapshot(s) loaded, 0 intake chunk(s) replayed" in caplog.text
+    caplog.clear()
+
+    async def check(logs: LogManager) -> None:
+        state, part = logs.partition(TOPIC, 0)
+        assert logs.append(state, part, second)[0].base_offset == 4, "a retry of the batch written after it"
+        assert [(r.producer_id, r.first_offset, r.last_offset) for r in part.aborted_ranges(0, 5)] == [(8, 2, 3)]
+        assert part.last_stable_offset == part.high_watermark == 5
+
+    with caplog.at_level(logging.INFO, logger="icelog.log.manager"):
+        run(data_dir, check)
+    assert "1 snapshot(s) loaded, 1 intake chunk(s) replayed" in caplog.text
+
+
+def test_long_polls_on_an_idle_partition_leave_no_waiter_behind(tmp_path: Path) -> None:
+    """Each Fetch that times out on an idle partition removes its waiter (they used to pile up)."""
+    from types import SimpleNamespace
+
+    from kafka.protocol.consumer import FetchRequest
+
+    from icelog.wire.handlers.fetch import fetch
+
+    topic_cls = FetchRequest.FetchTopic
+    request = FetchRequest(
+        version=4, replica_id=-1, max_wait_ms=5, min_bytes=1, max_bytes=1 << 20, isolation_level=1,
+        topics=[topic_cls(topic=TOPIC, partitions=[
+            topic_cls.FetchPartition(partition=0, fetch_offset=1, partition_max_bytes=1 << 20)])],
+    )
+
+    async def body(logs: LogManager) -> None:
+        logs.create_topic(TOPIC, 1, {})
+        await append(logs, [b"only"])
+        ctx = SimpleNamespace(broker=SimpleNamespace(logs=logs), api_version=4, client_id=None, peer="test")
+        _, part = logs.partition(TOPIC, 0)
+        for _ in range(50):
+            response = await fetch(ctx, request)  # type: ignore[arg-type]
+            assert response.responses[0].partitions[0].records in (b"", None)
+        await asyncio.sleep(0)  # cancelled futures run their done callbacks on the next loop turn
+        assert part.waiter_count == 0
+        # A waiting Fetch is still woken by new data.
+        request.topics[0].partitions[0].fetch_offset = 1
+        request.max_wait_ms = 30_000
+        waiting = asyncio.ensure_future(fetch(ctx, request))  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)
+        assert part.waiter_count == 1
+        await append(logs, [b"wake"])
+        response = await asyncio.wait_for(waiting, 10)
+        assert response.responses[0].partitions[0].records
+        await asyncio.sleep(0)
+        assert part.waiter_count == 0
+
+    run(tmp_path / "data", body)

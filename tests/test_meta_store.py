@@ -300,3 +300,119 @@ def test_table_columns_are_replaced_per_table_and_survive_reopen(open_same_store
     reopened = open_same_store()
     assert reopened.table_columns("icelog.a") == v2  # ordered by field id, the old path gone
     assert reopened.table_columns("icelog.b") == v1[:1]
+
+
+# -- bounded reads of the intake index (the archiver's poll) ------------------------------------------
+def test_intake_chunks_after_starts_at_the_chunk_holding_the_offset_and_is_bounded(store: MetadataStore) -> None:
+    topic = store.create_topic("orders", 2, {})
+    tid = topic.topic_id
+    p0 = [chunk(tid, 0, base, base + 10, position=100 * base) for base in range(0, 100, 10)]
+    p1 = [chunk(tid, 1, 0, 3, position=99_000)]
+    store.commit_intake([*p0, *p1], IntakeTail(1, 100_000))
+
+    assert store.intake_chunks_after(tid, 0, 0, 3) == p0[:3]
+    assert store.intake_chunks_after(tid, 0, 25, 3) == p0[2:5], "from the chunk holding offset 25"
+    assert store.intake_chunks_after(tid, 0, 30, 100) == p0[3:]
+    assert store.intake_chunks_after(tid, 0, 100, 100) == [], "nothing at or past the high watermark"
+    assert store.intake_chunks_after(tid, 1, 0, 100) == p1
+    store.trim_intake(tid, 0, 50)
+    assert store.intake_chunks_after(tid, 0, 20, 2) == p0[5:7], "below the log start: the first chunk kept"
+
+
+def test_commit_intake_does_not_index_chunks_a_trim_dropped(store: MetadataStore) -> None:
+    """Recovery replaying frames from an older tail (after a power loss) must not resurrect trimmed chunks."""
+    topic = store.create_topic("orders", 1, {})
+    tid = topic.topic_id
+    chunks = [chunk(tid, 0, 0, 5), chunk(tid, 0, 5, 9, position=200)]
+    store.commit_intake(chunks, IntakeTail(1, 300))
+    store.trim_intake(tid, 0, 5)
+
+    store.commit_intake(chunks, IntakeTail(1, 300))
+
+    assert store.intake_chunks(tid) == [chunks[1]]
+    assert offsets(store, tid) == [(5, 9)]
+
+
+# -- producer-state snapshots ---------------------------------------------------------------------------
+def test_producer_snapshots_keep_the_newest_and_go_with_their_topic(open_same_store: OpenStore) -> None:
+    from icelog.meta.store import ProducerSnapshot
+
+    store = open_same_store()
+    orders = store.create_topic("orders", 2, {})
+    other = store.create_topic("other", 1, {})
+    tid = orders.topic_id
+    store.save_producer_snapshots([ProducerSnapshot(tid, 0, 10, "a"), ProducerSnapshot(tid, 1, 4, "b"),
+                                   ProducerSnapshot(other.topic_id, 0, 1, "c")])
+    store.save_producer_snapshots([ProducerSnapshot(tid, 0, 7, "older"), ProducerSnapshot(tid, 1, 9, "newer")])
+    store.save_producer_snapshots([ProducerSnapshot(tid, 5, 1, "no such partition")])
+    store.close()
+
+    again = open_same_store()
+    snapshots = {(s.topic_id, s.partition): (s.offset, s.state) for s in again.producer_snapshots()}
+    assert snapshots == {(tid, 0): (10, "a"), (tid, 1): (9, "newer"), (other.topic_id, 0): (1, "c")}
+    again.delete_topic("orders")
+    assert [(s.topic_id, s.partition) for s in again.producer_snapshots()] == [(other.topic_id, 0)]
+
+
+# -- durability: what a client is answered about is on disk first --------------------------------------
+def _sqlite_durable_commits(store: MetadataStore) -> Callable[[Callable[[], object]], list[bool]]:
+    """For each transaction the call commits: was it committed with synchronous=FULL (fsync'd WAL)?"""
+    conn = store._conn  # type: ignore[attr-defined]
+
+    def probe(call: Callable[[], object]) -> list[bool]:
+        statements: list[str] = []
+        conn.set_trace_callback(statements.append)
+        try:
+            call()
+        finally:
+            conn.set_trace_callback(None)
+        commits = []
+        level = conn.execute("PRAGMA synchronous").fetchone()[0]  # 1 NORMAL, 2 FULL
+        for statement in statements:
+            text = statement.strip().upper().replace(" ", "")
+            if text.startswith("PRAGMASYNCHRONOUS="):
+                level = 2 if text.endswith("FULL") else 1
+            elif text == "COMMIT":
+                commits.append(level >= 2)
+        return commits
+
+    return probe
+
+
+DURABILITY_PROBES: dict[str, Callable[[MetadataStore], Callable[[Callable[[], object]], list[bool]]]] = {
+    "sqlite": _sqlite_durable_commits,
+}
+
+
+def test_every_write_a_client_is_answered_about_is_durable(
+    store: MetadataStore, request: pytest.FixtureRequest
+) -> None:
+    from icelog.meta.store import CommittedOffset, TransactionRecord
+
+    backend = request.node.callspec.params["open_same_store"]
+    durable = DURABILITY_PROBES[backend](store)
+    topic = store.create_topic("orders", 1, {})
+    tid = topic.topic_id
+    store.commit_intake([chunk(tid, 0, 0, 5), chunk(tid, 0, 5, 9, position=200)], IntakeTail(1, 300))
+    answered: dict[str, Callable[[], object]] = {
+        "create_topic": lambda: store.create_topic("more", 1, {}),
+        "alter_topic_configs": lambda: store.alter_topic_configs("orders", {"retention.ms": "5"}),
+        "add_partitions": lambda: store.add_partitions("more", 2),
+        "delete_topic": lambda: store.delete_topic("more"),
+        "allocate_producer_ids": lambda: store.allocate_producer_ids(1000),
+        "commit_offsets": lambda: store.commit_offsets("g", {("orders", 0): CommittedOffset(3)}),
+        "delete_offsets": lambda: store.delete_offsets("g", [("orders", 0)]),
+        "save_transaction": lambda: store.save_transaction(TransactionRecord("t", 1, 0, 60000, "Ongoing")),
+        "trim_intake (files are deleted next)": lambda: store.trim_intake(tid, 0, 5),
+        "registry_add_version": lambda: store.registry_add_version("s", "PROTOBUF", "x", [], "fp", None),
+        "registry_set_compatibility": lambda: store.registry_set_compatibility("s", "NONE"),
+        "registry_delete_versions": lambda: store.registry_delete_versions("s", [1], permanent=False),
+    }
+    for name, call in answered.items():
+        commits = durable(call)
+        assert commits and all(commits), f"{name} must be durable before the client is answered: {commits}"
+    # The intake index may lose its last rows to a power loss: recovery re-indexes them from the
+    # fdatasync'd intake frames. It stays NORMAL, off the produce path's fsync budget.
+    assert durable(lambda: store.commit_intake([chunk(tid, 0, 9, 10, position=400)], IntakeTail(1, 500))) == [
+        False
+    ]

@@ -385,3 +385,137 @@ def test_restart_finishes_a_commit_that_was_prepared_before_the_crash(fresh_brok
     finally:
         admin.close()
     assert {tp.partition: o.offset for tp, o in offsets.items() if tp.topic == "in"} == {0: 7}
+
+
+# -- transactions cannot pin the last stable offset -------------------------------------------------
+def _produce_to(client: RawClient, topic: str, partition: int, records: bytes) -> int:
+    return client.produce(topic, partition, records)[0]
+
+
+def _lso_caught_up(bootstrap: str, topic: str, partitions: int) -> bool:
+    return end_offsets(bootstrap, topic, partitions, "read_committed") == end_offsets(
+        bootstrap, topic, partitions, "read_uncommitted"
+    )
+
+
+def test_transactional_batch_outside_an_open_transaction_is_refused(broker: BrokerProcess) -> None:
+    """Kafka >= 3.6 verifies transactional produce: no AddPartitionsToTxn for the partition, INVALID_TXN_STATE."""
+    bootstrap, topic = broker.bootstrap, "txn-unverified"
+    create_topic(bootstrap, topic, 2)
+    client = RawClient(bootstrap)
+    init = _init(client, "unverified")
+    pid, epoch = init.producer_id, init.producer_epoch
+
+    stray = build_batch([b"never-opened"], pid, epoch, 0, transactional=True)
+    assert _produce_to(client, topic, 0, stray) == INVALID_TXN_STATE, "no transaction is open"
+    unknown = build_batch([b"unknown-producer"], pid + 500, 0, 0, transactional=True)
+    assert _produce_to(client, topic, 0, unknown) == INVALID_TXN_STATE, "a producer id the coordinator never gave"
+    assert _add_partitions(client, "unverified", pid, epoch, topic, 1) == 0  # partition 0 only
+    assert _produce_to(client, topic, 1, stray) == INVALID_TXN_STATE, "partition 1 is not in the transaction"
+    assert _produce_to(client, topic, 0, build_batch([b"in-txn"], pid, epoch, 0, transactional=True)) == 0
+    assert _end(client, "unverified", pid, epoch, commit=True) == 0
+    late = build_batch([b"after-the-end"], pid, epoch, 1, transactional=True)
+    assert _produce_to(client, topic, 0, late) == INVALID_TXN_STATE, "the transaction is over"
+    client.close()
+
+    plain = Producer({"bootstrap.servers": bootstrap})
+    for partition in (0, 1):
+        plain.produce(topic, value=b"plain-%d" % partition, partition=partition)
+    assert plain.flush(30) == 0
+    assert _lso_caught_up(bootstrap, topic, 2), "nothing refused left a transaction open"
+    assert sorted(read_values(bootstrap, topic, 2, "read_committed")) == [b"in-txn", b"plain-0", b"plain-1"]
+
+
+@pytest.mark.crash
+def test_hanging_transactions_found_at_start_up_are_aborted(fresh_broker: BrokerProcess) -> None:
+    """Transactions in the log that no Ongoing transaction owns (a partition its record lacks, a producer
+    the coordinator does not know) are aborted by the broker; the one it owns times out as usual."""
+    fresh_broker.start()
+    bootstrap, topic = fresh_broker.bootstrap, "txn-hanging"
+    create_topic(bootstrap, topic, 3)
+    client = RawClient(bootstrap)
+    owned = _init(client, "hanging", timeout_ms=3000)
+    ghost = _init(client, "ghost", timeout_ms=3000)
+    for partition in (0, 1):
+        assert _add_partitions_to(client, "hanging", owned.producer_id, owned.producer_epoch, topic, partition) == 0
+    assert _add_partitions_to(client, "ghost", ghost.producer_id, ghost.producer_epoch, topic, 2) == 0
+    for partition, init in ((0, owned), (1, owned), (2, ghost)):
+        batch = build_batch([b"open-%d" % partition], init.producer_id, init.producer_epoch, 0, transactional=True)
+        assert _produce_to(client, topic, partition, batch) == 0
+    client.close()
+    plain = Producer({"bootstrap.servers": bootstrap})
+    for partition in (0, 1, 2):
+        plain.produce(topic, value=b"after-%d" % partition, partition=partition)
+    assert plain.flush(30) == 0
+    fresh_broker.kill()
+
+    # What the coordinator knows after the crash: "hanging" never added partition 1, and "ghost" belongs
+    # to another producer id (so producer `ghost` is unknown to the coordinator).
+    from icelog.meta.sqlite import SqliteStore
+
+    store = SqliteStore(fresh_broker.data_dir / "meta.db")
+    records = {r.transactional_id: r for r in store.transactions()}
+    store.save_transaction(replace(records["hanging"], partitions=((topic, 0),)))
+    store.save_transaction(replace(records["ghost"], producer_id=records["ghost"].producer_id + 7, state="Empty",
+                                   partitions=()))
+    store.close()
+
+    fresh_broker.start()
+    wait_for(lambda: _lso_caught_up(bootstrap, topic, 3), "every partition's last stable offset to move on")
+    assert sorted(read_values(bootstrap, topic, 3, "read_committed")) == [b"after-0", b"after-1", b"after-2"]
+    assert "aborting a hanging transaction" in fresh_broker.log()
+
+
+def _add_partitions_to(client: RawClient, txn_id: str, pid: int, epoch: int, topic: str, partition: int) -> int:
+    request = AddPartitionsToTxnRequest(
+        v3_and_below_transactional_id=txn_id,
+        v3_and_below_producer_id=pid,
+        v3_and_below_producer_epoch=epoch,
+        v3_and_below_topics=[AddPartitionsToTxnRequest.AddPartitionsToTxnTopic(name=topic, partitions=[partition])],
+    )
+    response = client.request(request, 1, AddPartitionsToTxnResponse)
+    return int(response.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code)
+
+
+def test_a_hanging_transaction_of_an_unknown_producer_is_aborted_after_the_timeout(tmp_path: Path) -> None:
+    """While running: an open transaction no coordinator state owns (written without verification, as
+    older brokers accepted) is aborted by the broker once transaction.max.timeout.ms has passed."""
+    import asyncio
+
+    from icelog.config import IntakeSettings, Settings
+    from icelog.coordinator.groups import GroupCoordinator
+    from icelog.coordinator.transactions import TransactionCoordinator
+    from icelog.log.manager import LogManager
+    from icelog.meta.sqlite import SqliteStore
+
+    async def main() -> None:
+        settings = Settings(data_dir=tmp_path, intake=IntakeSettings(fsync=False))
+        logs = LogManager(settings, SqliteStore(tmp_path / "meta.db"))
+        logs.open()
+        logs.start()
+        groups = GroupCoordinator(logs.store)
+        txns = TransactionCoordinator(logs.store, logs, groups, max_timeout_ms=300)
+        try:
+            state = logs.create_topic("hanging-runtime", 1, {})
+            assert state is not None
+            part = state.partitions[0]
+            verifier, logs.txn_verifier = logs.txn_verifier, None  # an unverified write
+            _, done = logs.append(state, part, build_batch([b"stuck"], 4242, 0, 0, transactional=True))
+            await done
+            logs.txn_verifier = verifier
+            _, done = logs.append(state, part, build_batch([b"after"]))
+            await done
+            assert part.last_stable_offset == 0 < part.high_watermark
+            groups.start()
+            txns.start()
+            deadline = time.monotonic() + WAIT_S
+            while part.last_stable_offset < part.high_watermark and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert part.last_stable_offset == part.high_watermark == 3, "the abort marker moved the LSO on"
+            assert [(r.producer_id, r.first_offset) for r in part.aborted_ranges(0, 3)] == [(4242, 0)]
+        finally:
+            await txns.stop()
+            await groups.stop()
+            await logs.close()
+
+    asyncio.run(main())

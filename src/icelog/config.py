@@ -28,6 +28,10 @@ class IntakeSettings(BaseModel):
         16 * 1024 * 1024, gt=0, description="Upper bound on the bytes one group commit (one fsync) carries."
     )
     fsync: bool = Field(True, description="fsync each group commit before acknowledging (turn off only in tests).")
+    producer_snapshot_interval_ms: int = Field(
+        30000, gt=0, description="How often partitions that moved get a producer-state snapshot (start-up replays "
+        "only the intake after it)."
+    )
 
 
 class ArchiveSettings(BaseModel):

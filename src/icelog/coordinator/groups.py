@@ -14,9 +14,11 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 from icelog.coordinator.group_model import Group, GroupSettings, GroupState, JoinResult, Member, SyncResult
 from icelog.errors import ErrorCode
+from icelog.faults import fault_point
 from icelog.meta.store import CommittedOffset, GroupOffsets, MetadataStore
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,8 @@ class GroupCoordinator:
         self.settings = settings or GroupSettings()
         self.groups: dict[str, Group] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        # Offset commits fsync: one thread keeps them off the event loop and in request order.
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="offset-commit")
 
     def load(self) -> None:
         """Bring back the committed offsets of every group (as Empty groups)."""
@@ -48,6 +52,7 @@ class GroupCoordinator:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._writer.shutdown(wait=True)
 
     # -- membership ----------------------------------------------------------------------------
     async def join(
@@ -425,11 +430,16 @@ class GroupCoordinator:
         group.members[member_id].heartbeat()
         return ErrorCode.NONE
 
-    def commit(self, group_id: str, offsets: GroupOffsets) -> None:
-        """Make offsets durable in the metadata store, then visible to OffsetFetch."""
+    async def commit(self, group_id: str, offsets: GroupOffsets) -> None:
+        """Make offsets durable in the metadata store (fsync, off the event loop), then visible to OffsetFetch.
+
+        One writer thread: commits reach the store, and then memory, in the order they were asked for.
+        """
         if not offsets:
             return
-        self.store.commit_offsets(group_id, offsets)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._writer, self.store.commit_offsets, group_id, dict(offsets))
+        fault_point("offsets-stored")
         group = self.groups.setdefault(group_id, Group(group_id))
         group.offsets.update(offsets)
 
@@ -456,14 +466,14 @@ class GroupCoordinator:
         for tp in partitions:
             group.txn_offsets[tp] = producer_id
 
-    def end_txn_offsets(self, group_id: str, producer_id: int, commit: GroupOffsets | None) -> None:
+    async def end_txn_offsets(self, group_id: str, producer_id: int, commit: GroupOffsets | None) -> None:
         """A transaction ended: commit its offsets (or drop them on abort)."""
+        if commit:
+            await self.commit(group_id, commit)
         group = self.groups.get(group_id)
         if group is not None:
             for tp in [tp for tp, pid in group.txn_offsets.items() if pid == producer_id]:
                 del group.txn_offsets[tp]
-        if commit:
-            self.commit(group_id, commit)
 
     # -- administration ------------------------------------------------------------------------
     def forget_topic(self, topic: str) -> None:

@@ -6,6 +6,12 @@ the metadata store, then writes a marker (control batch) to every partition thro
 commits the transaction's consumer offsets, then records CompleteCommit/CompleteAbort. A broker restart
 finishes any Prepare* state it finds, and aborts open transactions nobody owns. Transactions open longer
 than their timeout are aborted with a bumped epoch, so the late producer is fenced.
+
+No transaction can pin a partition's last stable offset: a transactional batch is appended only if its
+producer's Ongoing transaction includes the partition (Kafka >= 3.6 verification; else INVALID_TXN_STATE),
+and any transaction open in a partition that no Ongoing transaction owns is aborted by the broker (at
+start-up at once; while running after its transaction.timeout.ms, or transaction.max.timeout.ms when its
+producer is unknown).
 """
 
 from __future__ import annotations
@@ -13,12 +19,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from icelog.coordinator.groups import GroupCoordinator
 from icelog.errors import ErrorCode, KafkaApiError
+from icelog.faults import fault_point
 from icelog.log.manager import LogManager
 from icelog.meta.store import GroupOffsets, MetadataStore, TransactionRecord
 
@@ -38,6 +46,11 @@ class TxnState(StrEnum):
     PREPARE_ABORT = "PrepareAbort"
     COMPLETE_COMMIT = "CompleteCommit"
     COMPLETE_ABORT = "CompleteAbort"
+
+
+# A transaction in these states will get its markers from the coordinator: never abort it as hanging
+# (a Prepare* one is being completed right now, its markers are on their way).
+_OWNING = (TxnState.ONGOING, TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
 
 
 @dataclass
@@ -82,14 +95,18 @@ class TransactionCoordinator:
         self.groups = groups
         self.max_timeout_ms = max_timeout_ms
         self.txns: dict[str, TxnMetadata] = {}
+        self._by_pid: dict[int, TxnMetadata] = {}  # producer id -> its transactional id's metadata
         self._next_pid = 0
         self._pid_limit = 0
         self._sweeper: asyncio.Task[None] | None = None
+        # Transaction state writes fsync: one thread keeps them off the event loop and in order.
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txn-state")
+        logs.txn_verifier = self.verify_append
 
     # -- life cycle ----------------------------------------------------------------------------
     def load(self) -> None:
         for rec in self.store.transactions():
-            self.txns[rec.transactional_id] = TxnMetadata(
+            self.txns[rec.transactional_id] = self._by_pid[rec.producer_id] = TxnMetadata(
                 rec.transactional_id,
                 rec.producer_id,
                 rec.producer_epoch,
@@ -108,15 +125,33 @@ class TransactionCoordinator:
                 await self._complete(meta, meta.state == TxnState.PREPARE_COMMIT)
             elif meta.state == TxnState.ONGOING:
                 meta.started = time.monotonic()
-        owned = {m.producer_id for m in self.txns.values() if m.state == TxnState.ONGOING}
+        # Nobody can ever end these (no Ongoing transaction includes the partition): abort them now.
+        await self.abort_hanging(lambda _pid, _opened: True)
+
+    def _owns(self, producer_id: int, tp: tuple[str, int], states: Iterable[TxnState] = _OWNING) -> bool:
+        """Whether a transaction of this producer in one of `states` includes the partition."""
+        meta = self._by_pid.get(producer_id)
+        return (
+            meta is not None and meta.producer_id == producer_id and meta.state in states
+            and tp in meta.partitions
+        )
+
+    async def abort_hanging(self, due: Callable[[int, float], bool]) -> int:
+        """Abort (broker-written marker) open partition transactions no Ongoing transaction owns, if `due`.
+
+        `due(producer_id, opened_monotonic)` decides; returns how many were aborted.
+        """
         markers = []
-        for topic in self.logs.topics.values():
+        for topic in list(self.logs.topics.values()):
             for part in topic.partitions:
-                for pid in [p for p in part.txn_index.open if p not in owned]:
+                for pid, opened in list(part.txn_index.opened_at.items()):
+                    if self._owns(pid, (topic.name, part.partition)) or not due(pid, opened):
+                        continue
                     entry = part.producers.entries.get(pid)
-                    epoch = entry.epoch if entry is not None else 0
+                    meta = self._by_pid.get(pid)
+                    epoch = max(entry.epoch if entry is not None else 0, meta.producer_epoch if meta else 0)
                     log.warning(
-                        "aborting an orphaned transaction of producer %d in %s-%d",
+                        "aborting a hanging transaction of producer %d in %s-%d (no open transaction owns it)",
                         pid,
                         topic.name,
                         part.partition,
@@ -124,6 +159,38 @@ class TransactionCoordinator:
                     markers.append(self.logs.append_marker(part, pid, epoch, commit=False))
         if markers:
             await asyncio.gather(*markers)
+        return len(markers)
+
+    def _hanging_due(self, now: float) -> Callable[[int, float], bool]:
+        def due(pid: int, opened: float) -> bool:
+            meta = self._by_pid.get(pid)
+            timeout_ms = meta.timeout_ms if meta is not None else self.max_timeout_ms
+            return now - opened > timeout_ms / 1000
+
+        return due
+
+    def verify_append(self, topic: str, partition: int, producer_id: int, producer_epoch: int) -> None:
+        """Refuse a transactional batch unless the producer's Ongoing transaction includes the partition.
+
+        Raises INVALID_PRODUCER_EPOCH for a fenced epoch, INVALID_TXN_STATE otherwise (Kafka >= 3.6).
+        """
+        meta = self._by_pid.get(producer_id)
+        if meta is not None and meta.producer_id != producer_id:  # an exhausted id, replaced by a new one
+            meta = None
+        if meta is not None and producer_epoch < meta.producer_epoch:
+            raise KafkaApiError(
+                ErrorCode.INVALID_PRODUCER_EPOCH,
+                f"producer {producer_id} epoch {producer_epoch} is fenced by epoch {meta.producer_epoch}",
+            )
+        if (
+            meta is None or meta.producer_epoch != producer_epoch
+            or not self._owns(producer_id, (topic, partition), (TxnState.ONGOING,))
+        ):
+            raise KafkaApiError(
+                ErrorCode.INVALID_TXN_STATE,
+                f"partition {topic}-{partition} was not added to a transaction of producer {producer_id} "
+                f"epoch {producer_epoch} (AddPartitionsToTxn first)",
+            )
 
     def start(self) -> None:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="txn-sweeper")
@@ -132,11 +199,14 @@ class TransactionCoordinator:
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
+        self._writer.shutdown(wait=True)
 
     def allocate_producer_id(self) -> int:
+        """The next producer id of the current block; a new block is stored durably before any id is used."""
         if self._next_pid >= self._pid_limit:
             self._next_pid = self.store.allocate_producer_ids(PRODUCER_ID_BLOCK)
             self._pid_limit = self._next_pid + PRODUCER_ID_BLOCK
+            fault_point("producer-ids-stored")
         pid = self._next_pid
         self._next_pid += 1
         return pid
@@ -158,8 +228,8 @@ class TransactionCoordinator:
         meta = self.txns.get(transactional_id)
         if meta is None:
             meta = TxnMetadata(transactional_id, self.allocate_producer_id(), 0, timeout_ms)
-            self.txns[transactional_id] = meta
-            self.store.save_transaction(meta.record())
+            self.txns[transactional_id] = self._by_pid[meta.producer_id] = meta
+            await self._save(meta)
             return ErrorCode.NONE, meta.producer_id, 0
         async with meta.lock:
             if producer_id >= 0 and (producer_id, producer_epoch) != (meta.producer_id, meta.producer_epoch):
@@ -168,6 +238,7 @@ class TransactionCoordinator:
                 await self._complete(meta, meta.state == TxnState.PREPARE_COMMIT)
             if meta.producer_epoch >= MAX_EPOCH - 1:
                 meta.producer_id, meta.producer_epoch = self.allocate_producer_id(), -1
+                self._by_pid[meta.producer_id] = meta
             meta.producer_epoch += 1
             meta.timeout_ms = timeout_ms
             if meta.state == TxnState.ONGOING:
@@ -176,8 +247,13 @@ class TransactionCoordinator:
                 )
                 await self._complete(meta, commit=False)
             meta.state = TxnState.EMPTY
-            self.store.save_transaction(meta.record())
+            await self._save(meta)
             return ErrorCode.NONE, meta.producer_id, meta.producer_epoch
+
+    async def _save(self, meta: TxnMetadata) -> None:
+        """Store a transaction's state durably (fsync) on the writer thread, in the order asked."""
+        record = meta.record()  # the state now, whatever changes while the write is queued
+        await asyncio.get_running_loop().run_in_executor(self._writer, self.store.save_transaction, record)
 
     def _check(
         self, transactional_id: str, producer_id: int, producer_epoch: int, version: int, fenced_since: int
@@ -227,7 +303,7 @@ class TransactionCoordinator:
             if not set(wanted) <= meta.partitions or meta.state != TxnState.ONGOING:
                 self._begin(meta)
                 meta.partitions.update(wanted)
-                self.store.save_transaction(meta.record())
+                await self._save(meta)
             return {tp: ErrorCode.NONE for tp in wanted}
 
     async def add_offsets(
@@ -240,7 +316,7 @@ class TransactionCoordinator:
         async with meta.lock:
             self._begin(meta)
             meta.pending_offsets.setdefault(group_id, {})
-            self.store.save_transaction(meta.record())
+            await self._save(meta)
             return ErrorCode.NONE
 
     async def txn_offset_commit(
@@ -269,7 +345,7 @@ class TransactionCoordinator:
         async with meta.lock:
             meta.pending_offsets[group_id].update(offsets)
             self.groups.stage_txn_offsets(group_id, producer_id, offsets)
-            self.store.save_transaction(meta.record())
+            await self._save(meta)
         return ErrorCode.NONE
 
     async def end_txn(
@@ -297,7 +373,8 @@ class TransactionCoordinator:
     async def _complete(self, meta: TxnMetadata, commit: bool) -> None:
         """Prepare -> markers on every partition -> offsets -> Complete (caller holds the lock)."""
         meta.state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
-        self.store.save_transaction(meta.record())
+        await self._save(meta)
+        fault_point("txn-prepared")
         markers = []
         for topic, partition in sorted(meta.partitions):
             if self._exists((topic, partition)):
@@ -306,11 +383,12 @@ class TransactionCoordinator:
         if markers:
             await asyncio.gather(*markers)
         for group_id, offsets in meta.pending_offsets.items():
-            self.groups.end_txn_offsets(group_id, meta.producer_id, offsets if commit else None)
+            await self.groups.end_txn_offsets(group_id, meta.producer_id, offsets if commit else None)
         meta.state = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
         meta.partitions.clear()
         meta.pending_offsets.clear()
-        self.store.save_transaction(meta.record())
+        await self._save(meta)
+        fault_point("txn-completed")
         log.debug("transaction %s %s", meta.transactional_id, "committed" if commit else "aborted")
 
     def _exists(self, tp: tuple[str, int]) -> bool:
@@ -352,3 +430,7 @@ class TransactionCoordinator:
                     log.exception(
                         "aborting timed-out transaction %s failed; will retry", meta.transactional_id
                     )
+            try:
+                await self.abort_hanging(self._hanging_due(now))
+            except Exception:
+                log.exception("aborting hanging transactions failed; will retry")

@@ -49,25 +49,40 @@ class IntakeStats:
 
 
 class IntakeFiles:
-    """Read access to intake files, one cached descriptor each."""
+    """Read access to intake files, one cached descriptor each, safe to use from worker threads.
+
+    A descriptor is closed only when no read is using it: a file forgotten (deleted by retention) while a
+    Fetch reads it on another thread is closed after that read, never under it (a reused descriptor
+    number would read another file).
+    """
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._fds: dict[int, int] = {}
+        self._reading: dict[int, int] = {}  # descriptor -> reads in progress
+        self._doomed: set[int] = set()  # descriptors to close when their last read ends
         self._lock = threading.Lock()
 
     def read_chunk(self, chunk: IntakeChunk) -> bytes:
         return self.read_range(chunk, 0, chunk.length)
 
     def read_range(self, chunk: IntakeChunk, offset_in_chunk: int, length: int) -> bytes:
-        fd = self._fds.get(chunk.file_id)
-        if fd is None:
+        with self._lock:
+            fd = self._fds.get(chunk.file_id)
+            if fd is None:
+                fd = os.open(intake_file.file_path(self.directory, chunk.file_id), os.O_RDONLY)
+                self._fds[chunk.file_id] = fd
+            self._reading[fd] = self._reading.get(fd, 0) + 1
+        try:
+            data = os.pread(fd, length, chunk.position + offset_in_chunk)
+        finally:
             with self._lock:
-                fd = self._fds.get(chunk.file_id)
-                if fd is None:
-                    fd = os.open(intake_file.file_path(self.directory, chunk.file_id), os.O_RDONLY)
-                    self._fds[chunk.file_id] = fd
-        data = os.pread(fd, length, chunk.position + offset_in_chunk)
+                self._reading[fd] -= 1
+                if not self._reading[fd]:
+                    del self._reading[fd]
+                    if fd in self._doomed:
+                        self._doomed.discard(fd)
+                        os.close(fd)
         if len(data) != length:
             raise KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, f"intake file {chunk.file_id} is short")
         return data
@@ -75,8 +90,12 @@ class IntakeFiles:
     def forget(self, file_id: int) -> None:
         with self._lock:
             fd = self._fds.pop(file_id, None)
-        if fd is not None:
-            os.close(fd)
+            if fd is None:
+                return
+            if fd in self._reading:
+                self._doomed.add(fd)
+            else:
+                os.close(fd)
 
     def close(self) -> None:
         for file_id in list(self._fds):

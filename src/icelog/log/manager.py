@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
+import collections
+import itertools
 import logging
 import struct
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from icelog.config import Settings
 from icelog.errors import ErrorCode, KafkaApiError, StoreError, TopicExistsError, UnknownTopicError
+from icelog.faults import fault_point
 from icelog.log import intake_file
 from icelog.log.batch import assign_offsets, parse_produced_batches, set_log_append_time
 from icelog.log.intake import IntakeFiles, IntakeWriter
 from icelog.log.partition import PartitionLog
 from icelog.log.producers import iter_stored_headers
+from icelog.log.snapshots import decode_state, encode_state
 from icelog.log.transactions import encode_marker_batch, marker_type
-from icelog.meta.store import IntakeChunk, MetadataStore, TopicRecord
+from icelog.meta.store import IntakeChunk, MetadataStore, ProducerSnapshot, TopicRecord
 from icelog.topic_configs.archive import archive_config
 from icelog.topics import MAX_PARTITIONS_PER_TOPIC, EffectiveConfig, validate_topic_configs, validate_topic_name
 
@@ -57,6 +62,11 @@ class LogManager:
         self.topics: dict[str, TopicState] = {}
         self._by_id: dict[uuid.UUID, TopicState] = {}
         self._file_refs: dict[int, int] = {}
+        self._snapshot_offsets: dict[tuple[uuid.UUID, int], int] = {}  # last snapshot saved per partition
+        self._snapshot_task: asyncio.Task[None] | None = None
+        # Set by the transaction coordinator: raises KafkaApiError unless (topic, partition, producer id,
+        # epoch) is in an Ongoing transaction it opened (None: no verification, e.g. tools and tests).
+        self.txn_verifier: Callable[[str, int, int, int], None] | None = None
 
     # -- life cycle ----------------------------------------------------------------------------
     def open(self) -> None:
@@ -64,30 +74,93 @@ class LogManager:
         self.writer.recover()
         for record in self.store.list_topics():
             self._install(record)
-        for chunk in self.store.intake_chunks():
-            state = self._by_id.get(chunk.topic_id)
-            if state is not None and chunk.partition < len(state.partitions):
-                self._track_chunk(state.partitions[chunk.partition], chunk)
+        # Rows come ordered by topic, partition and offset: hand each partition its run at once.
+        for (topic_id, partition), run in itertools.groupby(
+            self.store.intake_chunks(), key=lambda c: (c.topic_id, c.partition)
+        ):
+            state = self._by_id.get(topic_id)
+            if state is not None and partition < len(state.partitions):
+                chunks = list(run)
+                state.partitions[partition].load_chunks(chunks)
+                for file_id, count in collections.Counter(c.file_id for c in chunks).items():
+                    self._file_refs[file_id] = self._file_refs.get(file_id, 0) + count
         self._delete_unreferenced_files()
         self._rebuild_producer_state()
 
     def _rebuild_producer_state(self) -> None:
-        # Producer sequences and open/aborted transactions are not persisted: replay the stored batch headers.
+        """Load each partition's producer-state snapshot, then replay only the batches stored after it."""
+        snapshots = {(s.topic_id, s.partition): s for s in self.store.producer_snapshots()}
+        replayed = 0
         for state in self.topics.values():
             for part in state.partitions:
-                for chunk in part.chunks:
+                since = 0
+                snapshot = snapshots.get((part.topic_id, part.partition))
+                # A snapshot past the high watermark cannot be (the index is re-derived from fsync'd
+                # frames); should it happen, the intake is the truth: replay all of it.
+                if snapshot is not None and snapshot.offset <= part.high_watermark:
+                    loaded = decode_state(snapshot.state)
+                    if loaded is not None:
+                        part.producers, part.txn_index = loaded
+                        part.txn_index.drop_before(part.log_start_offset)
+                        since = snapshot.offset
+                        self._snapshot_offsets[(part.topic_id, part.partition)] = since
+                index = max(bisect.bisect_right([c.base_offset for c in part.chunks], since) - 1, 0)
+                for chunk in part.chunks[index:]:
+                    if chunk.end_offset <= since:
+                        continue
                     data = self.files.read_chunk(chunk)
-                    headers = list(iter_stored_headers(data))
+                    headers = [h for h in iter_stored_headers(data) if h.base_offset >= since]
                     part.producers.replay(headers)
                     part.txn_index.replay(
                         (h, marker_type(data, h.position) if h.is_control else None) for h in headers
                     )
+                    replayed += 1
+        log.info("producer state: %d snapshot(s) loaded, %d intake chunk(s) replayed", len(snapshots), replayed)
+
+    def snapshot_producer_state(self) -> list[ProducerSnapshot]:
+        """Snapshots of partitions that moved since their last one and have nothing in flight (event loop)."""
+        out = []
+        for state in self.topics.values():
+            for part in state.partitions:
+                key = (part.topic_id, part.partition)
+                if part.next_offset != part.high_watermark or self._snapshot_offsets.get(key) == part.high_watermark:
+                    continue  # appends in flight could still be lost; or nothing new since the last one
+                out.append(ProducerSnapshot(part.topic_id, part.partition, part.high_watermark,
+                                            encode_state(part.producers, part.txn_index)))
+        return out
+
+    def _saved_snapshots(self, snapshots: list[ProducerSnapshot]) -> None:
+        for snapshot in snapshots:
+            self._snapshot_offsets[(snapshot.topic_id, snapshot.partition)] = snapshot.offset
+
+    async def _snapshot_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.intake.producer_snapshot_interval_ms / 1000)
+            try:
+                snapshots = self.snapshot_producer_state()
+                if snapshots:
+                    await asyncio.to_thread(self.store.save_producer_snapshots, snapshots)
+                    self._saved_snapshots(snapshots)
+            except Exception:
+                log.exception("saving producer-state snapshots failed; will retry")
 
     def start(self) -> None:
         self.writer.start()
+        self._snapshot_task = asyncio.get_running_loop().create_task(self._snapshot_loop(), name="producer-snapshots")
 
     async def close(self) -> None:
+        if self._snapshot_task is not None:
+            self._snapshot_task.cancel()
+            await asyncio.gather(self._snapshot_task, return_exceptions=True)
         await self.writer.close()
+        if self.writer.failed is None:
+            # Everything queued is durable now: the next start-up replays nothing.
+            try:
+                snapshots = self.snapshot_producer_state()
+                self.store.save_producer_snapshots(snapshots)
+                self._saved_snapshots(snapshots)
+            except Exception:
+                log.exception("saving producer-state snapshots at shutdown failed (start-up will replay)")
         self.files.close()
         self.store.close()
 
@@ -200,6 +273,11 @@ class LogManager:
         retry = partition.producers.check(batches)
         if retry is not None:  # an idempotent producer resent a batch we have: answer with its offsets
             return AppendResult(retry.base_offset, -1), _when_durable(retry.done)
+        if self.txn_verifier is not None:
+            # A transactional batch outside a transaction the coordinator opened would pin the LSO.
+            for batch in batches:
+                if batch.is_transactional:
+                    self.txn_verifier(topic.name, partition.partition, batch.producer_id, batch.producer_epoch)
         buffer = bytearray(records)
         append_time = -1
         if topic.config.log_append_time:
@@ -264,7 +342,8 @@ class LogManager:
                     remaining -= chunk.length
                     dropped += 1
                 if new_start > part.log_start_offset:
-                    self.store.trim_intake(part.topic_id, part.partition, new_start)
+                    self.store.trim_intake(part.topic_id, part.partition, new_start)  # durable on return
+                    fault_point("trim-committed")
                     part.drop_chunks_before(new_start, self._release_chunk)
                     log.info("retention: %s-%d log start offset is now %d", state.name, part.partition, new_start)
         if dropped:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
+import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
@@ -35,7 +37,11 @@ class OffsetRangeSource(Protocol):
 
 
 class PartitionLog:
-    """Offsets and data of one topic-partition. Mutated only on the event loop thread."""
+    """Offsets and data of one topic-partition. Mutated only on the event loop thread.
+
+    `read` may run on a worker thread (Fetch keeps file reads off the event loop): the chunk lists are
+    only appended to or replaced whole (never cut in place), so a reader sees a consistent pair.
+    """
 
     def __init__(
         self,
@@ -56,6 +62,7 @@ class PartitionLog:
         self._reader = reader
         self._waiters: list[asyncio.Future[None]] = []
         self._batch_cache: OrderedDict[int, list[tuple[int, int, int, int]]] = OrderedDict()
+        self._cache_lock = threading.Lock()  # readers on several worker threads share the cache
         # Older offsets served from elsewhere (the Iceberg archive) plug in here, checked in order.
         self.older_sources: list[OffsetRangeSource] = []
         # Idempotent-producer sequences and transaction state (rebuilt from the intake at start-up).
@@ -71,8 +78,8 @@ class PartitionLog:
 
     def add_durable_chunk(self, chunk: IntakeChunk) -> None:
         """Index a chunk that is now durable and move the high watermark past it."""
+        self._bases.append(chunk.base_offset)  # bases first: a reader bisects them, then indexes chunks
         self.chunks.append(chunk)
-        self._bases.append(chunk.base_offset)
         self.intake_bytes += chunk.length
         if chunk.end_offset > self.high_watermark:
             self.high_watermark = chunk.end_offset
@@ -82,6 +89,16 @@ class PartitionLog:
             if not waiter.done():
                 waiter.set_result(None)
 
+    def load_chunks(self, chunks: list[IntakeChunk]) -> None:
+        """Start-up: index the partition's durable chunks (in offset order) in one step."""
+        if not chunks:
+            return
+        self._bases = self._bases + [c.base_offset for c in chunks]
+        self.chunks = self.chunks + chunks
+        self.intake_bytes += sum(c.length for c in chunks)
+        self.high_watermark = max(self.high_watermark, chunks[-1].end_offset)
+        self.next_offset = max(self.next_offset, self.high_watermark)
+
     def drop_chunks_before(self, log_start_offset: int, on_drop: Callable[[IntakeChunk], None]) -> None:
         """Forget chunks wholly below a new log start offset."""
         keep = 0
@@ -89,8 +106,9 @@ class PartitionLog:
             on_drop(self.chunks[keep])
             self.intake_bytes -= self.chunks[keep].length
             keep += 1
-        del self.chunks[:keep]
-        del self._bases[:keep]
+        # Replaced, not cut in place: a Fetch reading on a worker thread keeps the lists it took.
+        self.chunks = self.chunks[keep:]
+        self._bases = self._bases[keep:]
         self.log_start_offset = max(self.log_start_offset, log_start_offset)
         self.txn_index.drop_before(self.log_start_offset)
 
@@ -123,8 +141,9 @@ class PartitionLog:
         limit = self.high_watermark if upper_offset is None else upper_offset
         out: list[bytes] = []
         size = 0
-        index = max(bisect.bisect_right(self._bases, offset) - 1, 0)
-        for chunk in self.chunks[index:]:
+        bases, chunks = self._bases, self.chunks  # one consistent view (see the class docstring)
+        index = max(bisect.bisect_right(bases, offset) - 1, 0)
+        for chunk in chunks[index:]:
             if chunk.base_offset >= limit or size >= max_bytes:
                 break
             if chunk.end_offset <= offset:
@@ -153,14 +172,16 @@ class PartitionLog:
 
     def _batch_positions(self, chunk: IntakeChunk) -> list[tuple[int, int, int, int]]:
         """(position, size, base offset, last offset) of each batch in a chunk, cached (LRU)."""
-        cached = self._batch_cache.get(chunk.base_offset)
-        if cached is None:
-            cached = iter_stored_batches(self._reader.read_chunk(chunk))
+        with self._cache_lock:
+            cached = self._batch_cache.get(chunk.base_offset)
+            if cached is not None:
+                self._batch_cache.move_to_end(chunk.base_offset)
+                return cached
+        cached = iter_stored_batches(self._reader.read_chunk(chunk))
+        with self._cache_lock:
             self._batch_cache[chunk.base_offset] = cached
             if len(self._batch_cache) > _BATCH_CACHE_CHUNKS:
                 self._batch_cache.popitem(last=False)
-        else:
-            self._batch_cache.move_to_end(chunk.base_offset)
         return cached
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
@@ -197,7 +218,21 @@ class PartitionLog:
 
     # -- long polls ----------------------------------------------------------------------------
     def data_waiter(self) -> asyncio.Future[None]:
-        """A future resolved the next time the high watermark moves."""
+        """A future resolved the next time the high watermark moves; cancel it when no longer needed.
+
+        A cancelled (or otherwise finished) waiter leaves the list at once, so long polls on an idle
+        partition do not pile up.
+        """
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
+        waiter.add_done_callback(self._forget_waiter)
         return waiter
+
+    @property
+    def waiter_count(self) -> int:
+        """Long polls waiting on this partition now (for tests and status)."""
+        return len(self._waiters)
+
+    def _forget_waiter(self, waiter: asyncio.Future[None]) -> None:
+        with contextlib.suppress(ValueError):  # already taken by add_durable_chunk
+            self._waiters.remove(waiter)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import struct
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -47,6 +48,9 @@ class TxnIndex:
 
     def __init__(self) -> None:
         self.open: dict[int, int] = {}  # producer id -> first offset of its open transaction
+        # producer id -> when (time.monotonic) its open transaction was first seen here, for the hanging-
+        # transaction timeout; transactions replayed at start-up count from the start-up.
+        self.opened_at: dict[int, float] = {}
         self.aborted: list[AbortedRange] = []  # ordered by last_offset (markers are appended in order)
         self._aborted_last: list[int] = []
 
@@ -54,10 +58,12 @@ class TxnIndex:
         """A data batch was given offsets; a transactional one may open a transaction."""
         if transactional and producer_id >= 0 and producer_id not in self.open:
             self.open[producer_id] = base_offset
+            self.opened_at[producer_id] = time.monotonic()
 
     def on_marker(self, producer_id: int, offset: int, commit: bool) -> None:
         """A commit or abort marker was given `offset`: the producer's transaction here is over."""
         first = self.open.pop(producer_id, None)
+        self.opened_at.pop(producer_id, None)
         if not commit and first is not None:
             self.aborted.append(AbortedRange(producer_id, first, offset))
             self._aborted_last.append(offset)

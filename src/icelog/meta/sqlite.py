@@ -21,6 +21,7 @@ from icelog.meta.store import (
     IntakeTail,
     MetadataStore,
     PartitionRecord,
+    ProducerSnapshot,
     TableColumn,
     TopicRecord,
     TransactionRecord,
@@ -91,6 +92,13 @@ CREATE TABLE IF NOT EXISTS transactions (
     state TEXT NOT NULL,
     detail TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS producer_snapshots (
+    topic_id TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    snapshot_offset INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    PRIMARY KEY (topic_id, partition)
+);
 CREATE TABLE IF NOT EXISTS table_columns (
     table_name TEXT NOT NULL,
     path TEXT NOT NULL,
@@ -110,8 +118,14 @@ class SqliteStore(SqliteRegistry, MetadataStore):
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._lock = threading.RLock()
         self._conn.execute("PRAGMA journal_mode=WAL")
-        # NORMAL: a kill -9 loses nothing committed; intake chunks lost to power loss are re-derived
-        # from the intake files by recovery (commit_intake is idempotent). Topic DDL runs with FULL.
+        # Durability rule: whatever a client is answered about is on disk first. In WAL mode NORMAL loses
+        # nothing to a kill -9 but may lose the last transactions to a power loss, so every write a client
+        # is told about (topic DDL, producer-id blocks, committed offsets, transaction state, registry
+        # writes, intake trims that precede file deletion) runs with FULL (`_tx(durable=True)`): its
+        # COMMIT fsyncs the WAL, and with it every earlier NORMAL transaction. Only the intake index
+        # (commit_intake) and archive bookkeeping stay NORMAL: intake frames are fdatasync'd before they
+        # are indexed, so recovery re-indexes lost rows from the files (commit_intake is idempotent), and
+        # the Iceberg table's snapshot summary is the truth of archive progress.
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.execute("PRAGMA busy_timeout=10000")
         for statement in _SCHEMA.split(";"):
@@ -128,6 +142,7 @@ class SqliteStore(SqliteRegistry, MetadataStore):
 
     @contextmanager
     def _tx(self, durable: bool = False) -> Iterator[sqlite3.Connection]:
+        """One write transaction; `durable` commits it with synchronous=FULL (see __init__)."""
         with self._lock:
             conn = self._conn
             if durable:
@@ -180,7 +195,7 @@ class SqliteStore(SqliteRegistry, MetadataStore):
             topic = self._require(conn, name)
             tid = str(topic.topic_id)
             conn.execute("DELETE FROM topics WHERE topic_id = ?", (tid,))
-            for table in ("topic_configs", "partitions", "intake_chunks", "archive_state"):
+            for table in ("topic_configs", "partitions", "intake_chunks", "archive_state", "producer_snapshots"):
                 conn.execute(f"DELETE FROM {table} WHERE topic_id = ?", (tid,))
             return topic
 
@@ -239,11 +254,13 @@ class SqliteStore(SqliteRegistry, MetadataStore):
             for c in chunks
         ]
         with self._tx() as conn:
-            # Chunks of deleted topics (a frame written before DeleteTopics) are not indexed.
+            # Chunks of deleted topics (a frame written before DeleteTopics) are not indexed, nor chunks
+            # a trim already dropped (recovery replaying frames from an older tail after a power loss).
             conn.executemany(
                 "INSERT OR IGNORE INTO intake_chunks (topic_id, partition, base_offset, end_offset, file_id, "
                 "position, length, max_timestamp, ingest_timestamp) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9 "
-                "WHERE EXISTS (SELECT 1 FROM partitions WHERE topic_id = ?1 AND partition = ?2)",
+                "WHERE EXISTS (SELECT 1 FROM partitions WHERE topic_id = ?1 AND partition = ?2 "
+                "AND log_start_offset < ?4)",
                 rows,
             )
             conn.executemany(
@@ -270,11 +287,29 @@ class SqliteStore(SqliteRegistry, MetadataStore):
             args = (str(topic_id),)
         with self._lock:
             rows = self._conn.execute(query + " ORDER BY topic_id, partition, base_offset", args).fetchall()
+        ids: dict[str, uuid.UUID] = {}  # parse each topic id once: start-up loads every row
+        return [IntakeChunk(ids.get(r[0]) or ids.setdefault(r[0], uuid.UUID(r[0])), *r[1:]) for r in rows]
+
+    def intake_chunks_after(
+        self, topic_id: uuid.UUID, partition: int, offset: int, limit: int
+    ) -> list[IntakeChunk]:
+        tid = str(topic_id)
+        # Two primary-key range lookups, whatever the index size: the chunk holding `offset` (chunks of a
+        # partition are contiguous and disjoint), then up to `limit` chunks from it.
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT topic_id, partition, base_offset, end_offset, file_id, position, length, max_timestamp, "
+                "ingest_timestamp FROM intake_chunks WHERE topic_id = ?1 AND partition = ?2 AND base_offset >= "
+                "COALESCE((SELECT MAX(base_offset) FROM intake_chunks WHERE topic_id = ?1 AND partition = ?2 "
+                "AND base_offset <= ?3), -1) AND end_offset > ?3 ORDER BY base_offset LIMIT ?4",
+                (tid, partition, offset, limit),
+            ).fetchall()
         return [IntakeChunk(uuid.UUID(r[0]), *r[1:]) for r in rows]
 
     def trim_intake(self, topic_id: uuid.UUID, partition: int, log_start_offset: int) -> None:
         tid = str(topic_id)
-        with self._tx() as conn:
+        # Durable: intake files are deleted right after a trim, and must never be gone while indexed.
+        with self._tx(durable=True) as conn:
             conn.execute(
                 "DELETE FROM intake_chunks WHERE topic_id = ? AND partition = ? AND end_offset <= ?",
                 (tid, partition, log_start_offset),
@@ -330,7 +365,7 @@ class SqliteStore(SqliteRegistry, MetadataStore):
     # -- consumer groups ---------------------------------------------------------------------------
     def commit_offsets(self, group_id: str, offsets: GroupOffsets) -> None:
         rows = [(group_id, t, p, o.offset, o.metadata, o.commit_timestamp) for (t, p), o in offsets.items()]
-        with self._tx() as conn:
+        with self._tx(durable=True) as conn:
             conn.executemany("INSERT OR REPLACE INTO group_offsets VALUES (?, ?, ?, ?, ?, ?)", rows)
 
     def committed_offsets(self, group_id: str) -> GroupOffsets:
@@ -348,7 +383,7 @@ class SqliteStore(SqliteRegistry, MetadataStore):
             return [r[0] for r in rows]
 
     def delete_offsets(self, group_id: str, partitions: Iterable[tuple[str, int]] | None = None) -> None:
-        with self._tx() as conn:
+        with self._tx(durable=True) as conn:
             if partitions is None:
                 conn.execute("DELETE FROM group_offsets WHERE group_id = ?", (group_id,))
             else:
@@ -379,7 +414,7 @@ class SqliteStore(SqliteRegistry, MetadataStore):
     def allocate_producer_ids(self, count: int) -> int:
         if count < 1:
             raise StoreError("allocate at least one producer id")
-        with self._tx() as conn:
+        with self._tx(durable=True) as conn:
             row = conn.execute("SELECT next_producer_id FROM producer_ids").fetchone()
             first = row[0] if row else 0
             conn.execute("INSERT OR REPLACE INTO producer_ids VALUES (0, ?)", (first + count,))
@@ -393,7 +428,7 @@ class SqliteStore(SqliteRegistry, MetadataStore):
                 for group, offsets in record.pending_offsets.items()
             },
         })
-        with self._tx() as conn:
+        with self._tx(durable=True) as conn:
             conn.execute(
                 "INSERT OR REPLACE INTO transactions VALUES (?, ?, ?, ?, ?, ?)",
                 (record.transactional_id, record.producer_id, record.producer_epoch, record.timeout_ms,
@@ -413,6 +448,27 @@ class SqliteStore(SqliteRegistry, MetadataStore):
             partitions = tuple((t, p) for t, p in data["partitions"])
             out.append(TransactionRecord(txn_id, pid, epoch, timeout_ms, state, partitions, pending))
         return out
+
+    # -- producer-state snapshots ------------------------------------------------------------------
+    def save_producer_snapshots(self, snapshots: Iterable[ProducerSnapshot]) -> None:
+        rows = [(str(s.topic_id), s.partition, s.offset, s.state) for s in snapshots]
+        # NORMAL: a snapshot lost to a power loss only means replaying more intake at the next start-up.
+        with self._tx() as conn:
+            conn.executemany(
+                "INSERT INTO producer_snapshots SELECT ?1, ?2, ?3, ?4 "
+                "WHERE EXISTS (SELECT 1 FROM partitions WHERE topic_id = ?1 AND partition = ?2) "
+                "ON CONFLICT (topic_id, partition) DO UPDATE SET snapshot_offset = excluded.snapshot_offset, "
+                "state = excluded.state WHERE excluded.snapshot_offset >= snapshot_offset",
+                rows,
+            )
+
+    def producer_snapshots(self) -> list[ProducerSnapshot]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT topic_id, partition, snapshot_offset, state FROM producer_snapshots "
+                "ORDER BY topic_id, partition"
+            ).fetchall()
+        return [ProducerSnapshot(uuid.UUID(t), p, o, s) for t, p, o, s in rows]
 
     def close(self) -> None:
         with self._lock:

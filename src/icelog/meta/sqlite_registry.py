@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 
+from icelog.faults import fault_point
 from icelog.meta.registry import RegistryConflictError, RegistrySchema, SchemaReference, SubjectVersion
 
 REGISTRY_SCHEMA = """
@@ -61,6 +62,13 @@ class SqliteRegistry:
     ) -> SubjectVersion:
         refs = json.dumps([{"name": r.name, "subject": r.subject, "version": r.version} for r in references])
         # durable: a registered schema id may be in records on disk right after this returns.
+        added = self._add_version(subject, schema_type, schema, refs, fingerprint, expected_latest)
+        fault_point("schema-stored")
+        return added
+
+    def _add_version(
+        self, subject: str, schema_type: str, schema: str, refs: str, fingerprint: str, expected_latest: int | None
+    ) -> SubjectVersion:
         with self._tx(durable=True) as conn:
             row = conn.execute(
                 "SELECT schema_id FROM registry_schemas WHERE fingerprint = ?", (fingerprint,)

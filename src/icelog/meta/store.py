@@ -104,6 +104,19 @@ class TransactionRecord:
 
 
 @dataclass(frozen=True)
+class ProducerSnapshot:
+    """A partition's producer and transaction state after every batch below `offset` (log/snapshots.py).
+
+    `state` is an opaque encoding owned by the log layer; start-up replays only batches from `offset` on.
+    """
+
+    topic_id: uuid.UUID
+    partition: int
+    offset: int
+    state: str
+
+
+@dataclass(frozen=True)
 class TableColumn:
     """One column of an archive table with a schema: its Iceberg field id, allocated once and kept.
 
@@ -119,6 +132,9 @@ class TableColumn:
 
 class MetadataStore(RegistryStore, ABC):
     """Durable metadata shared by every layer. Each method commits atomically or raises StoreError.
+
+    Writes a client is answered about (topics, producer-id blocks, committed offsets, transactions,
+    registry writes, intake trims) are durable against power loss when the method returns.
 
     The schema registry's methods (`registry_*`) are declared in meta/registry.py.
     """
@@ -173,8 +189,20 @@ class MetadataStore(RegistryStore, ABC):
         """Indexed chunks (of one topic, or all), ordered by topic, partition and offset."""
 
     @abstractmethod
+    def intake_chunks_after(
+        self, topic_id: uuid.UUID, partition: int, offset: int, limit: int
+    ) -> list[IntakeChunk]:
+        """At most `limit` chunks of one partition holding offsets at or past `offset`, in offset order.
+
+        Its cost depends on `limit`, not on how many chunks are indexed (the archiver's poll uses it).
+        """
+
+    @abstractmethod
     def trim_intake(self, topic_id: uuid.UUID, partition: int, log_start_offset: int) -> None:
-        """Move a partition's log start forward and drop chunks wholly below it."""
+        """Move a partition's log start forward and drop chunks wholly below it; durable when it returns.
+
+        Callers delete intake files only after this returns (a file must never be gone while indexed).
+        """
 
     # -- archive state -------------------------------------------------------------------------
     @abstractmethod
@@ -234,6 +262,15 @@ class MetadataStore(RegistryStore, ABC):
     @abstractmethod
     def transactions(self) -> list[TransactionRecord]:
         """The state of every transactional id, sorted by id."""
+
+    # -- producer-state snapshots ------------------------------------------------------------------
+    @abstractmethod
+    def save_producer_snapshots(self, snapshots: Iterable[ProducerSnapshot]) -> None:
+        """Store partitions' producer-state snapshots (a snapshot never replaces a newer one)."""
+
+    @abstractmethod
+    def producer_snapshots(self) -> list[ProducerSnapshot]:
+        """The latest snapshot of every partition that has one."""
 
     @abstractmethod
     def close(self) -> None:

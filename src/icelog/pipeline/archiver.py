@@ -19,7 +19,6 @@ import logging
 import os
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +44,7 @@ from icelog.topic_configs.archive import ARCHIVE_TABLE, ArchiveTopicConfig, arch
 
 log = logging.getLogger(__name__)
 
+POLL_CHUNKS = 10_000  # intake chunks per partition one poll plans from (the rest wait for later passes)
 RECONCILE_EVERY_MS = 60_000  # re-read a table's offsets at least this often even when nothing is due
 
 # Test hook: kill the job process at a stage ("after-write": data files and a staged, never-published
@@ -149,17 +149,20 @@ class Archiver:
         self, topic: TopicRecord, config: ArchiveTopicConfig, force: bool = False
     ) -> TopicPassResult:
         now_ms = int(self.clock() * 1000)
-        chunks_by_partition: dict[int, list[IntakeChunk]] = defaultdict(list)
-        for chunk in self.store.intake_chunks(topic.topic_id):
-            chunks_by_partition[chunk.partition].append(chunk)
         partitions = self.store.partitions(topic.topic_id)
-        for part in partitions:
-            self.transactions.update(
-                topic.topic_id, part.partition, chunks_by_partition.get(part.partition, [])
-            )
         # Cheap look first, from the store's copy of the offsets: touch the catalog only when some
         # archive is due (or now and then, to notice a table changed behind our back).
         known = {s.partition: s.archived_offset for s in self.store.archive_states(topic.topic_id)}
+        # Only chunks past what is archived, and a bounded number: a poll costs the same whatever the
+        # intake holds (a backlog is taken POLL_CHUNKS at a time, pass after pass).
+        chunks_by_partition: dict[int, list[IntakeChunk]] = {
+            p.partition: self.store.intake_chunks_after(
+                topic.topic_id, p.partition, max(known.get(p.partition, 0), p.log_start_offset), POLL_CHUNKS
+            )
+            for p in partitions
+        }
+        for part in partitions:
+            self.transactions.update(topic.topic_id, part.partition, chunks_by_partition[part.partition])
         last_look = self._last_reconcile_ms.get(topic.topic_id, -1)
         due = self._plan(topic, config, partitions, chunks_by_partition, known, now_ms, force)
         if not due and 0 <= now_ms - last_look < RECONCILE_EVERY_MS:
@@ -170,6 +173,12 @@ class Archiver:
             self.ensure_table(config)
         committed = self.reconcile(topic, config)
         self._last_reconcile_ms[topic.topic_id] = now_ms
+        for part in partitions:  # the table is behind the store's copy: plan from the table's offsets
+            table_offset = max(committed.offsets.get(part.partition, 0), part.log_start_offset)
+            if table_offset < max(known.get(part.partition, 0), part.log_start_offset):
+                chunks_by_partition[part.partition] = self.store.intake_chunks_after(
+                    topic.topic_id, part.partition, table_offset, POLL_CHUNKS
+                )
         archives = self._plan(
             topic, config, partitions, chunks_by_partition, committed.offsets, now_ms, force
         )

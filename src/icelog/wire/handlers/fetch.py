@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from kafka.protocol.api_key import ApiKey
 from kafka.protocol.consumer import FetchResponse, ListOffsetsResponse
 
-from icelog.errors import KafkaApiError
+from icelog.errors import ErrorCode, KafkaApiError
 from icelog.wire.context import RequestContext, handles
 
 PartitionData = FetchResponse.FetchableTopicResponse.PartitionData
@@ -19,55 +20,123 @@ READ_COMMITTED = 1
 
 @handles(ApiKey.Fetch)
 async def fetch(ctx: RequestContext, request: Any) -> Any:
+    """A long poll: answer when min_bytes are readable or max_wait_ms has passed.
+
+    File reads run on a worker thread (the event loop never waits on the disk); the long-poll waiters
+    are cancelled, and so leave their partitions, whenever the Fetch ends.
+    """
     logs = ctx.broker.logs
     max_bytes = request.max_bytes if ctx.api_version >= 3 else 0x7FFFFFFF
     deadline = time.monotonic() + max(request.max_wait_ms, 0) / 1000
-    while True:
-        responses, total_bytes, waiters = _read_all(ctx, request, logs, max_bytes)
-        remaining = deadline - time.monotonic()
-        if total_bytes >= max(request.min_bytes, 1) or remaining <= 0 or not waiters:
-            return FetchResponse(throttle_time_ms=0, error_code=0, session_id=0, responses=responses)
-        _, unfinished = await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-        for waiter in unfinished:
-            waiter.cancel()
-
-
-def _read_all(ctx: RequestContext, request: Any, logs: Any, max_bytes: int) -> tuple[list[Any], int, list[Any]]:
-    responses = []
-    total = 0
-    waiters = []
     read_committed = ctx.api_version >= 4 and request.isolation_level == READ_COMMITTED
+    while True:
+        plan = _plan(request, logs, read_committed)
+        if any(item.readable for item in plan):
+            total = await asyncio.to_thread(_read_planned, plan, max_bytes)
+        else:
+            total = 0
+        remaining = deadline - time.monotonic()
+        idle = [item for item in plan if item.error == 0 and not item.records and not item.readable]
+        if total >= max(request.min_bytes, 1) or remaining <= 0 or not idle:
+            return FetchResponse(throttle_time_ms=0, error_code=0, session_id=0, responses=_responses(request, plan))
+        waiters = [item.part.data_waiter() for item in idle]
+        try:
+            # Data may have landed while the reads ran on the worker thread: look again at once.
+            if not any(item.end() > item.seen_end for item in idle):
+                await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+
+@dataclass
+class _PartitionRead:
+    """One partition of a Fetch: what the event loop decided, then what the worker thread read."""
+
+    data: Any
+    part: Any = None
+    offset: int = 0
+    partition_max_bytes: int = 0
+    upper: int | None = None
+    read_committed: bool = False
+    seen_end: int = 0  # the end (LSO or high watermark) when planned
+    error: int = 0
+    records: bytes = b""
+
+    @property
+    def readable(self) -> bool:
+        return self.error == 0 and self.offset < self.seen_end
+
+    def end(self) -> int:
+        return self.part.last_stable_offset if self.read_committed else self.part.high_watermark
+
+
+def _plan(request: Any, logs: Any, read_committed: bool) -> list[_PartitionRead]:
+    """On the event loop: offsets, watermarks and aborted ranges of every partition asked for."""
+    plan = []
     for topic in request.topics:
-        partitions = []
         for req in topic.partitions:
             data = PartitionData(
                 partition_index=req.partition, error_code=0, high_watermark=-1, last_stable_offset=-1,
                 log_start_offset=-1, aborted_transactions=None, preferred_read_replica=-1, records=b"",
             )
-            partitions.append(data)
+            item = _PartitionRead(data, offset=req.fetch_offset, partition_max_bytes=req.partition_max_bytes,
+                                  read_committed=read_committed)
+            plan.append(item)
             try:
                 _, part = logs.partition(topic.topic, req.partition)
                 data.high_watermark = part.high_watermark
                 data.last_stable_offset = stable = part.last_stable_offset
                 data.log_start_offset = part.log_start_offset
-                budget = min(req.partition_max_bytes, max_bytes - total)
-                upper = stable if read_committed else None
-                batches = part.read(req.fetch_offset, budget, upper) if budget > 0 or total == 0 else []
+                part.check_fetch_offset(req.fetch_offset)
             except KafkaApiError as exc:
-                data.error_code = int(exc.code)
+                item.error = data.error_code = int(exc.code)
                 continue
+            item.part = part
+            item.upper = stable if read_committed else None
+            item.seen_end = stable if read_committed else part.high_watermark
             if read_committed:  # the reader drops these producers' records up to their abort markers
                 data.aborted_transactions = [
                     PartitionData.AbortedTransaction(producer_id=r.producer_id, first_offset=r.first_offset)
                     for r in part.aborted_ranges(req.fetch_offset, stable)
                 ]
-            if batches:
-                data.records = batches[0] if len(batches) == 1 else b"".join(batches)
-                total += len(data.records)
-            elif req.fetch_offset >= (stable if read_committed else part.high_watermark):
-                waiters.append(part.data_waiter())
-        responses.append(FetchResponse.FetchableTopicResponse(topic=topic.topic, partitions=partitions))
-    return responses, total, waiters
+    return plan
+
+
+def _read_planned(plan: list[_PartitionRead], max_bytes: int) -> int:
+    """On a worker thread: read each partition's batches within the request's byte budget."""
+    total = 0
+    for item in plan:
+        if not item.readable:
+            continue
+        budget = min(item.partition_max_bytes, max_bytes - total)
+        if budget <= 0 and total > 0:
+            continue
+        try:
+            batches = item.part.read(item.offset, budget, item.upper)
+        except KafkaApiError as exc:  # retention moved the log start past the offset meanwhile
+            item.error = item.data.error_code = int(exc.code)
+            continue
+        except FileNotFoundError:  # ... and deleted the file: the offset is below the log start now
+            item.error = item.data.error_code = int(ErrorCode.OFFSET_OUT_OF_RANGE)
+            continue
+        if batches:
+            item.records = batches[0] if len(batches) == 1 else b"".join(batches)
+            total += len(item.records)
+    return total
+
+
+def _responses(request: Any, plan: list[_PartitionRead]) -> list[Any]:
+    out = []
+    items = iter(plan)
+    for topic in request.topics:
+        partitions = []
+        for _ in topic.partitions:
+            item = next(items)
+            item.data.records = item.records
+            partitions.append(item.data)
+        out.append(FetchResponse.FetchableTopicResponse(topic=topic.topic, partitions=partitions))
+    return out
 
 
 @handles(ApiKey.ListOffsets)

@@ -169,7 +169,7 @@ async def offset_commit(ctx: RequestContext, request: Any) -> Any:
                 )
             )
         topics.append(OffsetCommitResponse.OffsetCommitResponseTopic(name=topic.name, partitions=partitions))
-    groups.commit(request.group_id, offsets)
+    await groups.commit(request.group_id, offsets)
     return OffsetCommitResponse(throttle_time_ms=0, topics=topics)
 
 
