@@ -26,7 +26,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from icelog.config import Settings
 from icelog.meta.store import MetadataStore
 from icelog.pipeline.archiver import Archiver
-from icelog.schema.iceberg_types import WRAPPERS, is_map
+from icelog.schema.archive.iceberg_types import WRAPPERS, is_map
 from icelog.schema.protobuf_schema import build_pool, compile_schema, encode_envelope
 
 EVERYTHING = (Path(__file__).parent / "protos" / "everything.proto").read_text()
@@ -317,7 +317,7 @@ def records_of(settings: Settings, topic: str) -> list[Any]:
     """Column records (path, field id) of the table's current schema, from its metadata file."""
     from pyiceberg.schema import Schema
 
-    from icelog.schema.iceberg_types import records_from_schema
+    from icelog.schema.archive.iceberg_types import records_from_schema
 
     meta = table_metadata(settings, topic)
     [schema] = [s for s in meta["schemas"] if s["schema-id"] == meta["current-schema-id"]]

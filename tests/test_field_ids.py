@@ -10,8 +10,8 @@ import pytest
 from google.protobuf import message_factory
 
 from icelog.meta.store import TableColumn
-from icelog.schema.field_ids import evolve
-from icelog.schema.iceberg_types import (
+from icelog.schema.archive.field_ids import evolve
+from icelog.schema.archive.iceberg_types import (
     arrow_schema,
     column_tree,
     iceberg_schema,
@@ -19,7 +19,7 @@ from icelog.schema.iceberg_types import (
     spark_ddl,
     table_columns,
 )
-from icelog.schema.proto_decode import SideDecoder, SideDecoding
+from icelog.schema.archive.proto_decode import SideDecoder, SideDecoding
 from icelog.schema.protobuf_schema import compile_schema, encode_envelope, message_descriptor
 
 EVERYTHING = (Path(__file__).parent / "protos" / "everything.proto").read_text()

@@ -24,8 +24,8 @@ from icelog.config import Settings
 from icelog.lake.layout import archive_table_ddl
 from icelog.lake.topic_config import ArchiveTopicConfig
 from icelog.meta.store import MetadataStore, TableColumn, TopicRecord
-from icelog.schema.field_ids import evolve
-from icelog.schema.iceberg_types import (
+from icelog.schema.archive.field_ids import evolve
+from icelog.schema.archive.iceberg_types import (
     arrow_schema,
     column_tree,
     iceberg_schema,
@@ -33,9 +33,9 @@ from icelog.schema.iceberg_types import (
     spark_ddl,
     table_columns,
 )
-from icelog.schema.proto_decode import SideDecoding
+from icelog.schema.archive.proto_decode import SideDecoding
+from icelog.schema.archive.registry_source import LatestSchema, RegistrySchemas
 from icelog.schema.protobuf_schema import message_descriptor
-from icelog.schema.registry_fetch import LatestSchema, RegistrySchemas
 from icelog.schema.topic_config import SIDES, side_config
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, message_factory
 
-from icelog.schema.iceberg_types import ERR, PREFIX, RAW, Column
-from icelog.schema.proto_values import FieldPart, column_values, struct_converter, struct_parts
+from icelog.schema.archive.iceberg_types import ERR, PREFIX, RAW, Column
+from icelog.schema.archive.proto_values import FieldPart, column_values, struct_converter, struct_parts
 from icelog.schema.protobuf_schema import build_pool, main_file_of, message_name_at, parse_envelope
 
 
@@ -161,7 +161,7 @@ def error_row(exc: Exception, payload: bytes) -> dict[str, Any]:
 
 def fetch_schema_by_id(url: str | None, schema_id: int) -> descriptor_pb2.FileDescriptorSet:
     """A schema (and its references) by id from the registry, compiled."""
-    from icelog.schema.registry_fetch import RegistrySchemas
+    from icelog.schema.archive.registry_source import RegistrySchemas
 
     if not url:
         raise LookupError(f"schema id {schema_id} is unknown and no registry is configured")
