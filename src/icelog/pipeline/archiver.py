@@ -165,7 +165,7 @@ class Archiver:
         if not due and 0 <= now_ms - last_look < RECONCILE_EVERY_MS:
             return TopicPassResult(topic.name, offsets=known)
         # The latest registry schemas (None: raw layout) decide the table's columns before anything is read.
-        schema = self.schemas.resolve(topic, config, self.table_name(config))
+        schema = self.schemas.resolve(topic, config, self.table_name(config), due)
         if schema is None:
             self.ensure_table(config)
         committed = self.reconcile(topic, config)
