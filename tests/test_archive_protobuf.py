@@ -327,3 +327,25 @@ def records_of(settings: Settings, topic: str) -> list[Any]:
     meta = table_metadata(settings, topic)
     [schema] = [s for s in meta["schemas"] if s["schema-id"] == meta["current-schema-id"]]
     return records_from_schema(Schema.model_validate(schema))
+
+
+RESERVED = """syntax = "proto3"; package rs;
+message Inner { string amount__v1 = 1; }
+message M { string id = 1; bytes __raw__ = 2; Inner inner = 3; }"""
+
+
+def test_reserved_field_names_are_refused_with_a_clear_error(
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_store: MetadataStore,
+) -> None:
+    """A message with a field named like the archive's own columns is refused, visibly and before Spark runs."""
+    topic = "pb-reserved"
+    create_topic(lake_broker, topic, partitions=1)
+    registry = SchemaRegistryClient({"url": lake_broker.registry_url})
+    _, (m,) = message_classes(RESERVED, "rs.M")
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    produce_all(lake_broker, topic, [(None, serializer(m, registry)(m(id="a"), ctx))])
+    [result] = lake_archiver.run_pass(force=True, topics=[topic])
+    assert result.records == 0 and "ReservedFieldNameError" in result.error and "'__raw__'" in result.error
+    assert "icelog.schema.value=none" in result.error  # the fix is in the message
+    [state] = lake_store.archive_states(lake_store.get_topic(topic).topic_id)
+    assert state.archived_offset == 0 and "__raw__" in state.last_error  # what `icelog status` shows

@@ -219,3 +219,22 @@ def test_lossless_rows_drop_raw_and_rebuild_byte_identical() -> None:
     for payload, row in zip(payloads, rows, strict=True):
         assert rebuild_payload(row, _Fixed(fds)) == payload
     assert rebuild_payload(None, _Fixed(fds)) is None
+
+
+def test_registry_outage_in_a_worker_fails_the_task_not_the_row() -> None:
+    """A schema id the worker must fetch from an unreachable registry raises (pass retried), never an __err__ row."""
+    from conftest import free_port
+
+    from icelog.schema.archive.registry_source import RegistryUnavailableError, SourceSpec
+
+    fds = compile_schema(V1, {})
+    d = message_descriptor(fds, None, "ev.M")
+    records = evolve(table_columns(None, d), [])
+    spec = SourceSpec("http", f"http://127.0.0.1:{free_port()}")
+    dec = SideDecoder(SideDecoding("value", column_tree(records, "value"), 1, {1: fds.SerializeToString()}, "ev.M",
+                                   spec))
+    payload = encode_envelope(42, [0]) + b"\x0a\x01x"
+    with pytest.raises(RegistryUnavailableError):
+        dec.decode(payload)
+    with pytest.raises(RegistryUnavailableError):
+        dec.decode_many([encode_envelope(1, [0]) + b"\x0a\x01y", payload], arrow_schema(records).field("value").type)
