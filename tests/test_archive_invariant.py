@@ -25,10 +25,12 @@ from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from conftest import BrokerProcess
 
+from icelog.lake import iceberg_java
 from icelog.meta.store import MetadataStore
 from icelog.pipeline.archiver import Archiver
+from icelog.pipeline.table_schema import message_property
 from icelog.schema.archive.rebuild import Rebuilder, rebuild_headers
-from icelog.schema.archive.registry_source import StoreSchemaSource
+from icelog.schema.archive.registry_source import HttpSchemaSource, SchemaNotFoundError, StoreSchemaSource
 from icelog.schema.protobuf_schema import encode_envelope
 
 pytestmark = pytest.mark.slow
@@ -175,5 +177,22 @@ def test_every_archived_row_rebuilds_what_consumers_read(
     assert by_key[b"unknown-field"]["__raw__"] is not None and by_key[b"no-envelope"]["__raw__"] is not None
     assert "inv.Inner" in by_key[b"inner"]["__err__"] and by_key[b"inner"]["__raw__"] is not None
     assert by_key[b"garbage"]["__err__"] and by_key[b"no-such-schema"]["__err__"]
+    # The choice is remembered on the table, so later payloads of other messages cannot flip its columns.
+    order_table = lake_archiver.table_name(lake_archiver.topic_config(lake_store.get_topic(order_topic)))
+    properties = iceberg_java.table_properties(iceberg_java.load_table(lake_spark, order_table))
+    assert properties[message_property("value")] == "inv.Order"
     coerced = table_rows(lake_spark, coerce_topic)
     assert all(r["value"]["__prefix__"] is not None and r["value"]["__raw__"] is None for r in coerced)
+
+    # The two schema sources agree: the store (embedded registry, what the archiver reads) and HTTP
+    # (what it reads with registry_url), here against the broker's embedded registry.
+    http, local = HttpSchemaSource(lake_broker.registry_url), StoreSchemaSource(lake_store)
+    for subject in (f"{order_topic}-value", f"{coerce_topic}-value"):
+        over_http, in_store = http.latest(subject), local.latest(subject)
+        assert over_http is not None and over_http == in_store
+        assert http.versions(subject) == local.versions(subject) == [over_http.schema_id]
+    assert http.latest("inv-no-such-subject") is None and local.latest("inv-no-such-subject") is None
+    with pytest.raises(SchemaNotFoundError):
+        http.by_id(987654)
+    with pytest.raises(SchemaNotFoundError):
+        local.by_id(987654)

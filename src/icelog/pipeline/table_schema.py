@@ -156,6 +156,7 @@ class TableSchemas:
         self.intake_dir = str(Path(settings.data_dir).resolve() / "intake")
         self._source: SchemaSource | None = None
         self._compiled: dict[int, descriptor_pb2.FileDescriptorSet] = {}  # schema id → compiled, across passes
+        self._version_ids: dict[tuple[str, int], int] = {}  # (subject, version) → schema id, across passes
         self._latest: dict[str, LatestSchema | None] = {}
 
     def begin_pass(self) -> None:
@@ -167,7 +168,7 @@ class TableSchemas:
         if self._source is None:
             assert self.spec is not None
             if self.spec.kind == "http":
-                self._source = HttpSchemaSource(self.spec.location, self._compiled)
+                self._source = HttpSchemaSource(self.spec.location, self._compiled, self._version_ids)
             else:  # the embedded registry: the archiver's own store holds its state
                 self._source = StoreSchemaSource(self.store, self._compiled)
         return self._source

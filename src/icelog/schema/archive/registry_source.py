@@ -122,9 +122,16 @@ class StoreSchemaSource(_Compiled):
 class HttpSchemaSource(_Compiled):
     """An external Confluent-compatible registry (`registry_url`), over HTTP."""
 
-    def __init__(self, url: str, compiled: dict[int, descriptor_pb2.FileDescriptorSet] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        compiled: dict[int, descriptor_pb2.FileDescriptorSet] | None = None,
+        version_ids: dict[tuple[str, int], int] | None = None,
+    ) -> None:
         super().__init__(compiled)
         self.url = url.rstrip("/")
+        # (subject, version) → schema id never changes either: one request per new version, not per pass.
+        self._version_ids = version_ids if version_ids is not None else {}
 
     def _get(self, path: str) -> Any:
         """The JSON body, or None on 404; RegistryUnavailableError when the registry cannot answer."""
@@ -153,9 +160,13 @@ class HttpSchemaSource(_Compiled):
         numbers = self._get(f"/subjects/{quote(subject, safe='')}/versions?deleted=true") or []
         ids = []
         for number in numbers:
-            body = self._get(f"/subjects/{quote(subject, safe='')}/versions/{int(number)}?deleted=true")
-            if body is not None:
-                ids.append(int(body["id"]))
+            known = self._version_ids.get((subject, int(number)))
+            if known is None:
+                body = self._get(f"/subjects/{quote(subject, safe='')}/versions/{int(number)}?deleted=true")
+                if body is None:
+                    continue
+                known = self._version_ids[(subject, int(number))] = int(body["id"])
+            ids.append(known)
         return ids
 
     def by_id(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet:
