@@ -27,6 +27,8 @@ from icelog.config import Settings
 from icelog.meta.store import MetadataStore
 from icelog.pipeline.archiver import Archiver
 from icelog.schema.archive.iceberg_types import WRAPPERS, is_map
+from icelog.schema.archive.rebuild import Rebuilder
+from icelog.schema.archive.registry_source import StoreSchemaSource
 from icelog.schema.protobuf_schema import build_pool, compile_schema, encode_envelope
 
 EVERYTHING = (Path(__file__).parent / "protos" / "everything.proto").read_text()
@@ -229,7 +231,8 @@ def test_evolution_keeps_field_ids_and_old_rows(
 
     # v1: the table is created with schema id 0.
     v1 = serializer(m1, registry)
-    produce_all(lake_broker, topic, [(None, v1(m1(id=f"a{i}", amount=i, note="n", tags=[i]), ctx)) for i in range(3)])
+    produced: list[bytes] = [v1(m1(id=f"a{i}", amount=i, note="n", tags=[i]), ctx) for i in range(3)]
+    produce_all(lake_broker, topic, [(None, p) for p in produced])
     registry.set_compatibility(subject_name=subject, level="NONE")  # v3 changes a type on purpose
     assert lake_archiver.run_pass(force=True, topics=[topic])[0].records == 3
     meta = table_metadata(lake_settings, topic)
@@ -238,8 +241,8 @@ def test_evolution_keeps_field_ids_and_old_rows(
 
     # v2 adds `flag`; a record still written with v1's schema id is decoded with v1 (fetched by id).
     v2 = serializer(m2, registry)
-    produce_all(lake_broker, topic, [(None, v2(m2(id="b0", amount=10, note="n2", flag=True), ctx)),
-                                     (None, v1(m1(id="a-late", amount=5, note="late"), ctx))])
+    produced += [v2(m2(id="b0", amount=10, note="n2", flag=True), ctx), v1(m1(id="a-late", amount=5, note="late"), ctx)]
+    produce_all(lake_broker, topic, [(None, p) for p in produced[3:]])
     assert lake_archiver.run_pass(force=True, topics=[topic])[0].records == 2
     meta = table_metadata(lake_settings, topic)
     assert meta["current-schema-id"] == 1
@@ -249,7 +252,8 @@ def test_evolution_keeps_field_ids_and_old_rows(
 
     # v3 removes `note` and changes the types of `amount` and `tags`.
     v3 = serializer(m3, registry)
-    produce_all(lake_broker, topic, [(None, v3(m3(id="c0", amount="ten", tags=["t"], flag=False), ctx))])
+    produced.append(v3(m3(id="c0", amount="ten", tags=["t"], flag=False), ctx))
+    produce_all(lake_broker, topic, [(None, produced[-1])])
     assert lake_archiver.run_pass(force=True, topics=[topic])[0].records == 1
     meta = table_metadata(lake_settings, topic)
     assert meta["current-schema-id"] == 2
@@ -274,6 +278,11 @@ def test_evolution_keeps_field_ids_and_old_rows(
         ("a-late", None, 5, "late", None, None, []),
         ("c0", "ten", None, None, False, ["t"], None),
     ]
+    # ...and rebuilds the bytes produced, also the rows whose columns were renamed since (amount__v1, tags__v1).
+    values = [r["value"] for r in rows(lake_spark, topic)]
+    assert values[0]["__raw__"] is None  # a lossless v1 row: rebuilt from its columns only
+    rebuild = Rebuilder(StoreSchemaSource(lake_store))
+    assert [rebuild.payload(v) for v in values] == produced
 
 
 def test_registry_outage_spares_raw_topics_fails_required_ones_then_a_raw_table_gains_a_schema(
