@@ -358,3 +358,66 @@ def test_reserved_field_names_are_refused_with_a_clear_error(
     assert "icelog.schema.value=none" in result.error  # the fix is in the message
     [state] = lake_store.archive_states(lake_store.get_topic(topic).topic_id)
     assert state.archived_offset == 0 and "__raw__" in state.last_error  # what `icelog status` shows
+
+
+def test_registry_outage_seen_by_a_worker_fails_the_pass_never_an_err_row(
+    lake_broker: BrokerProcess, lake_spark: Any, lake_settings: Settings, lake_store: MetadataStore,
+) -> None:
+    """A schema id only a Spark worker fetches, while the registry fails: the pass fails, the next one decodes it."""
+    import threading
+    import urllib.error
+    import urllib.request
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from confluent_kafka.schema_registry import Schema
+
+    topic = "pb-worker-outage"
+    create_topic(lake_broker, topic, partitions=1)
+    registry = SchemaRegistryClient({"url": lake_broker.registry_url})
+    _, (m1,) = message_classes(V1, "ev.M")
+    _, (m2,) = message_classes(V2, "ev.M")
+    # Another subject's schema of the same message: not a version of the topic's subject, so not shipped to the
+    # workers; the worker that meets it asks the registry.
+    other_id = registry.register_schema(f"{topic}-other", Schema(V2, "PROTOBUF"))
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    other = encode_envelope(other_id, [0]) + m2(id="b", amount=2, flag=True).SerializeToString()
+    produce_all(lake_broker, topic, [(None, serializer(m1, registry)(m1(id="a", amount=1), ctx)), (None, other)])
+    topic_id = lake_store.get_topic(topic).topic_id
+
+    failing = threading.Event()
+    failing.set()
+
+    class Proxy(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if failing.is_set() and self.path.startswith(f"/schemas/ids/{other_id}"):
+                self.send_response(503)
+                self.end_headers()
+                return
+            try:
+                with urllib.request.urlopen(lake_broker.registry_url + self.path, timeout=10) as upstream:
+                    status, body = upstream.status, upstream.read()
+            except urllib.error.HTTPError as exc:  # 404s are answers too
+                status, body = exc.code, exc.read()
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settings = lake_settings.model_copy(update={"registry_url": f"http://127.0.0.1:{server.server_port}"})
+        archiver = Archiver(settings, lake_spark, lake_store)
+        [failed] = archiver.run_pass(force=True, topics=[topic])
+        assert failed.error and failed.records == 0
+        assert [s.archived_offset for s in lake_store.archive_states(topic_id)] == [0]
+        failing.clear()  # the registry is back: the same records are archived, decoded
+        [done] = archiver.run_pass(force=True, topics=[topic])
+        assert not done.error and done.records == 2
+    finally:
+        server.shutdown()
+    got = rows(lake_spark, topic, "value.id AS id, value.amount AS amount, value.__err__ AS err, value.__raw__ AS raw")
+    assert [(r["id"], r["amount"], r["err"]) for r in got] == [("a", 1, None), ("b", 2, None)]
+    assert bytes(got[1]["raw"]) == other  # v2's `flag` has no column in this table: the bytes are kept
