@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import time
 import uuid
 from collections import defaultdict
@@ -281,6 +282,20 @@ def fault_point(name: str) -> None:
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of an error (Py4J errors carry whole Java stack traces), at most 500 characters."""
+    """The first line of an error (Py4J errors carry whole Java stack traces), at most 500 characters.
+
+    For an exception raised in a Spark Python worker (whose first line only says so) it is the worker's own
+    `SomeError: message` line, e.g. the schema registry being unreachable.
+    """
     text = str(exc).strip().splitlines()
-    return text[0][:500] if text else ""
+    if not text:
+        return ""
+    if "Python worker" in text[0]:
+        for line in reversed(text):
+            cause = _WORKER_CAUSE.match(line)
+            if cause:
+                return f"{cause.group(1)}: {cause.group(2)}"[:500]
+    return text[0][:500]
+
+
+_WORKER_CAUSE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$")
