@@ -39,12 +39,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import BrokerProcess  # noqa: E402
 
 from icelog.config import load_settings  # noqa: E402
+from icelog.lake.iceberg_java import load_table  # noqa: E402
 from icelog.lake.layout import archive_table_ddl, quote_identifier  # noqa: E402
 from icelog.meta.store import open_store  # noqa: E402
 from icelog.pipeline.archiver import Archiver  # noqa: E402
 from icelog.pipeline.decode import decode_archive  # noqa: E402
 from icelog.pipeline.plan import ChunkRef, PlannedArchive  # noqa: E402
-from icelog.pipeline.reconcile import OFFSETS_PROPERTY, decode_offsets, load_iceberg_table  # noqa: E402
+from icelog.pipeline.reconcile import OFFSETS_PROPERTY, decode_offsets  # noqa: E402
 
 RECORD_SIZE = 100
 PARTITIONS = 4
@@ -223,7 +224,7 @@ def freshness(broker: BrokerProcess, settings: Any, spark: Any, seconds: float, 
         archiver.wait(30)
         store.close()
     # Every snapshot's commit time and the offsets it made visible.
-    table = load_iceberg_table(spark, quote_identifier(settings.archive.catalog_name, "icelog", topic))
+    table = load_table(spark, quote_identifier(settings.archive.catalog_name, "icelog", topic))
     commits = sorted(
         (int(s.timestampMillis()), decode_offsets(str(s.summary().get(OFFSETS_PROPERTY))))
         for s in table.snapshots()

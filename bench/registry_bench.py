@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import BrokerProcess  # noqa: E402
 
 from icelog.meta.sqlite import SqliteStore  # noqa: E402
-from icelog.schema.enforcement import Enforcer, LocalSchemaSource  # noqa: E402
+from icelog.schema.enforce.enforcement import Enforcer, LocalSchemaSource  # noqa: E402
 from icelog.schema.protobuf_schema import compile_schema, message_descriptor  # noqa: E402
 from icelog.schema.registry.service import RegistryService  # noqa: E402
 from icelog.topic_configs.schema import side_config  # noqa: E402

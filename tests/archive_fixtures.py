@@ -45,7 +45,7 @@ def lake_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProc
 
 @pytest.fixture(scope="session")
 def lake_settings(lake_broker: BrokerProcess) -> Settings:
-    # The archiver reads schemas from the lake broker's embedded registry (raw topics: no subject there).
+    # The archiver reads the embedded registry's schemas from this data dir's metadata store (no HTTP).
     return load_settings(data_dir=str(lake_broker.data_dir), registry_listen=f"127.0.0.1:{lake_broker.registry_port}")
 
 

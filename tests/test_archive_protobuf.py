@@ -26,7 +26,9 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from icelog.config import Settings
 from icelog.meta.store import MetadataStore
 from icelog.pipeline.archiver import Archiver
-from icelog.schema.iceberg_types import WRAPPERS, is_map
+from icelog.schema.archive.iceberg_types import WRAPPERS, is_map
+from icelog.schema.archive.rebuild import Rebuilder
+from icelog.schema.archive.registry_source import StoreSchemaSource
 from icelog.schema.protobuf_schema import build_pool, compile_schema, encode_envelope
 
 EVERYTHING = (Path(__file__).parent / "protos" / "everything.proto").read_text()
@@ -175,7 +177,8 @@ def test_every_type_round_trips_and_invalid_payloads_pass_through(
 
     for row, message, (key_bytes, value_bytes) in zip(got, messages, produced, strict=False):
         value = row["value"]
-        assert value["__raw__"] is None and value["__err__"] is None
+        # Maps, Timestamps and JSON columns are not exact images of their fields: __raw__ keeps the bytes.
+        assert value["__err__"] is None and bytes(value["__raw__"]) == value_bytes
         assert value["__prefix__"] == value_bytes[: len(value["__prefix__"])]  # type: ignore[index]
         assert as_message(cls, pool, value) == message
         # The key has a schema too (<topic>-key): its fields, and __raw__ always.
@@ -228,7 +231,8 @@ def test_evolution_keeps_field_ids_and_old_rows(
 
     # v1: the table is created with schema id 0.
     v1 = serializer(m1, registry)
-    produce_all(lake_broker, topic, [(None, v1(m1(id=f"a{i}", amount=i, note="n", tags=[i]), ctx)) for i in range(3)])
+    produced: list[bytes] = [v1(m1(id=f"a{i}", amount=i, note="n", tags=[i]), ctx) for i in range(3)]
+    produce_all(lake_broker, topic, [(None, p) for p in produced])
     registry.set_compatibility(subject_name=subject, level="NONE")  # v3 changes a type on purpose
     assert lake_archiver.run_pass(force=True, topics=[topic])[0].records == 3
     meta = table_metadata(lake_settings, topic)
@@ -237,8 +241,8 @@ def test_evolution_keeps_field_ids_and_old_rows(
 
     # v2 adds `flag`; a record still written with v1's schema id is decoded with v1 (fetched by id).
     v2 = serializer(m2, registry)
-    produce_all(lake_broker, topic, [(None, v2(m2(id="b0", amount=10, note="n2", flag=True), ctx)),
-                                     (None, v1(m1(id="a-late", amount=5, note="late"), ctx))])
+    produced += [v2(m2(id="b0", amount=10, note="n2", flag=True), ctx), v1(m1(id="a-late", amount=5, note="late"), ctx)]
+    produce_all(lake_broker, topic, [(None, p) for p in produced[3:]])
     assert lake_archiver.run_pass(force=True, topics=[topic])[0].records == 2
     meta = table_metadata(lake_settings, topic)
     assert meta["current-schema-id"] == 1
@@ -248,7 +252,8 @@ def test_evolution_keeps_field_ids_and_old_rows(
 
     # v3 removes `note` and changes the types of `amount` and `tags`.
     v3 = serializer(m3, registry)
-    produce_all(lake_broker, topic, [(None, v3(m3(id="c0", amount="ten", tags=["t"], flag=False), ctx))])
+    produced.append(v3(m3(id="c0", amount="ten", tags=["t"], flag=False), ctx))
+    produce_all(lake_broker, topic, [(None, produced[-1])])
     assert lake_archiver.run_pass(force=True, topics=[topic])[0].records == 1
     meta = table_metadata(lake_settings, topic)
     assert meta["current-schema-id"] == 2
@@ -273,27 +278,36 @@ def test_evolution_keeps_field_ids_and_old_rows(
         ("a-late", None, 5, "late", None, None, []),
         ("c0", "ten", None, None, False, ["t"], None),
     ]
+    # ...and rebuilds the bytes produced, also the rows whose columns were renamed since (amount__v1, tags__v1).
+    values = [r["value"] for r in rows(lake_spark, topic)]
+    assert values[0]["__raw__"] is None  # a lossless v1 row: rebuilt from its columns only
+    rebuild = Rebuilder(StoreSchemaSource(lake_store))
+    assert [rebuild.payload(v) for v in values] == produced
 
 
-def test_registry_outage_fails_cleanly_then_a_raw_table_gains_a_schema(
+def test_registry_outage_spares_raw_topics_fails_required_ones_then_a_raw_table_gains_a_schema(
     lake_broker: BrokerProcess, lake_spark: Any, lake_archiver: Archiver, lake_settings: Settings,
     lake_store: MetadataStore,
 ) -> None:
     from conftest import free_port
 
-    topic = "pb-late-schema"
+    topic, strict = "pb-late-schema", "pb-late-strict"
     create_topic(lake_broker, topic, partitions=1)
+    create_topic(lake_broker, strict, partitions=1, configs={"icelog.schema.value": "topic-name"})
     produce_all(lake_broker, topic, [(None, f"raw-{i}".encode()) for i in range(3)])
-    topic_id = lake_store.get_topic(topic).topic_id
+    produce_all(lake_broker, strict, [(None, b"x")])
+    strict_id = lake_store.get_topic(strict).topic_id
 
-    # Nothing listens where this archiver looks for the registry: the pass fails, nothing is archived.
-    down = lake_settings.model_copy(update={"registry_listen": f"127.0.0.1:{free_port()}"})
-    [failed] = Archiver(down, lake_spark, lake_store).run_pass(force=True, topics=[topic])
-    assert failed.error and failed.records == 0
-    assert all(s.archived_offset == 0 and s.last_error for s in lake_store.archive_states(topic_id))
+    # An external registry that nothing answers: a topic without a schema still archives (raw bytes)...
+    down = lake_settings.model_copy(update={"registry_url": f"http://127.0.0.1:{free_port()}"})
+    [raw] = Archiver(down, lake_spark, lake_store).run_pass(force=True, topics=[topic])
+    assert not raw.error and raw.records == 3
+    # ...while one that requires its subject fails cleanly (retried next pass), nothing archived.
+    [failed] = Archiver(down, lake_spark, lake_store).run_pass(force=True, topics=[strict])
+    assert "unreachable" in failed.error and failed.records == 0
+    assert all(s.archived_offset == 0 and s.last_error for s in lake_store.archive_states(strict_id))
 
     # No subject yet: the raw layout, exactly as for any raw topic.
-    assert lake_archiver.run_pass(force=True, topics=[topic])[0].records == 3
     raw_ids = {c.path: c.field_id for c in records_of(lake_settings, topic)}
     assert set(raw_ids) >= {"value.__raw__", "key.__raw__"} and "value.id" not in raw_ids
     assert lake_store.table_columns(f"icelog.{topic}") == []
@@ -317,8 +331,93 @@ def records_of(settings: Settings, topic: str) -> list[Any]:
     """Column records (path, field id) of the table's current schema, from its metadata file."""
     from pyiceberg.schema import Schema
 
-    from icelog.schema.iceberg_types import records_from_schema
+    from icelog.schema.archive.iceberg_types import records_from_schema
 
     meta = table_metadata(settings, topic)
     [schema] = [s for s in meta["schemas"] if s["schema-id"] == meta["current-schema-id"]]
     return records_from_schema(Schema.model_validate(schema))
+
+
+RESERVED = """syntax = "proto3"; package rs;
+message Inner { string amount__v1 = 1; }
+message M { string id = 1; bytes __raw__ = 2; Inner inner = 3; }"""
+
+
+def test_reserved_field_names_are_refused_with_a_clear_error(
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_store: MetadataStore,
+) -> None:
+    """A message with a field named like the archive's own columns is refused, visibly and before Spark runs."""
+    topic = "pb-reserved"
+    create_topic(lake_broker, topic, partitions=1)
+    registry = SchemaRegistryClient({"url": lake_broker.registry_url})
+    _, (m,) = message_classes(RESERVED, "rs.M")
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    produce_all(lake_broker, topic, [(None, serializer(m, registry)(m(id="a"), ctx))])
+    [result] = lake_archiver.run_pass(force=True, topics=[topic])
+    assert result.records == 0 and "ReservedFieldNameError" in result.error and "'__raw__'" in result.error
+    assert "icelog.schema.value=none" in result.error  # the fix is in the message
+    [state] = lake_store.archive_states(lake_store.get_topic(topic).topic_id)
+    assert state.archived_offset == 0 and "__raw__" in state.last_error  # what `icelog status` shows
+
+
+def test_registry_outage_seen_by_a_worker_fails_the_pass_never_an_err_row(
+    lake_broker: BrokerProcess, lake_spark: Any, lake_settings: Settings, lake_store: MetadataStore,
+) -> None:
+    """A schema id only a Spark worker fetches, while the registry fails: the pass fails, the next one decodes it."""
+    import threading
+    import urllib.error
+    import urllib.request
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from confluent_kafka.schema_registry import Schema
+
+    topic = "pb-worker-outage"
+    create_topic(lake_broker, topic, partitions=1)
+    registry = SchemaRegistryClient({"url": lake_broker.registry_url})
+    _, (m1,) = message_classes(V1, "ev.M")
+    _, (m2,) = message_classes(V2, "ev.M")
+    # Another subject's schema of the same message: not a version of the topic's subject, so not shipped to the
+    # workers; the worker that meets it asks the registry.
+    other_id = registry.register_schema(f"{topic}-other", Schema(V2, "PROTOBUF"))
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    other = encode_envelope(other_id, [0]) + m2(id="b", amount=2, flag=True).SerializeToString()
+    produce_all(lake_broker, topic, [(None, serializer(m1, registry)(m1(id="a", amount=1), ctx)), (None, other)])
+    topic_id = lake_store.get_topic(topic).topic_id
+
+    failing = threading.Event()
+    failing.set()
+
+    class Proxy(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if failing.is_set() and self.path.startswith(f"/schemas/ids/{other_id}"):
+                self.send_response(503)
+                self.end_headers()
+                return
+            try:
+                with urllib.request.urlopen(lake_broker.registry_url + self.path, timeout=10) as upstream:
+                    status, body = upstream.status, upstream.read()
+            except urllib.error.HTTPError as exc:  # 404s are answers too
+                status, body = exc.code, exc.read()
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settings = lake_settings.model_copy(update={"registry_url": f"http://127.0.0.1:{server.server_port}"})
+        archiver = Archiver(settings, lake_spark, lake_store)
+        [failed] = archiver.run_pass(force=True, topics=[topic])
+        assert "RegistryUnavailableError" in failed.error and failed.records == 0  # what `icelog status` shows
+        assert [s.archived_offset for s in lake_store.archive_states(topic_id)] == [0]
+        failing.clear()  # the registry is back: the same records are archived, decoded
+        [done] = archiver.run_pass(force=True, topics=[topic])
+        assert not done.error and done.records == 2
+    finally:
+        server.shutdown()
+    got = rows(lake_spark, topic, "value.id AS id, value.amount AS amount, value.__err__ AS err, value.__raw__ AS raw")
+    assert [(r["id"], r["amount"], r["err"]) for r in got] == [("a", 1, None), ("b", 2, None)]
+    assert bytes(got[1]["raw"]) == other  # v2's `flag` has no column in this table: the bytes are kept

@@ -10,8 +10,8 @@ import pytest
 from google.protobuf import message_factory
 
 from icelog.meta.store import TableColumn
-from icelog.schema.field_ids import evolve
-from icelog.schema.iceberg_types import (
+from icelog.schema.archive.field_ids import evolve
+from icelog.schema.archive.iceberg_types import (
     arrow_schema,
     column_tree,
     iceberg_schema,
@@ -19,7 +19,7 @@ from icelog.schema.iceberg_types import (
     spark_ddl,
     table_columns,
 )
-from icelog.schema.proto_decode import SideDecoder, SideDecoding
+from icelog.schema.archive.proto_decode import SideDecoder, SideDecoding
 from icelog.schema.protobuf_schema import compile_schema, encode_envelope, message_descriptor
 
 EVERYTHING = (Path(__file__).parent / "protos" / "everything.proto").read_text()
@@ -130,8 +130,11 @@ def test_decoder_envelope_plain_error_and_key_raw() -> None:
     plain, framed, broken = value.decode(body), value.decode(envelope + body), value.decode(b"\xff\xff")
     assert plain is not None and framed is not None and broken is not None
     assert plain["__prefix__"] is None and framed["__prefix__"] == envelope
-    assert "__raw__" not in plain and "__err__" not in plain
-    assert {k: framed[k] for k in plain if k != "__prefix__"} == {k: v for k, v in plain.items() if k != "__prefix__"}
+    assert "__err__" not in plain
+    # No envelope, or a message the columns cannot hold exactly (Timestamp nanos, maps, JSON): __raw__ kept.
+    assert plain["__raw__"] == body and framed["__raw__"] == envelope + body
+    assert {k: framed[k] for k in plain if k not in ("__prefix__", "__raw__")} == {
+        k: v for k, v in plain.items() if k not in ("__prefix__", "__raw__")}
     assert plain["u64"] == 2**64 - 1 and plain["color"] == "GREEN" and plain["colors"] == ["RED", "7"]
     assert plain["number"] == 9 and "text" not in plain and "nested" not in plain  # oneof: only the set member
     assert plain["ts"] == 1_700_000_000_123_456 and plain["w_i32"] == 0 and "w_s" not in plain
@@ -152,7 +155,9 @@ def test_decoder_envelope_plain_error_and_key_raw() -> None:
         many = decoder(side).decode_many(batch, arrow_schema(records).field(side).type)
         one = decoder(side)
         assert many.to_pylist() == pa.array([one.decode(p) for p in batch], type=many.type).to_pylist()
-    assert many.to_pylist()[3]["__prefix__"] == encode_envelope(7, [0])
+    # A payload of another message than the table's is an __err__ row keeping its bytes, never nulls.
+    other_row = many.to_pylist()[3]
+    assert other_row["__raw__"] == other and "icelog.test.Inner" in other_row["__err__"]
 
 
 @pytest.mark.parametrize("unknown_id", [99])
@@ -163,3 +168,73 @@ def test_unknown_schema_id_without_registry_is_a_row_error(unknown_id: int) -> N
     dec = SideDecoder(SideDecoding("value", column_tree(records, "value"), 1, {1: fds.SerializeToString()}))
     row = dec.decode(encode_envelope(unknown_id, [0]) + b"\x0a\x01x")
     assert row is not None and row["__err__"].startswith("LookupError")
+
+
+LOSSLESS = """
+syntax = "proto3";
+package ll;
+enum Kind { K0 = 0; K1 = 1; }
+message Inner { string name = 1; int32 n = 2; }
+message Order {
+  int64 id = 1; uint64 big = 2; Kind kind = 3; repeated string tags = 4; Inner inner = 5;
+  repeated Inner items = 6; optional int32 maybe = 7; bytes blob = 8; float f = 9;
+  oneof choice { string text = 10; int32 number = 11; }
+}
+"""
+
+
+class _Fixed:
+    def __init__(self, fds: object) -> None:
+        self.fds = fds
+
+    def by_id(self, schema_id: int) -> object:
+        return self.fds
+
+
+def test_lossless_rows_drop_raw_and_rebuild_byte_identical() -> None:
+    """A value row without __raw__ rebuilds its bytes exactly; anything not provably lossless keeps __raw__."""
+    from icelog.schema.archive.rebuild import rebuild_payload
+
+    fds = compile_schema(LOSSLESS, {})
+    d = message_descriptor(fds, None, "ll.Order")
+    records = evolve(table_columns(d, d), [])
+    dec = SideDecoder(SideDecoding("value", column_tree(records, "value"), 3, {3: fds.SerializeToString()}, "ll.Order"))
+    cls = message_factory.GetMessageClass(d)
+    envelope = encode_envelope(3, [1])
+    full = cls(id=-7, big=2**64 - 1, kind=1, tags=["a", "b"], maybe=0, blob=b"\x00\xff", f=1.5, number=0)
+    full.inner.SetInParent()  # set but empty: must stay set
+    full.items.add(name="x", n=2)
+    unknown = cls(id=1).SerializeToString() + b"\xf8\x07\x01"  # an unknown field 127: not in the columns
+    payloads = [
+        envelope + full.SerializeToString(),
+        envelope + cls().SerializeToString(),
+        envelope + unknown,
+        full.SerializeToString(),  # no envelope: the schema id is unknown later, keep __raw__
+        encode_envelope(3, [0]) + b"\x0a\x01x",  # another message (Inner): an __err__ row
+        envelope + b"\xff",  # does not decode
+    ]
+    rows = dec.decode_many(payloads, arrow_schema(records).field("value").type).to_pylist()
+    assert [r["__raw__"] is None for r in rows] == [True, True, False, False, False, False]
+    assert rows[4]["__err__"] and rows[5]["__err__"]
+    for payload, row in zip(payloads, rows, strict=True):
+        assert rebuild_payload(row, _Fixed(fds)) == payload
+    assert rebuild_payload(None, _Fixed(fds)) is None
+
+
+def test_registry_outage_in_a_worker_fails_the_task_not_the_row() -> None:
+    """A schema id the worker must fetch from an unreachable registry raises (pass retried), never an __err__ row."""
+    from conftest import free_port
+
+    from icelog.schema.archive.registry_source import RegistryUnavailableError, SourceSpec
+
+    fds = compile_schema(V1, {})
+    d = message_descriptor(fds, None, "ev.M")
+    records = evolve(table_columns(None, d), [])
+    spec = SourceSpec("http", f"http://127.0.0.1:{free_port()}")
+    dec = SideDecoder(SideDecoding("value", column_tree(records, "value"), 1, {1: fds.SerializeToString()}, "ev.M",
+                                   spec))
+    payload = encode_envelope(42, [0]) + b"\x0a\x01x"
+    with pytest.raises(RegistryUnavailableError):
+        dec.decode(payload)
+    with pytest.raises(RegistryUnavailableError):
+        dec.decode_many([encode_envelope(1, [0]) + b"\x0a\x01y", payload], arrow_schema(records).field("value").type)

@@ -24,8 +24,8 @@ ERRORS = {"icelog.errors", "icelog.faults"}
 # icelog.schema.*). It imports nothing above it, so the log, the lake and the schema layer all read it.
 CONFIG = {"icelog.config", "icelog.topics", "icelog.topic_configs"} | ERRORS
 EVERYTHING_BUT_CLI = {
-    "icelog.errors", "icelog.faults", "icelog.config", "icelog.topics", "icelog.topic_configs", "icelog.meta", "icelog.log",
-    "icelog.coordinator", "icelog.schema", "icelog.lake", "icelog.pipeline", "icelog.wire",
+    "icelog.errors", "icelog.faults", "icelog.config", "icelog.topics", "icelog.topic_configs", "icelog.meta",
+    "icelog.log", "icelog.coordinator", "icelog.schema", "icelog.lake", "icelog.pipeline", "icelog.wire",
 }
 
 # module or package → the icelog modules/packages it may import (besides its own top-level package). Every
@@ -45,13 +45,13 @@ ALLOWED: dict[str, set[str]] = {
     # its one varint codec (a leaf module: Confluent's envelope writes message indexes as zig-zag varints)...
     "icelog.schema": CONFIG | {"icelog.meta", "icelog.log.varint"},
     # ...and produce-time enforcement decodes and re-encodes produced batches with the log's parser.
-    "icelog.schema.enforcement": CONFIG | {"icelog.meta", "icelog.log.varint", "icelog.log.batch"},
+    "icelog.schema.enforce": CONFIG | {"icelog.meta", "icelog.log.varint", "icelog.log.batch"},
     # Table layouts, catalog, Spark session: pure functions of settings. Never the log or the broker.
     "icelog.lake": CONFIG,
     # The archive job reads the intake's file format and batch headers (read-only) and writes the lake.
     "icelog.pipeline": CONFIG | {"icelog.meta", "icelog.log", "icelog.lake", "icelog.schema"},
     # The Kafka protocol: knows nothing of Iceberg or Spark; of schemas only produce-time enforcement.
-    "icelog.wire": CONFIG | {"icelog.meta", "icelog.log", "icelog.coordinator", "icelog.schema.enforcement"},
+    "icelog.wire": CONFIG | {"icelog.meta", "icelog.log", "icelog.coordinator", "icelog.schema.enforce"},
     # The broker process assembles the layers (the archiver is a child process it supervises).
     "icelog.broker": EVERYTHING_BUT_CLI,
     "icelog.cli": EVERYTHING_BUT_CLI | {"icelog.broker"},

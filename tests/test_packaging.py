@@ -299,17 +299,15 @@ def test_wheel_without_extras_serves_and_archives(tmp_path: Path) -> None:
             produced.append((meta.partition, meta.offset, key, value, (("n", str(i).encode()),)))
         producer.close()
         step("serve + topic + produce", started)
-
-        # One archive pass with the installed CLI. The broker stays up: today the archiver asks the embedded
-        # registry over HTTP whether an `auto` topic's subjects exist, which fails with the broker down
-        # (issue 8 point 3). Once it reads the metadata store instead, stop the broker before this step.
-        started = time.monotonic()
-        _run([venv / "bin" / "icelog", "archive", "--once", "--data-dir", data_dir, "--topic", topic],
-             cwd=tmp_path, timeout=900,
-             env={**_clean_env(), "ICELOG_REGISTRY_LISTEN": f"127.0.0.1:{broker.registry_port}"})
-        step("archive --once", started)
     finally:
         broker.stop()
+
+    # One archive pass with the installed CLI, from cron as it were: the broker is down (the archiver reads
+    # the embedded registry's state from the metadata store, issue 8 point 3).
+    started = time.monotonic()
+    _run([venv / "bin" / "icelog", "archive", "--once", "--data-dir", data_dir, "--topic", topic],
+         cwd=tmp_path, timeout=900, env=_clean_env())
+    step("archive --once (broker down)", started)
 
     from pyiceberg.catalog.sql import SqlCatalog
 

@@ -13,7 +13,7 @@ from icelog.coordinator.transactions import TransactionCoordinator
 from icelog.log.manager import LogManager
 from icelog.meta.store import open_store
 from icelog.pipeline.service import ArchiverProcess
-from icelog.schema.enforcement import Enforcer, HttpSchemaSource, LocalSchemaSource, SchemaSource
+from icelog.schema.enforce.enforcement import Enforcer, HttpSchemaSource, LocalSchemaSource, SchemaSource
 from icelog.schema.registry.server import RegistryServer
 from icelog.schema.registry.service import RegistryService
 from icelog.wire.context import BrokerState

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Collection
@@ -168,7 +169,7 @@ class Archiver:
         if not due and 0 <= now_ms - last_look < RECONCILE_EVERY_MS:
             return TopicPassResult(topic.name, offsets=known)
         # The latest registry schemas (None: raw layout) decide the table's columns before anything is read.
-        schema = self.schemas.resolve(topic, config, self.table_name(config))
+        schema = self.schemas.resolve(topic, config, self.table_name(config), due)
         if schema is None:
             self.ensure_table(config)
         committed = self.reconcile(topic, config)
@@ -290,6 +291,20 @@ def fault_point(name: str) -> None:
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of an error (Py4J errors carry whole Java stack traces), at most 500 characters."""
+    """The first line of an error (Py4J errors carry whole Java stack traces), at most 500 characters.
+
+    For an exception raised in a Spark Python worker (whose first line only says so) it is the worker's own
+    `SomeError: message` line, e.g. the schema registry being unreachable.
+    """
     text = str(exc).strip().splitlines()
-    return text[0][:500] if text else ""
+    if not text:
+        return ""
+    if "Python worker" in text[0]:
+        for line in reversed(text):
+            cause = _WORKER_CAUSE.match(line)
+            if cause:
+                return f"{cause.group(1)}: {cause.group(2)}"[:500]
+    return text[0][:500]
+
+
+_WORKER_CAUSE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$")

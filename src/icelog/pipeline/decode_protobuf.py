@@ -13,8 +13,8 @@ from typing import Any
 
 from icelog.pipeline.decode import decode_archive
 from icelog.pipeline.plan import PlannedArchive
-from icelog.schema.iceberg_types import RAW
-from icelog.schema.proto_decode import SideDecoder, SideDecoding
+from icelog.schema.archive.iceberg_types import RAW
+from icelog.schema.archive.proto_decode import SideDecoder, SideDecoding
 
 
 def _side_array(raw_struct: Any, decoder: SideDecoder | None, target: Any) -> Any:

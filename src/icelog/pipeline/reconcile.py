@@ -16,6 +16,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from icelog.lake.iceberg_java import ancestry, load_table
+
 log = logging.getLogger(__name__)
 
 OFFSETS_PROPERTY = "icelog.archive.offsets"
@@ -43,24 +45,17 @@ def decode_offsets(text: str) -> dict[int, int]:
     return {int(p): int(o) for p, o in json.loads(text).items()}
 
 
-def load_iceberg_table(spark: Any, name: str) -> Any:
-    """The Java org.apache.iceberg.Table behind a Spark table name (fresh: the catalog does not cache)."""
-    jvm = spark.sparkContext._jvm
-    return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, name)
-
-
 def table_offsets(spark: Any, name: str, max_ancestors: int = 1000) -> TableOffsets:
     """Offsets the table `name` contains, from the newest snapshot summary on its current lineage."""
-    table = load_iceberg_table(spark, name)
-    snapshot = table.currentSnapshot()
-    if snapshot is None:
-        return TableOffsets({}, None, -1, "empty")
-    current_id = int(snapshot.snapshotId())
-    hops = 0
-    while snapshot is not None and hops < max_ancestors:
-        text = snapshot.summary().get(OFFSETS_PROPERTY)
+    table = load_table(spark, name)
+    current_id: int | None = None
+    for hops, snapshot in enumerate(ancestry(table, max_ancestors)):
+        if current_id is None:
+            current_id = int(snapshot.snapshotId())
+        summary = snapshot.summary()
+        text = summary.get(OFFSETS_PROPERTY)
         if text is not None:
-            topic_id = snapshot.summary().get(TOPIC_ID_PROPERTY)
+            topic_id = summary.get(TOPIC_ID_PROPERTY)
             return TableOffsets(
                 decode_offsets(str(text)),
                 current_id,
@@ -68,9 +63,8 @@ def table_offsets(spark: Any, name: str, max_ancestors: int = 1000) -> TableOffs
                 "snapshot" if hops == 0 else "ancestor",
                 None if topic_id is None else str(topic_id),
             )
-        parent = snapshot.parentId()
-        snapshot = table.snapshot(parent) if parent is not None else None
-        hops += 1
+    if current_id is None:
+        return TableOffsets({}, None, -1, "empty")
     log.warning(
         "%s: no snapshot on the current lineage records %s; deriving offsets from the data",
         name,

@@ -1,30 +1,47 @@
-"""Archive tables of topics with a Protobuf schema: resolve schemas, evolve field ids, update the catalog.
+"""Archive tables of topics with a Protobuf schema: resolve schemas, choose the message, evolve field ids.
 
 At the start of a pass the archiver asks, per topic with due archives, for the latest schema of each
-side's subject (icelog.schema.<side>, cached for the pass). With none, the topic keeps the raw layout and
-nothing here runs. With one, the Iceberg schema is computed (schema/iceberg_types.py), evolved against
-the column state kept in the metadata store (schema/field_ids.py), and written to the catalog only when
-it changed:
+side's subject (icelog.schema.<side>, cached for the pass) from the schema source: the metadata store
+for the embedded registry (no broker needed), else `registry_url` over HTTP. With none, the topic keeps
+the raw layout and nothing here runs. With one, the table's message is, in this order: the topic's
+`icelog.schema.<side>.message`; the one remembered in the table property `icelog.archive.<side>.message`;
+the one the envelope (Confluent message indexes) of the first due payloads names, then remembered so
+the table does not flip; else the schema's first message. The Iceberg schema is computed
+(schema/archive/iceberg_types.py), evolved against the column state kept in the metadata store
+(schema/archive/field_ids.py), and written to the catalog only when it changed:
   - no table yet: CREATE TABLE through Spark (schema id 0, the archive partition spec and sort order);
     the ids the catalog assigned are adopted into the store;
   - a table whose columns the store does not know (a raw table, or a crash before the store was
     written): its columns and ids are adopted first, so they keep their ids;
   - a changed schema: the store is written first, then a new schema with exactly those field ids is
-    committed through the Iceberg Java API (TableMetadata.updateSchema; the commit fails if the table
-    changed meanwhile, and the next pass retries). Any catalog kind works.
+    committed through the Iceberg Java API (lake/iceberg_java.py; the commit fails if the table changed
+    meanwhile, and the next pass retries). Any catalog kind works.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from google.protobuf import descriptor_pb2
+from google.protobuf.descriptor import Descriptor
+
 from icelog.config import Settings
+from icelog.errors import IcelogError
+from icelog.lake import iceberg_java
 from icelog.lake.layout import archive_table_ddl
 from icelog.meta.store import MetadataStore, TableColumn, TopicRecord
-from icelog.schema.field_ids import evolve
-from icelog.schema.iceberg_types import (
+from icelog.pipeline.plan import PlannedArchive
+from icelog.schema.archive.field_ids import evolve
+from icelog.schema.archive.iceberg_types import (
+    ERR,
+    PREFIX,
+    RAW,
     arrow_schema,
     column_tree,
     iceberg_schema,
@@ -32,13 +49,34 @@ from icelog.schema.iceberg_types import (
     spark_ddl,
     table_columns,
 )
-from icelog.schema.proto_decode import SideDecoding
-from icelog.schema.protobuf_schema import message_descriptor
-from icelog.schema.registry_fetch import LatestSchema, RegistrySchemas
+from icelog.schema.archive.proto_decode import SideDecoding
+from icelog.schema.archive.registry_source import (
+    HttpSchemaSource,
+    LatestSchema,
+    RegistryUnavailableError,
+    SchemaNotFoundError,
+    SchemaSource,
+    SourceSpec,
+    StoreSchemaSource,
+)
+from icelog.schema.protobuf_schema import build_pool, main_file_of, message_name_at, parse_envelope
 from icelog.topic_configs.archive import ArchiveTopicConfig
-from icelog.topic_configs.schema import SIDES, side_config
+from icelog.topic_configs.schema import MODE_AUTO, SIDES, key_of, side_config
 
 log = logging.getLogger(__name__)
+
+PEEK_RECORDS = 100  # payloads looked at, per pass, to learn the produced message from its envelope
+_RESERVED = (RAW, PREFIX, ERR)
+_EVOLUTION_NAME = re.compile(r"__v\d+$")
+
+
+def message_property(side: str) -> str:
+    """The table property remembering a side's message, once an envelope named it."""
+    return f"icelog.archive.{side}.message"
+
+
+class ReservedFieldNameError(IcelogError):
+    """A message field's name collides with a column the archive adds or an evolution rename."""
 
 
 @dataclass(frozen=True)
@@ -57,16 +95,54 @@ class ArchiveSchema:
         return arrow_schema(self.columns)
 
 
-def registry_url(settings: Settings) -> str | None:
-    """The schema registry the archiver reads: `registry_url`, else the embedded one, else none."""
+def source_spec(settings: Settings) -> SourceSpec | None:
+    """Where the archive reads schemas: `registry_url`, else the embedded registry's store, else nowhere."""
     if settings.registry_url:
-        return settings.registry_url
-    listen = settings.registry_listen
-    if listen and listen != "off":
-        host, _, port = str(listen).rpartition(":")
-        host = "127.0.0.1" if host in ("", "0.0.0.0", "::", "[::]") else host
-        return f"http://{host}:{port}"
-    return None
+        return SourceSpec("http", settings.registry_url)
+    if settings.registry_listen == "off":
+        return None
+    url = settings.meta_url or f"sqlite:///{Path(settings.data_dir).resolve() / 'meta.db'}"
+    return SourceSpec("store", url)
+
+
+def check_field_names(side: str, descriptor: Descriptor, top: bool = True, seen: set[str] | None = None) -> None:
+    """Refuse messages whose field names the archive cannot hold next to its own columns."""
+    seen = set() if seen is None else seen
+    seen.add(descriptor.full_name)
+    for field in descriptor.fields:
+        if (top and field.name in _RESERVED) or _EVOLUTION_NAME.search(field.name):
+            raise ReservedFieldNameError(
+                f"{side} message {descriptor.full_name} has a field named {field.name!r}, which the archive "
+                f"table reserves ({', '.join(_RESERVED)} and <name>__v<N> for evolved fields); rename the field "
+                f"in a new schema version, or set {key_of(side)}=none to archive the {side} as raw bytes"
+            )
+        nested = field.message_type
+        if nested is not None and nested.full_name not in seen and not nested.full_name.startswith("google.protobuf."):
+            check_field_names(side, nested, top=False, seen=seen)
+
+
+def peek_envelopes(intake_dir: str, archives: Sequence[PlannedArchive], side: str) -> list[tuple[int, list[int]]]:
+    """(schema id, message indexes) of the first payloads of a side that carry an envelope.
+
+    Reads only the first intake chunk of each archive (as the workers' decode.py does).
+    """
+    from icelog.pipeline.decode import decode_archive
+
+    found: list[tuple[int, list[int]]] = []
+    column = 0 if side == "key" else 1
+    looked = 0
+    for archive in archives:
+        head = dataclasses.replace(archive, chunks=archive.chunks[:1])
+        for batch in decode_archive(intake_dir, head):
+            for payload in batch.column(column).field(RAW).to_pylist():
+                looked += 1
+                envelope = None if payload is None else parse_envelope(payload)
+                if envelope is not None:
+                    found.append((envelope[0], envelope[1]))
+                    return found
+                if looked >= PEEK_RECORDS:
+                    return found
+    return found
 
 
 class TableSchemas:
@@ -76,58 +152,139 @@ class TableSchemas:
         self.settings = settings
         self.spark = spark
         self.store = store
-        self.url = registry_url(settings)
-        self._registry: RegistrySchemas | None = None
-        self._compiled: dict[int, Any] = {}  # schema id → FileDescriptorSet, across passes
+        self.spec = source_spec(settings)
+        self.intake_dir = str(Path(settings.data_dir).resolve() / "intake")
+        self._source: SchemaSource | None = None
+        self._compiled: dict[int, descriptor_pb2.FileDescriptorSet] = {}  # schema id → compiled, across passes
+        self._version_ids: dict[tuple[str, int], int] = {}  # (subject, version) → schema id, across passes
+        self._latest: dict[str, LatestSchema | None] = {}
 
     def begin_pass(self) -> None:
-        """Forget the previous pass's schemas: each pass fetches the latest once."""
-        self._registry = None
+        """Forget the previous pass's schemas: each pass reads the latest once."""
+        self._source = None
+        self._latest = {}
 
-    def registry(self) -> RegistrySchemas:
-        if self._registry is None:
-            assert self.url is not None
-            self._registry = RegistrySchemas(self.url, self._compiled)
-        return self._registry
+    def source(self) -> SchemaSource:
+        if self._source is None:
+            assert self.spec is not None
+            if self.spec.kind == "http":
+                self._source = HttpSchemaSource(self.spec.location, self._compiled, self._version_ids)
+            else:  # the embedded registry: the archiver's own store holds its state
+                self._source = StoreSchemaSource(self.store, self._compiled)
+        return self._source
 
-    def latest(self, topic: TopicRecord, side: str) -> tuple[LatestSchema, str | None] | None:
-        """The side's latest schema and configured message, or None for raw bytes."""
+    def _subject_latest(self, subject: str) -> LatestSchema | None:
+        if subject not in self._latest:
+            self._latest[subject] = self.source().latest(subject)
+        return self._latest[subject]
+
+    def latest(self, topic: TopicRecord, side: str, had_schema: bool) -> LatestSchema | None:
+        """The side's latest schema, or None for raw bytes."""
         config = side_config(topic.name, side, topic.configs)
-        if config.subject is None or self.url is None:
+        if config.subject is None or self.spec is None:
             return None
-        found = self.registry().latest(config.subject)
+        try:
+            found = self._subject_latest(config.subject)
+        except RegistryUnavailableError:
+            if topic.configs.get(key_of(side), MODE_AUTO) == MODE_AUTO and not had_schema:
+                # An `auto` side of a table that never had a schema: archive raw bytes rather than stall
+                # (lossless: __raw__); the table gains columns once the registry answers and has the subject.
+                log.warning("%s: registry unreachable; archiving the %s of %s as raw bytes", topic.name, side,
+                            topic.name)
+                return None
+            raise
         if found is None and config.required:
             raise LookupError(f"subject {config.subject!r} ({side} of {topic.name}) is not in the registry")
-        return None if found is None else (found, config.message)
+        return found
 
-    def resolve(self, topic: TopicRecord, config: ArchiveTopicConfig, table_name: str) -> ArchiveSchema | None:
+    def resolve(
+        self,
+        topic: TopicRecord,
+        config: ArchiveTopicConfig,
+        table_name: str,
+        due: Sequence[PlannedArchive] = (),
+    ) -> ArchiveSchema | None:
         """The topic's archive schema with its table created or evolved in the catalog; None: raw layout."""
-        latest = {side: self.latest(topic, side) for side in SIDES}
-        if not any(latest.values()) and not self.store.table_columns(f"{config.namespace}.{config.table}"):
+        ident = f"{config.namespace}.{config.table}"
+        had_schema = bool(self.store.table_columns(ident))
+        latest = {side: self.latest(topic, side, had_schema) for side in SIDES}
+        if not any(latest.values()) and not had_schema:
             return None  # never had a schema: the raw layout, untouched
         # (A table that had a schema and lost it keeps its columns, now deleted, and gets __raw__ again.)
-        descriptors = {
-            side: None if found is None else message_descriptor(found[0].fds, None, found[1])
-            for side, found in latest.items()
-        }
-        columns = self._evolve_table(config, table_name, table_columns(descriptors["key"], descriptors["value"]))
-        sides: dict[str, SideDecoding | None] = {}
+        exists = self.spark.catalog.tableExists(table_name)
+        remembered = iceberg_java.table_properties(iceberg_java.load_table(self.spark, table_name)) if exists else {}
+        descriptors: dict[str, Descriptor | None] = {}
+        learned: dict[str, str] = {}
         for side, found in latest.items():
             if found is None:
+                descriptors[side] = None
+                continue
+            name, from_envelope = self._message(topic, side, found, remembered, due)
+            if from_envelope and remembered.get(message_property(side)) != name:
+                learned[message_property(side)] = name
+            try:
+                descriptor = build_pool(found.fds).FindMessageTypeByName(name)
+            except KeyError:
+                raise IcelogError(
+                    f"message {name!r} ({side} of {topic.name}) is not in {found.subject} version {found.version}; "
+                    f"set {key_of(side, 'message')} to a message of the schema"
+                ) from None
+            check_field_names(side, descriptor)
+            descriptors[side] = descriptor
+        columns = self._evolve_table(config, table_name, table_columns(descriptors["key"], descriptors["value"]))
+        if learned:
+            iceberg_java.set_table_properties(iceberg_java.load_table(self.spark, table_name), learned)
+        sides: dict[str, SideDecoding | None] = {}
+        for side, found in latest.items():
+            descriptor = descriptors[side]
+            if found is None or descriptor is None:
                 sides[side] = None
                 continue
-            schema, message = found
-            descriptor = descriptors[side]
-            assert descriptor is not None
             sides[side] = SideDecoding(
                 side=side,
                 column=column_tree(columns, side),
-                latest_id=schema.schema_id,
-                schemas={schema.schema_id: schema.fds.SerializeToString()},
-                message_name=message or descriptor.full_name,
-                registry_url=self.url,
+                latest_id=found.schema_id,
+                schemas=self._shipped(found),
+                message_name=descriptor.full_name,
+                source=self.spec,
             )
         return ArchiveSchema(tuple(columns), sides["key"], sides["value"])
+
+    def _message(
+        self,
+        topic: TopicRecord,
+        side: str,
+        found: LatestSchema,
+        remembered: dict[str, str],
+        due: Sequence[PlannedArchive],
+    ) -> tuple[str, bool]:
+        """(the side's message full name, whether an envelope named it)."""
+        configured = side_config(topic.name, side, topic.configs).message
+        if configured:
+            return configured.lstrip("."), False
+        if message_property(side) in remembered:
+            return remembered[message_property(side)], False
+        for schema_id, indexes in peek_envelopes(self.intake_dir, due, side):
+            try:
+                fds = found.fds if schema_id == found.schema_id else self.source().by_id(schema_id)
+                return message_name_at(main_file_of(fds), indexes), True
+            except SchemaNotFoundError:
+                continue  # not a registry envelope after all: its row will say so
+        return message_name_at(main_file_of(found.fds), [0]), False
+
+    def _shipped(self, found: LatestSchema) -> dict[int, bytes]:
+        """Every version of the subject, compiled here once, so workers rarely need the registry."""
+        shipped = {found.schema_id: found.fds.SerializeToString()}
+        for schema_id in self.source().versions(found.subject):
+            if schema_id in shipped:
+                continue
+            try:
+                shipped[schema_id] = self.source().by_id(schema_id).SerializeToString()
+            except SchemaNotFoundError:
+                continue
+            except IcelogError as exc:  # an old version that does not compile: its payloads become __err__ rows
+                log.warning("schema id %d of %s does not compile: %s", schema_id, found.subject, exc)
+        return shipped
 
     def _evolve_table(self, config: ArchiveTopicConfig, table_name: str, computed: Any) -> list[TableColumn]:
         ident = f"{config.namespace}.{config.table}"
@@ -139,21 +296,19 @@ class TableSchemas:
             ).statements:
                 self.spark.sql(statement)
             known = []  # a table dropped and made again starts over; the catalog's fresh ids are adopted
-        jvm = self.spark._jvm
-        table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(self.spark._jsparkSession, table_name)
-        base = table.operations().current()
-        current = records_from_schema(_schema_from_json(jvm.org.apache.iceberg.SchemaParser.toJson(base.schema())))
+        table = iceberg_java.load_table(self.spark, table_name)
+        text, last_column_id = iceberg_java.schema_json(self.spark, table)
+        current = records_from_schema(_schema_from_json(text))
         known_paths = {c.path for c in known}
         known_ids = {c.field_id for c in known}
         adopted = list(known) + [c for c in current if c.path not in known_paths and c.field_id not in known_ids]
-        columns = evolve(computed, adopted, floor_id=base.lastColumnId())
+        columns = evolve(computed, adopted, floor_id=last_column_id)
         if columns != known:
             self.store.save_table_columns(ident, columns)
         if _signature_set(columns) != _signature_set(current):
             # Through the Iceberg Java API of Spark's own catalog (not pyiceberg): the session then sees the
             # new schema at once, and the schema carries exactly the field ids allocated above.
-            schema = jvm.org.apache.iceberg.SchemaParser.fromJson(iceberg_schema(columns).model_dump_json())
-            table.operations().commit(base, base.updateSchema(schema))
+            iceberg_java.commit_schema(self.spark, table, iceberg_schema(columns).model_dump_json())
             log.info("archive table %s: schema evolved (%d columns)", table_name, len(columns))
         return columns
 

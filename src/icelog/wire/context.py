@@ -12,7 +12,7 @@ from icelog.log.manager import LogManager
 if TYPE_CHECKING:
     from icelog.coordinator.groups import GroupCoordinator
     from icelog.coordinator.transactions import TransactionCoordinator
-    from icelog.schema.enforcement import Enforcer
+    from icelog.schema.enforce.enforcement import Enforcer
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
-from icelog.schema.field_ids import FieldIdRecord, child_paths
+from icelog.schema.archive.field_ids import FieldIdRecord, child_paths
 
 MAX_DEPTH = 10  # message nesting kept as structs; deeper message fields become JSON strings
 

@@ -1,14 +1,18 @@
 """Decoding one side (key or value) of archived records with its Protobuf schema, in Spark's Python workers.
 
-The driver ships a `SideDecoding` (serialized FileDescriptorSets by schema id, the target column); each
-worker builds message classes from it once (google.protobuf.message_factory.GetMessageClass) and turns
-payloads into dicts shaped like the side's struct column:
+The driver ships a `SideDecoding` (serialized FileDescriptorSets by schema id, the target column, the
+table's message); each worker builds message classes from it once (message_factory.GetMessageClass)
+and turns payloads into dicts shaped like the side's struct column:
   - a payload with Confluent's envelope is decoded with its schema id and message indexes; a schema id
-    other than those the driver shipped (an older version) is fetched from the registry by the worker,
-    once per task, and its fields fill the columns of the same name and type;
-  - a payload without an envelope is decoded with the configured message (else the first message);
-  - `__prefix__` holds the envelope bytes when present; a payload that does not decode sets `__err__`
-    and `__raw__` only; `key.__raw__` is always set, `value.__raw__` only on error.
+    the driver did not ship is read from the schema source (metadata store or registry) once per task;
+  - a payload without an envelope is decoded with the table's message;
+  - a payload of another message than the table's, or one that does not decode, sets `__err__` (why)
+    and `__raw__` (the whole payload) only;
+  - `__prefix__` holds the envelope bytes; `__raw__` is always set for keys and for values it is left
+    null only when the row provably rebuilds the payload (schema/archive/rebuild.py): the payload has an
+    envelope, its message is fully invertible from the columns, and it re-serializes to the same bytes.
+A registry that cannot be reached raises RegistryUnavailableError: the task and the pass fail (retried),
+so an outage never becomes an `__err__` row.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, message_factory
 
-from icelog.schema.iceberg_types import ERR, PREFIX, RAW, Column
-from icelog.schema.proto_values import FieldPart, column_values, struct_converter, struct_parts
+from icelog.schema.archive.iceberg_types import ERR, PREFIX, RAW, Column
+from icelog.schema.archive.proto_values import FieldPart, column_values, struct_converter, struct_parts
+from icelog.schema.archive.rebuild import invertible
+from icelog.schema.archive.registry_source import RegistryUnavailableError, SourceSpec, open_source
 from icelog.schema.protobuf_schema import build_pool, main_file_of, message_name_at, parse_envelope
 
 
@@ -32,11 +38,24 @@ class SideDecoding:
     column: Column  # the side's struct column (current, non-deleted columns)
     latest_id: int
     schemas: dict[int, bytes]  # schema id → serialized FileDescriptorSet (main file last)
-    message_name: str | None = None  # configured message for payloads without an envelope
-    registry_url: str | None = None  # for schema ids not shipped (older versions)
+    message_name: str | None = None  # the table's message (payloads of another message are __err__ rows)
+    source: SourceSpec | None = None  # where schema ids not shipped are read (None: nowhere)
 
 
-Decoded = tuple[Callable[[bytes], Any], Callable[[Any], dict[str, Any]], list[FieldPart]]
+class OtherMessageError(ValueError):
+    """A payload of another message than the table's (its fields would not fill the table's columns)."""
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A message class's parse function, its converters into the side's column, and invertibility."""
+
+    parse: Callable[[bytes], Any]
+    convert: Callable[[Any], dict[str, Any]]
+    parts: list[FieldPart]
+    invertible: bool  # the columns hold every field exactly: rebuild.py can re-serialize the message
+
+
 DecoderKey = tuple[int, tuple[int, ...] | None]
 
 
@@ -49,6 +68,7 @@ class SideDecoder:
         self._pools: dict[int, Any] = {}
         self._decoders: dict[DecoderKey, Decoded] = {}
         self._always_raw = decoding.side == "key"
+        self._source: Any = None
 
     def _fds(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet:
         if schema_id not in self._sets:
@@ -57,24 +77,43 @@ class SideDecoder:
             if data is not None:
                 fds.ParseFromString(data)
             else:
-                fds = fetch_schema_by_id(self.decoding.registry_url, schema_id)
+                fds = self._fetch(schema_id)
             self._sets[schema_id] = fds
             self._pools[schema_id] = build_pool(fds)
         return self._sets[schema_id]
+
+    def _fetch(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet:
+        """A schema id the driver did not ship (RegistryUnavailableError propagates: the pass fails)."""
+        if self.decoding.source is None:
+            raise LookupError(f"schema id {schema_id} is unknown and no registry is configured")
+        if self._source is None:
+            self._source = open_source(self.decoding.source)
+        return self._source.by_id(schema_id)
 
     def _decoder(self, schema_id: int, indexes: tuple[int, ...] | None) -> Decoded:
         key = (schema_id, indexes)
         found = self._decoders.get(key)
         if found is None:
             fds = self._fds(schema_id)
-            if indexes is None and self.decoding.message_name:
-                name = self.decoding.message_name.lstrip(".")
+            table_message = (self.decoding.message_name or "").lstrip(".")
+            if indexes is None and table_message:
+                name = table_message
             else:
                 name = message_name_at(main_file_of(fds), list(indexes or [0]))
+            if table_message and name != table_message:
+                raise OtherMessageError(
+                    f"payload is a {name} (schema id {schema_id}), the table's {self.decoding.side} columns are "
+                    f"{table_message}'s; set icelog.schema.{self.decoding.side}.message to choose the table's message"
+                )
             descriptor = self._pools[schema_id].FindMessageTypeByName(name)
             cls = message_factory.GetMessageClass(descriptor)
             column = self.decoding.column
-            found = (cls.FromString, struct_converter(descriptor, column), struct_parts(descriptor, column))
+            found = Decoded(
+                cls.FromString,
+                struct_converter(descriptor, column),
+                struct_parts(descriptor, column),
+                invertible(descriptor, column),
+            )
             self._decoders[key] = found
         return found
 
@@ -83,10 +122,18 @@ class SideDecoder:
         envelope = parse_envelope(payload)
         if envelope is None:
             key: DecoderKey = (self.decoding.latest_id, None)
-            return key, self._decoder(*key)[0](payload), None
+            return key, self._decoder(*key).parse(payload), None
         schema_id, indexes, offset = envelope
         key = (schema_id, tuple(indexes))
-        return key, self._decoder(*key)[0](payload[offset:]), payload[:offset]
+        return key, self._decoder(*key).parse(payload[offset:]), payload[:offset]
+
+    def _keeps_raw(self, key: DecoderKey, message: Any, payload: bytes, prefix: bytes | None) -> bool:
+        """Whether `__raw__` must be kept: always for keys; for values unless the row provably rebuilds it."""
+        if self._always_raw or prefix is None or not self._decoders[key].invertible:
+            return True
+        # Unknown fields re-serialize but have no column: drop them (recursively) before comparing.
+        message.DiscardUnknownFields()
+        return bool(message.SerializeToString() != payload[len(prefix) :])
 
     def decode(self, payload: bytes | None) -> dict[str, Any] | None:
         """The side's struct value for one payload (None for a null payload)."""
@@ -94,11 +141,13 @@ class SideDecoder:
             return None
         try:
             key, message, prefix = self._parse(payload)
-            row = self._decoders[key][1](message)
+            row = self._decoders[key].convert(message)
+        except RegistryUnavailableError:
+            raise  # an outage is not a property of the payload: fail the task, retry the pass
         except Exception as exc:  # a payload that does not decode is data, not a failed pass
             return error_row(exc, payload)
         row[PREFIX] = prefix
-        if self._always_raw:
+        if self._keeps_raw(key, message, payload, prefix):
             row[RAW] = payload
         return row
 
@@ -115,12 +164,15 @@ class SideDecoder:
         rows: list[int] = []
         messages: list[Any] = []
         prefixes: list[bytes | None] = [None] * n
+        raws: list[bytes | None] = [None] * n
         others: dict[int, dict[str, Any]] = {}
         for i, payload in enumerate(payloads):
             if payload is None:
                 continue
             try:
                 key, message, prefix = self._parse(payload)
+            except RegistryUnavailableError:
+                raise
             except Exception as exc:
                 others[i] = error_row(exc, payload)
                 continue
@@ -130,10 +182,12 @@ class SideDecoder:
                 rows.append(i)
                 messages.append(message)
                 prefixes[i] = prefix
+                if self._keeps_raw(key, message, payload, prefix):
+                    raws[i] = payload
             else:
                 others[i] = self.decode(payload) or {}
         try:
-            filled = column_values(self._decoders[main][2], messages) if main is not None else {}
+            filled = column_values(self._decoders[main].parts, messages) if main is not None else {}
         except Exception:  # some message does not convert: find which, row by row
             return pa.array([self.decode(p) for p in payloads], type=struct_type)
         arrays = []
@@ -141,8 +195,8 @@ class SideDecoder:
             name = field.name
             if name == PREFIX:
                 column: list[Any] = prefixes
-            elif name == RAW and self._always_raw:
-                column = list(payloads)
+            elif name == RAW:
+                column = raws
             else:
                 column = [None] * n
                 for i, value in zip(rows, filled.get(name, ()), strict=False):
@@ -157,12 +211,3 @@ class SideDecoder:
 def error_row(exc: Exception, payload: bytes) -> dict[str, Any]:
     """The row of a payload that does not decode: only __err__ and __raw__."""
     return {ERR: f"{type(exc).__name__}: {exc}"[:1000] or type(exc).__name__, RAW: payload}
-
-
-def fetch_schema_by_id(url: str | None, schema_id: int) -> descriptor_pb2.FileDescriptorSet:
-    """A schema (and its references) by id from the registry, compiled."""
-    from icelog.schema.registry_fetch import RegistrySchemas
-
-    if not url:
-        raise LookupError(f"schema id {schema_id} is unknown and no registry is configured")
-    return RegistrySchemas(url).by_id(schema_id)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from icelog.meta.store import TableColumn
 
 if TYPE_CHECKING:
-    from icelog.schema.iceberg_types import Column
+    from icelog.schema.archive.iceberg_types import Column
 
 FieldIdRecord = TableColumn
 PROMOTIONS = {("int", "long"), ("float", "double")}

@@ -1,0 +1,1 @@
+"""The archive's payload decoding: Protobuf → Iceberg columns, field ids, decoding rows and rebuilding payloads."""

@@ -1,0 +1,175 @@
+"""The inverse of the archive's decoding: the key, value and headers bytes a consumer read, from a table row.
+
+A side's bytes come back from its `__raw__` when the row kept it; otherwise from `__prefix__` (the
+Confluent envelope, naming the schema id and message) followed by the message rebuilt from the columns
+and serialized. The decoder (proto_decode.py) leaves `__raw__` null only when this is exact: the payload
+had an envelope, `invertible` holds for its message and the column tree, and the parsed message
+re-serialized to the very same bytes. Rows read back with Spark (`Row.asDict(recursive=True)`) or pyiceberg
+(`to_pylist()`) both work. Reused by serving Kafka Fetch from the Iceberg table.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from google.protobuf import descriptor_pb2, message_factory
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+
+from icelog.schema.archive.field_ids import compatible, shape
+from icelog.schema.archive.iceberg_types import ERR, PREFIX, RAW, WRAPPERS, Column, field_signature, is_map
+from icelog.schema.protobuf_schema import build_pool, main_file_of, message_name_at, parse_envelope
+
+_MESSAGE_KINDS = (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP)
+_RENAMED = re.compile(r"^(?P<name>.+)__v\d+$")
+# Fields whose column is not an exact image of the field: sub-µs nanos are dropped, JSON is not canonical,
+# map order is not kept by re-serialization. Rows of such messages keep __raw__.
+_NOT_INVERTIBLE = frozenset(
+    {
+        "google.protobuf.Timestamp",
+        "google.protobuf.Duration",
+        "google.protobuf.Struct",
+        "google.protobuf.Value",
+        "google.protobuf.ListValue",
+        "google.protobuf.Any",
+    }
+)
+
+
+class Schemas(Protocol):
+    """Compiled schemas by id (registry_source.StoreSchemaSource / HttpSchemaSource)."""
+
+    def by_id(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet: ...
+
+
+def _child(column: Column, name: str) -> Column | None:
+    for child in column.children:
+        if child.name == name:
+            return child
+    return None
+
+
+def invertible(descriptor: Descriptor, column: Column, ancestors: tuple[str, ...] = ()) -> bool:
+    """Whether every field of the message has a column holding it exactly (so the message can be rebuilt)."""
+    inside = (*ancestors, descriptor.full_name)
+    for field in descriptor.fields:
+        child = _child(column, field.name)
+        if child is None or not compatible(shape(field_signature(field, inside)), shape(child)):
+            return False  # a field without a column of its type would be lost
+        if is_map(field):
+            return False
+        if field.type in _MESSAGE_KINDS:
+            name = field.message_type.full_name
+            if field.type == FieldDescriptor.TYPE_GROUP or name in _NOT_INVERTIBLE:
+                return False
+            if name in WRAPPERS:
+                continue
+            target = child.children[0] if field.is_repeated else child
+            if target.signature != "struct" or not invertible(field.message_type, target, inside):
+                return False
+    return True
+
+
+def _pick(row: Mapping[str, Any], name: str) -> Any:
+    """A field's value; a column renamed by evolution (`name__vN`) holds it for rows written before."""
+    value = row.get(name)
+    if value is not None:
+        return value
+    for key, other in row.items():
+        match = _RENAMED.match(key)
+        if other is not None and match is not None and match.group("name") == name:
+            return other
+    return None
+
+
+def _scalar(field: FieldDescriptor, value: Any) -> Any:
+    if field.type == FieldDescriptor.TYPE_ENUM:
+        known = field.enum_type.values_by_name.get(value)
+        return known.number if known is not None else int(value)
+    if field.type == FieldDescriptor.TYPE_BYTES:
+        return bytes(value)
+    if field.type in (FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_FIXED64):
+        return int(value)
+    return value
+
+
+def fill_message(message: Any, row: Mapping[str, Any]) -> None:
+    """Set a message's fields from a struct value shaped like its columns (the inverse of proto_values)."""
+    for field in message.DESCRIPTOR.fields:
+        value = _pick(row, field.name)
+        if value is None:
+            continue
+        if field.type in _MESSAGE_KINDS and field.message_type.full_name in WRAPPERS:
+            if field.is_repeated:
+                for item in value:
+                    getattr(message, field.name).add().value = _scalar(field.message_type.fields_by_name["value"], item)
+            else:
+                getattr(message, field.name).value = _scalar(field.message_type.fields_by_name["value"], value)
+        elif field.type in _MESSAGE_KINDS:
+            if field.is_repeated:
+                for item in value:
+                    fill_message(getattr(message, field.name).add(), _as_dict(item))
+            else:
+                target = getattr(message, field.name)
+                target.SetInParent()  # a set message with no fields is still set
+                fill_message(target, _as_dict(value))
+        elif field.is_repeated:
+            getattr(message, field.name).extend(_scalar(field, v) for v in value)
+        else:
+            setattr(message, field.name, _scalar(field, value))
+
+
+def _as_dict(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else value.asDict(recursive=True)
+
+
+class Rebuilder:
+    """Rebuilds payloads of one side; caches message classes per (schema id, message indexes)."""
+
+    def __init__(self, schemas: Schemas) -> None:
+        self.schemas = schemas
+        self._classes: dict[tuple[int, tuple[int, ...]], Any] = {}
+
+    def _class(self, schema_id: int, indexes: Sequence[int]) -> Any:
+        key = (schema_id, tuple(indexes))
+        if key not in self._classes:
+            fds = self.schemas.by_id(schema_id)
+            pool = build_pool(fds)
+            descriptor = pool.FindMessageTypeByName(message_name_at(main_file_of(fds), list(indexes)))
+            self._classes[key] = message_factory.GetMessageClass(descriptor)
+        return self._classes[key]
+
+    def payload(self, side_row: Mapping[str, Any] | None) -> bytes | None:
+        """The side's bytes as produced: `__raw__` when kept, else the envelope and the rebuilt message."""
+        if side_row is None:
+            return None
+        row = _as_dict(side_row)
+        raw = row.get(RAW)
+        if raw is not None:
+            return bytes(raw)
+        prefix = row.get(PREFIX)
+        if prefix is None:
+            raise ValueError(f"row has neither {RAW} nor {PREFIX}: it cannot be rebuilt ({row.get(ERR)})")
+        envelope = parse_envelope(bytes(prefix))
+        if envelope is None:
+            raise ValueError(f"{PREFIX} {bytes(prefix)!r} is not a Confluent envelope")
+        schema_id, indexes, _ = envelope
+        message = self._class(schema_id, indexes)()
+        fill_message(message, row)
+        return bytes(prefix) + message.SerializeToString()
+
+
+def rebuild_payload(side_row: Mapping[str, Any] | None, schemas: Schemas) -> bytes | None:
+    """The key or value bytes a consumer read, from the row's `key` or `value` struct (None: a null payload)."""
+    return Rebuilder(schemas).payload(side_row)
+
+
+def rebuild_headers(headers: Sequence[Any] | None) -> list[tuple[str, bytes | None]]:
+    """The record's headers, in order, from the row's `headers` list."""
+    out: list[tuple[str, bytes | None]] = []
+    for header in headers or ():
+        item = _as_dict(header)
+        value = item.get("value")
+        out.append((str(item["key"]), None if value is None else bytes(value)))
+    return out

@@ -1,0 +1,1 @@
+"""Produce-time enforcement of topic schemas (coerce, reject on parse error)."""

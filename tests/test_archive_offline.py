@@ -1,0 +1,77 @@
+"""`icelog archive --once` with the broker stopped (cron-style): the embedded registry's schemas come from the
+metadata store, so raw topics and Protobuf topics both archive without any process listening.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from archive_fixtures import ARCHIVE_ENV, create_topic
+from confluent_kafka import Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from conftest import BrokerProcess, free_port
+from google.protobuf import message_factory
+
+from icelog.schema.protobuf_schema import build_pool, compile_schema
+
+pytestmark = pytest.mark.slow
+
+PROTO = """
+syntax = "proto3";
+package off;
+message Header { string source = 1; }
+message Click { string page = 1; int64 at = 2; Header header = 3; }
+"""
+
+
+def test_archive_once_with_the_broker_stopped(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "data", env=ARCHIVE_ENV).start()
+    try:
+        create_topic(broker, "off-raw", 2)
+        create_topic(broker, "off-clicks", 1)
+        registry = SchemaRegistryClient({"url": broker.registry_url})
+        click = message_factory.GetMessageClass(
+            build_pool(compile_schema(PROTO, {})).FindMessageTypeByName("off.Click")
+        )
+        serialize = ProtobufSerializer(click, registry, {"use.deprecated.format": False})
+        ctx = SerializationContext("off-clicks", MessageField.VALUE)
+        producer = Producer({"bootstrap.servers": broker.bootstrap})
+        for i in range(20):
+            producer.produce("off-raw", key=f"k{i}".encode(), value=f"v{i}".encode(), partition=i % 2)
+            message = click(page=f"/p{i}", at=i)
+            message.header.source = "web"
+            producer.produce("off-clicks", value=serialize(message, ctx))
+        assert producer.flush(30) == 0
+    finally:
+        broker.stop()
+
+    # Nothing listens anywhere now: not the broker, not the embedded registry (its port is the default's).
+    env = {**os.environ, **ARCHIVE_ENV, "ICELOG_REGISTRY_LISTEN": f"127.0.0.1:{free_port()}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "icelog", "archive", "--once", "--data-dir", str(broker.data_dir)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    raw = scan(broker.data_dir, "off-raw")
+    assert sorted(bytes(r["value"]["__raw__"]) for r in raw) == sorted(f"v{i}".encode() for i in range(20))
+    clicks = sorted(scan(broker.data_dir, "off-clicks"), key=lambda r: r["kafka"]["offset"])
+    assert [(r["value"]["page"], r["value"]["at"], r["value"]["header"]) for r in clicks] == [
+        (f"/p{i}", i, {"source": "web"}) for i in range(20)
+    ]
+
+
+def scan(data_dir: Path, topic: str) -> list[dict[str, Any]]:
+    """The table's rows, read with pyiceberg (no Spark, no broker)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog("lake", uri=f"sqlite:///{data_dir / 'catalog.db'}",
+                         warehouse=(data_dir.resolve() / "warehouse").as_uri())
+    return catalog.load_table(("icelog", topic)).scan().to_arrow().to_pylist()  # type: ignore[no-any-return]
