@@ -20,6 +20,7 @@ class ErrorCode(IntEnum):
     MESSAGE_TOO_LARGE = 10
     INVALID_TOPIC_EXCEPTION = 17
     RECORD_LIST_TOO_LARGE = 18
+    NOT_ENOUGH_REPLICAS = 19  # retriable: icelog's back-pressure refusal (archive lag or free disk)
     INVALID_REQUIRED_ACKS = 21
     UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
     UNSUPPORTED_VERSION = 35

@@ -14,13 +14,13 @@ from pathlib import Path
 from icelog.config import Settings
 from icelog.errors import ErrorCode, KafkaApiError, StoreError, TopicExistsError, UnknownTopicError
 from icelog.lake.topic_config import archive_config
-from icelog.log import intake_file
+from icelog.log import intake_file, pressure
 from icelog.log.batch import assign_offsets, parse_produced_batches, set_log_append_time
 from icelog.log.intake import IntakeFiles, IntakeWriter
 from icelog.log.partition import PartitionLog
 from icelog.log.producers import iter_stored_headers
 from icelog.log.transactions import encode_marker_batch, marker_type
-from icelog.meta.store import IntakeChunk, MetadataStore, TopicRecord
+from icelog.meta.store import ArchiveState, IntakeChunk, MetadataStore, TopicRecord
 from icelog.topics import MAX_PARTITIONS_PER_TOPIC, EffectiveConfig, validate_topic_configs, validate_topic_name
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,10 @@ class TopicState:
     record: TopicRecord
     config: EffectiveConfig
     partitions: list[PartitionLog]
+    # Back-pressure (log/pressure.py): icelog.archive.max.lag.bytes of an archived topic (None: not
+    # archived) and its unarchived intake bytes, refreshed in the background and raised by each append.
+    max_lag_bytes: int | None = None
+    unarchived_bytes: int = 0
 
     @property
     def name(self) -> str:
@@ -57,6 +61,7 @@ class LogManager:
         self.topics: dict[str, TopicState] = {}
         self._by_id: dict[uuid.UUID, TopicState] = {}
         self._file_refs: dict[int, int] = {}
+        self.free_bytes: int | None = None  # of the data directory; refreshed by refresh_pressure
 
     # -- life cycle ----------------------------------------------------------------------------
     def open(self) -> None:
@@ -99,7 +104,10 @@ class LogManager:
             logs.append(
                 PartitionLog(record.topic_id, part.partition, part.log_start_offset, part.high_watermark, self.files)
             )
-        state = TopicState(record, config, logs)
+        archive = archive_config(record.name, record.configs, self.settings.topic_defaults, self.settings.archive)
+        state = TopicState(record, config, logs, archive.max_lag_bytes if archive.enabled else None)
+        if old is not None and old.record.topic_id == record.topic_id:
+            state.unarchived_bytes = old.unarchived_bytes
         self.topics[record.name] = state
         self._by_id[record.topic_id] = state
         return state
@@ -191,6 +199,26 @@ class LogManager:
         if not validate_only:
             self._install(self.store.alter_topic_configs(name, set_configs, list(delete_keys)))
 
+    # -- back-pressure -------------------------------------------------------------------------
+    def admission(self, topic: TopicState) -> int:
+        """Throttle (ms) for a produce to `topic`, or a retriable refusal past a bound; O(1) (log/pressure.py)."""
+        return pressure.admission(
+            topic.name, topic.unarchived_bytes, topic.max_lag_bytes, self.free_bytes,
+            self.settings.intake.min_free_bytes,
+        )
+
+    def refresh_pressure(self, archived: Iterable[ArchiveState], free_bytes: int) -> None:
+        """Recount unarchived intake per archived topic from the archiver's recorded offsets."""
+        self.free_bytes = free_bytes
+        offsets = {(s.topic_id, s.partition): s.archived_offset for s in archived}
+        for state in self.topics.values():
+            if state.max_lag_bytes is None:
+                continue
+            state.unarchived_bytes = sum(
+                pressure.unarchived_bytes(part.chunks, offsets.get((part.topic_id, part.partition), 0))
+                for part in state.partitions
+            )
+
     # -- appends -------------------------------------------------------------------------------
     def append(
         self, topic: TopicState, partition: PartitionLog, records: bytes
@@ -213,6 +241,8 @@ class LogManager:
         max_ts = append_time if append_time >= 0 else max(b.max_timestamp for b in batches)
         # The bytearray goes to the writer as is: nothing touches it after offsets are assigned.
         done = self.writer.submit(partition.topic_id, partition.partition, buffer, base, base + record_count, max_ts)
+        if topic.max_lag_bytes is not None:
+            topic.unarchived_bytes += len(buffer)  # until the next refresh recounts from durable chunks
         partition.producers.record(batches, base, done)
         offset = base
         for batch in batches:
