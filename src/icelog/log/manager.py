@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import struct
 import time
 import uuid
@@ -75,6 +76,8 @@ class LogManager:
                 self._track_chunk(state.partitions[chunk.partition], chunk)
         self._delete_unreferenced_files()
         self._rebuild_producer_state()
+        # Back-pressure counts from the first request on (then refreshed in the background by the broker).
+        self.refresh_pressure(self.store.archive_states(), shutil.disk_usage(self.intake_dir).free)
 
     def _rebuild_producer_state(self) -> None:
         # Producer sequences and open/aborted transactions are not persisted: replay the stored batch headers.

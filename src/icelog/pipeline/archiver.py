@@ -189,6 +189,7 @@ class Archiver:
         failures = 1 if previous is None else previous.failures + 1
         delay_ms = min(RETRY_BACKOFF_FIRST_MS * 2 ** (failures - 1), self.settings.archive.retry_backoff_max_ms)
         self._backoff[topic.topic_id] = TopicBackoff(failures, now_ms + delay_ms, message)
+        self._tables_ready.discard(self.topic_config(topic).identifier)  # look again: it may have been dropped
         log.warning("archiving %s failed (intake kept; retry in %d ms): %s", topic.name, delay_ms, message)
         try:
             self.store.record_archive_error(topic.topic_id, range(topic.partitions), message, now_ms)
@@ -312,7 +313,7 @@ class Archiver:
 
         A batch that cannot be decoded fails the job in a worker; then the driver finds such batches,
         commits them to the dead-letter table `<table>__dlq` first (idempotent by offset) and appends the
-        archives again without them, their offsets counted as archived. Returns the dead letters found.
+        archives again without them, their offsets counted as archived. Returns the dead letters written.
         """
         try:
             self._append(topic, config, archives, new_offsets, schema)
@@ -325,7 +326,7 @@ class Archiver:
                 raise
         dlq = dlq_table_name(self.settings.archive.catalog_name, config.namespace, config.table)
         letters = [letter for batch in found.values() for letter in batch]
-        write_dead_letters(self.spark, dlq, letters)
+        written = write_dead_letters(self.spark, dlq, letters)  # 0 if a crashed pass kept them already
         fault_point("after-dead-letters")
         archives = [
             dataclasses.replace(a, dead_letters=a.dead_letters + tuple(d.base_offset for d in found[i]))
@@ -333,7 +334,7 @@ class Archiver:
         ]
         self._append(topic, config, archives, new_offsets, schema)
         self.store.record_dead_letters(topic.topic_id, dead_letter_counts(self.spark, dlq))
-        return len(letters)
+        return written
 
     def _append(
         self,
