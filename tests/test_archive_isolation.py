@@ -167,7 +167,8 @@ def test_a_failing_topic_backs_off_alone_and_the_others_archive_every_pass(
     create_topic(lake_broker, broken, partitions=1, configs=NO_DELAY)
     produce(lake_broker, broken, 5, partitions=1)
     assert not archiver.run_pass(force=True, topics=[broken])[0].error
-    AdminClient({"bootstrap.servers": lake_broker.bootstrap}).delete_topics([broken])[broken].result(30)
+    admin = AdminClient({"bootstrap.servers": lake_broker.bootstrap})
+    admin.delete_topics([broken])[broken].result(30)
     time.sleep(0.5)
     create_topic(lake_broker, broken, partitions=1, configs=NO_DELAY)
     produce(lake_broker, broken, 5, partitions=1)
