@@ -18,6 +18,9 @@ from icelog.schema.protobuf_schema import compile_schema
 log = logging.getLogger(__name__)
 
 SUBJECT_NOT_FOUND = (40401, 40402)  # subject not found, version not found
+# Per request: the client's default is no timeout at all, and a registry that accepts but never answers
+# would hold its topic's archiving forever (the pass itself goes on: Archiver.run_pass bounds its wait).
+REQUEST_TIMEOUT_S = 10
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ class RegistrySchemas:
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
         self.url = url
-        self.client = SchemaRegistryClient({"url": url})
+        self.client = SchemaRegistryClient({"url": url, "timeout": REQUEST_TIMEOUT_S})
         # Schema ids never change what they name: compiled sets may outlive the pass (protoc is slow).
         self._by_id = compiled if compiled is not None else {}
         self._latest: dict[str, LatestSchema | None] = {}
