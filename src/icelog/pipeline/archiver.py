@@ -164,12 +164,6 @@ class Archiver:
             results.append(result)
         return results
 
-    def wait_in_flight(self) -> None:
-        """Wait for the topics still running from earlier passes and record how they ended."""
-        for _topic, future in list(self._in_flight.values()):
-            concurrent.futures.wait([future])
-        self._collect_finished()
-
     def _collect_finished(self) -> None:
         for topic_id, (topic, future) in list(self._in_flight.items()):
             if not future.done():
