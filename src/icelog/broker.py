@@ -124,8 +124,9 @@ class Broker:
         while True:
             try:
                 states = await asyncio.to_thread(self.logs.store.archive_states)
+                unarchived = await asyncio.to_thread(self.logs.count_unarchived, states)
                 free = await asyncio.to_thread(lambda: shutil.disk_usage(self.settings.data_dir).free)
-                self.logs.refresh_pressure(states, free)
+                self.logs.apply_pressure(unarchived, free)
             except Exception:
                 log.exception("back-pressure refresh failed; will retry")
             await asyncio.sleep(pressure.REFRESH_INTERVAL_S)

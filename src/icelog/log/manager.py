@@ -62,7 +62,7 @@ class LogManager:
         self.topics: dict[str, TopicState] = {}
         self._by_id: dict[uuid.UUID, TopicState] = {}
         self._file_refs: dict[int, int] = {}
-        self.free_bytes: int | None = None  # of the data directory; refreshed by refresh_pressure
+        self.free_bytes: int | None = None  # of the data directory; refreshed by apply_pressure
 
     # -- life cycle ----------------------------------------------------------------------------
     def open(self) -> None:
@@ -77,7 +77,7 @@ class LogManager:
         self._delete_unreferenced_files()
         self._rebuild_producer_state()
         # Back-pressure counts from the first request on (then refreshed in the background by the broker).
-        self.refresh_pressure(self.store.archive_states(), shutil.disk_usage(self.intake_dir).free)
+        self.apply_pressure(self.count_unarchived(self.store.archive_states()), shutil.disk_usage(self.intake_dir).free)
 
     def _rebuild_producer_state(self) -> None:
         # Producer sequences and open/aborted transactions are not persisted: replay the stored batch headers.
@@ -210,17 +210,30 @@ class LogManager:
             self.settings.intake.min_free_bytes,
         )
 
-    def refresh_pressure(self, archived: Iterable[ArchiveState], free_bytes: int) -> None:
-        """Recount unarchived intake per archived topic from the archiver's recorded offsets."""
-        self.free_bytes = free_bytes
+    def count_unarchived(self, archived: Iterable[ArchiveState]) -> dict[uuid.UUID, int]:
+        """Unarchived intake bytes per archived topic, from the archiver's recorded offsets.
+
+        Runs on a worker thread (the unarchived tail can be long when the lake is behind, and the GIL is
+        handed back to the event loop meanwhile); it only reads chunk lists, so a count that races an
+        append or a trim is off by that chunk until the next refresh.
+        """
         offsets = {(s.topic_id, s.partition): s.archived_offset for s in archived}
-        for state in self.topics.values():
-            if state.max_lag_bytes is None:
-                continue
-            state.unarchived_bytes = sum(
-                pressure.unarchived_bytes(part.chunks, offsets.get((part.topic_id, part.partition), 0))
-                for part in state.partitions
+        return {
+            state.record.topic_id: sum(
+                pressure.unarchived_bytes(list(part.chunks), offsets.get((part.topic_id, part.partition), 0))
+                for part in list(state.partitions)
             )
+            for state in list(self.topics.values())
+            if state.max_lag_bytes is not None
+        }
+
+    def apply_pressure(self, unarchived: dict[uuid.UUID, int], free_bytes: int) -> None:
+        """Install counts from count_unarchived and the data directory's free space (on the event loop)."""
+        self.free_bytes = free_bytes
+        for topic_id, size in unarchived.items():
+            state = self._by_id.get(topic_id)
+            if state is not None and state.max_lag_bytes is not None:
+                state.unarchived_bytes = size
 
     # -- appends -------------------------------------------------------------------------------
     def append(
