@@ -1,4 +1,6 @@
-"""Back-pressure: a lake that cannot keep up slows, then refuses, producers; they resume by themselves.
+"""The broker keeps its pace while the lake works: back-pressure, and the archiver below the broker's CPU priority.
+
+Back-pressure: a lake that cannot keep up slows, then refuses, producers; they resume by themselves.
 
 Real `icelog serve` processes, a real librdkafka producer (confluent-kafka) and kafka-python, the session's
 Spark archiver (tests/archive_fixtures.py).
@@ -113,3 +115,42 @@ def test_throttle_grows_from_80_percent_and_refusal_is_retriable_at_the_bound() 
     tid = uuid.uuid4()
     chunks = [IntakeChunk(tid, 0, b, b + 10, 1, b * 100, 100, 0) for b in range(0, 50, 10)]
     assert [unarchived_bytes(chunks, a) for a in (0, 9, 10, 25, 50)] == [500, 500, 400, 300, 0]
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:  # field 4 (ppid), after the command name
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.slow
+def test_the_archiver_and_its_spark_run_below_the_brokers_cpu_priority(tmp_path: Path) -> None:
+    import os
+    import time
+
+    broker = BrokerProcess(
+        tmp_path / "data", env={"ICELOG_ARCHIVE__ENABLED": "true", "ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg"}
+    ).start()
+    try:
+        create_topic(broker, "niced", partitions=1)  # an archived topic: the archiver starts Spark
+        assert broker.proc is not None
+        deadline = time.monotonic() + 180
+        jvm: list[int] = []
+        archiver: list[int] = []
+        while not jvm:
+            assert time.monotonic() < deadline, broker.log()[-3000:]
+            archiver = _children(broker.proc.pid)
+            jvm = [c for a in archiver for c in _children(a)]
+            time.sleep(0.5)
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, broker.proc.pid) == own
+        expected = [max(10, own)] * len(archiver + jvm)  # archive.nice, default 10
+        assert [os.getpriority(os.PRIO_PROCESS, p) for p in archiver + jvm] == expected
+    finally:
+        broker.stop()
