@@ -1,6 +1,7 @@
 """Archive benchmark: archive throughput against a Spark Parquet → Iceberg baseline, and freshness.
 
 Run: .venv/bin/python bench/archive_bench.py [--records 10000000] [--freshness-seconds 60] [--rate-mb 5]
+     .venv/bin/python bench/archive_bench.py --quick     # 500 k records, 30 s of steady produce: < 5 minutes
 
 One run measures, on the same machine and moment:
   1. decoding stored batches in one Python process (aiokafka's Cython parser vs kafka-python's pure one,
@@ -192,7 +193,8 @@ def freshness(broker: BrokerProcess, settings: Any, spark: Any, seconds: float, 
     """Steady produce at rate_mb MB/s while `icelog archive` runs; CreateTime → snapshot commit latency."""
     topic = "bench-fresh"
     create_topic(broker.bootstrap, topic, PARTITIONS)
-    env = {**os.environ, "ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg"}
+    # The broker's embedded registry, on the port the bench broker serves it (not the default 8081).
+    env = {**os.environ, "ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg", "ICELOG_REGISTRY_LISTEN": settings.registry_listen}
     log_path = broker.data_dir.parent / "archiver.log"
     archiver = subprocess.Popen(
         [sys.executable, "-m", "icelog", "archive", "--data-dir", str(broker.data_dir)],
@@ -256,7 +258,10 @@ def main() -> None:
     parser.add_argument("--freshness-seconds", type=float, default=60)
     parser.add_argument("--rate-mb", type=float, default=5.0)
     parser.add_argument("--skip-freshness", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="500 k records and 30 s of steady produce")
     args = parser.parse_args()
+    if args.quick:
+        args.records, args.freshness_seconds = min(args.records, 500_000), min(args.freshness_seconds, 30)
 
     work = Path(tempfile.mkdtemp(prefix="icelog-archive-bench-"))
     broker = BrokerProcess(
@@ -273,7 +278,8 @@ def main() -> None:
         "partitions": PARTITIONS,
     }
     try:
-        settings = load_settings(data_dir=str(broker.data_dir))
+        # The archiver reads schemas from the bench broker's embedded registry (its own free port).
+        settings = load_settings(data_dir=str(broker.data_dir), registry_listen=f"127.0.0.1:{broker.registry_port}")
         topic = "bench-archive"
         create_topic(broker.bootstrap, topic, PARTITIONS)
         produce_s = produce_bulk(broker.bootstrap, topic, args.records)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import signal
 import socket
 
 from icelog.config import Settings
 from icelog.coordinator.groups import GroupCoordinator, GroupSettings
 from icelog.coordinator.transactions import TransactionCoordinator
+from icelog.log import pressure
 from icelog.log.manager import LogManager
 from icelog.meta.store import open_store
 from icelog.pipeline.service import ArchiverProcess
@@ -77,6 +79,7 @@ class Broker:
             self.archiver = ArchiverProcess(self.settings)
             self.archiver.start()
         upkeep = asyncio.create_task(self._upkeep())
+        pressure_task = asyncio.create_task(self._refresh_pressure())
         print(
             f"icelog serving Kafka on {self.state.advertised_host}:{self.state.advertised_port} "
             f"(data in {self.settings.data_dir})"
@@ -88,6 +91,7 @@ class Broker:
         stop_wait = asyncio.create_task(self._stopping.wait())
         await asyncio.wait({stop_wait, writer_task}, return_when=asyncio.FIRST_COMPLETED)
         upkeep.cancel()
+        pressure_task.cancel()
         if self.archiver is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.archiver.stop)
         await self.server.stop()
@@ -113,6 +117,19 @@ class Broker:
                 self.logs.enforce_retention()
             except Exception:
                 log.exception("retention pass failed; will retry")
+
+
+    async def _refresh_pressure(self) -> None:
+        """Keep the back-pressure counters current (log/pressure.py): store and disk reads off the event loop."""
+        while True:
+            try:
+                states = await asyncio.to_thread(self.logs.store.archive_states)
+                unarchived = await asyncio.to_thread(self.logs.count_unarchived, states)
+                free = await asyncio.to_thread(lambda: shutil.disk_usage(self.settings.data_dir).free)
+                self.logs.apply_pressure(unarchived, free)
+            except Exception:
+                log.exception("back-pressure refresh failed; will retry")
+            await asyncio.sleep(pressure.REFRESH_INTERVAL_S)
 
 
 def _advertisable(host: str) -> str:

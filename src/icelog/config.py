@@ -32,6 +32,11 @@ class IntakeSettings(BaseModel):
         30000, gt=0, description="How often partitions that moved get a producer-state snapshot (start-up replays "
         "only the intake after it)."
     )
+    min_free_bytes: int = Field(
+        1024 * 1024 * 1024,
+        ge=0,
+        description="Refuse produce (retriable NOT_ENOUGH_REPLICAS) while the data dir has less free space.",
+    )
 
 
 class ArchiveSettings(BaseModel):
@@ -53,10 +58,26 @@ class ArchiveSettings(BaseModel):
     )
     warehouse: str | None = Field(None, description="Warehouse location; default file://<data_dir>/warehouse.")
     namespace: str = Field("icelog", description="Namespace of archive tables (a topic's table config wins).")
-    spark_master: str = Field("local[*]", description="spark.master: local[*], or spark://HOST:PORT.")
+    spark_master: str = Field(
+        default_factory=lambda: f"local[{max(1, (os.cpu_count() or 2) // 2)}]",
+        description="spark.master: local[N] (default: half the cores, the rest stay the broker's), or spark://HOST:PORT.",
+    )
     spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark conf entries.")
     poll_interval_ms: int = Field(500, gt=0, description="How often the archiver looks for due archives.")
-    retry_backoff_max_ms: int = Field(30000, gt=0, description="Longest wait between retries of a failed pass.")
+    retry_backoff_max_ms: int = Field(
+        30000, gt=0, description="Longest wait between retries of a failing topic (backoff is per topic)."
+    )
+    topic_wait_ms: int = Field(
+        30000, gt=0, description="Longest a continuous pass waits for one topic before going on to the others."
+    )
+    nice: int = Field(
+        10, ge=0, le=19, description="CPU niceness the archiver process (and Spark under it) runs at; 0: as the broker."
+    )
+    max_lag_bytes: int = Field(
+        4 * 1024 * 1024 * 1024,
+        gt=0,
+        description="Default icelog.archive.max.lag.bytes: unarchived intake per topic before produce is refused.",
+    )
     max_bytes: int = Field(
         128 * 1024 * 1024, gt=0, description="Default icelog.archive.max.bytes: an archive is cut at this size."
     )

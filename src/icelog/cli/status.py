@@ -11,7 +11,9 @@ from icelog.errors import IcelogError
 from icelog.meta.store import open_store
 from icelog.pipeline.progress import ArchiveProgress, archive_progress
 
-ARCHIVE_COLUMNS = ("ARCHIVED-THROUGH", "LAG-RECORDS", "LAG-BYTES", "LAG-SECONDS", "LAST-COMMIT", "LAST-ERROR")
+ARCHIVE_COLUMNS = (
+    "ARCHIVED-THROUGH", "LAG-RECORDS", "LAG-BYTES", "LAG-SECONDS", "LAST-COMMIT", "DEAD-LETTERS", "LAST-ERROR"
+)
 
 
 def _archive_cells(progress: ArchiveProgress | None) -> tuple[str, ...]:
@@ -25,7 +27,7 @@ def _archive_cells(progress: ArchiveProgress | None) -> tuple[str, ...]:
     return (
         str(progress.archived_offset - 1) if progress.archived_offset > 0 else "-",
         str(progress.lag_records), str(progress.lag_bytes), f"{progress.lag_seconds:.1f}", last_commit,
-        progress.last_error or "-",
+        str(progress.dead_letters), progress.last_error or "-",
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,16 @@ from icelog.lake.catalog import catalog_jars, catalog_spark_conf
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+
+def local_threads(master: str, default: int = 4) -> int:
+    """The thread count of a local[N] master (local[*]: the cores; other masters: `default`)."""
+    match = re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]", master.strip())
+    if master.strip() == "local":
+        return 1
+    if match is None:
+        return default
+    return os.cpu_count() or default if match.group(1) == "*" else max(1, int(match.group(1)))
 
 
 def spark_conf(settings: Settings, app_name: str = "icelog") -> dict[str, str]:
@@ -24,7 +35,10 @@ def spark_conf(settings: Settings, app_name: str = "icelog") -> dict[str, str]:
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        "spark.sql.shuffle.partitions": "4",
+        # Bounded parallelism: as many shuffle partitions as the local master has threads, so a job never
+        # queues more concurrent Python workers than the cores Spark was given (the rest are the broker's).
+        "spark.sql.shuffle.partitions": str(local_threads(settings.archive.spark_master)),
+        "spark.default.parallelism": str(local_threads(settings.archive.spark_master)),
         "spark.driver.memory": "2g",
         "spark.python.worker.reuse": "true",
         "spark.sql.execution.arrow.pyspark.enabled": "true",

@@ -7,6 +7,7 @@ import bisect
 import collections
 import itertools
 import logging
+import shutil
 import struct
 import time
 import uuid
@@ -17,14 +18,14 @@ from pathlib import Path
 from icelog.config import Settings
 from icelog.errors import ErrorCode, KafkaApiError, StoreError, TopicExistsError, UnknownTopicError
 from icelog.faults import fault_point
-from icelog.log import intake_file
+from icelog.log import intake_file, pressure
 from icelog.log.batch import assign_offsets, parse_produced_batches, set_log_append_time
 from icelog.log.intake import IntakeFiles, IntakeWriter
 from icelog.log.partition import PartitionLog
 from icelog.log.producers import iter_stored_headers
 from icelog.log.snapshots import decode_state, encode_state
 from icelog.log.transactions import encode_marker_batch, marker_type
-from icelog.meta.store import IntakeChunk, MetadataStore, ProducerSnapshot, TopicRecord
+from icelog.meta.store import ArchiveState, IntakeChunk, MetadataStore, ProducerSnapshot, TopicRecord
 from icelog.topic_configs.archive import archive_config
 from icelog.topics import MAX_PARTITIONS_PER_TOPIC, EffectiveConfig, validate_topic_configs, validate_topic_name
 
@@ -38,6 +39,10 @@ class TopicState:
     record: TopicRecord
     config: EffectiveConfig
     partitions: list[PartitionLog]
+    # Back-pressure (log/pressure.py): icelog.archive.max.lag.bytes of an archived topic (None: not
+    # archived) and its unarchived intake bytes, refreshed in the background and raised by each append.
+    max_lag_bytes: int | None = None
+    unarchived_bytes: int = 0
 
     @property
     def name(self) -> str:
@@ -67,6 +72,7 @@ class LogManager:
         # Set by the transaction coordinator: raises KafkaApiError unless (topic, partition, producer id,
         # epoch) is in an Ongoing transaction it opened (None: no verification, e.g. tools and tests).
         self.txn_verifier: Callable[[str, int, int, int], None] | None = None
+        self.free_bytes: int | None = None  # of the data directory; refreshed by apply_pressure
 
     # -- life cycle ----------------------------------------------------------------------------
     def open(self) -> None:
@@ -86,6 +92,8 @@ class LogManager:
                     self._file_refs[file_id] = self._file_refs.get(file_id, 0) + count
         self._delete_unreferenced_files()
         self._rebuild_producer_state()
+        # Back-pressure counts from the first request on (then refreshed in the background by the broker).
+        self.apply_pressure(self.count_unarchived(self.store.archive_states()), shutil.disk_usage(self.intake_dir).free)
 
     def _rebuild_producer_state(self) -> None:
         """Load each partition's producer-state snapshot, then replay only the batches stored after it."""
@@ -172,7 +180,10 @@ class LogManager:
             logs.append(
                 PartitionLog(record.topic_id, part.partition, part.log_start_offset, part.high_watermark, self.files)
             )
-        state = TopicState(record, config, logs)
+        archive = archive_config(record.name, record.configs, self.settings.topic_defaults, self.settings.archive)
+        state = TopicState(record, config, logs, archive.max_lag_bytes if archive.enabled else None)
+        if old is not None and old.record.topic_id == record.topic_id:
+            state.unarchived_bytes = old.unarchived_bytes
         self.topics[record.name] = state
         self._by_id[record.topic_id] = state
         return state
@@ -264,6 +275,39 @@ class LogManager:
         if not validate_only:
             self._install(self.store.alter_topic_configs(name, set_configs, list(delete_keys)))
 
+    # -- back-pressure -------------------------------------------------------------------------
+    def admission(self, topic: TopicState) -> int:
+        """Throttle (ms) for a produce to `topic`, or a retriable refusal past a bound; O(1) (log/pressure.py)."""
+        return pressure.admission(
+            topic.name, topic.unarchived_bytes, topic.max_lag_bytes, self.free_bytes,
+            self.settings.intake.min_free_bytes,
+        )
+
+    def count_unarchived(self, archived: Iterable[ArchiveState]) -> dict[uuid.UUID, int]:
+        """Unarchived intake bytes per archived topic, from the archiver's recorded offsets.
+
+        Runs on a worker thread (the unarchived tail can be long when the lake is behind, and the GIL is
+        handed back to the event loop meanwhile); it only reads chunk lists, so a count that races an
+        append or a trim is off by that chunk until the next refresh.
+        """
+        offsets = {(s.topic_id, s.partition): s.archived_offset for s in archived}
+        return {
+            state.record.topic_id: sum(
+                pressure.unarchived_bytes(list(part.chunks), offsets.get((part.topic_id, part.partition), 0))
+                for part in list(state.partitions)
+            )
+            for state in list(self.topics.values())
+            if state.max_lag_bytes is not None
+        }
+
+    def apply_pressure(self, unarchived: dict[uuid.UUID, int], free_bytes: int) -> None:
+        """Install counts from count_unarchived and the data directory's free space (on the event loop)."""
+        self.free_bytes = free_bytes
+        for topic_id, size in unarchived.items():
+            state = self._by_id.get(topic_id)
+            if state is not None and state.max_lag_bytes is not None:
+                state.unarchived_bytes = size
+
     # -- appends -------------------------------------------------------------------------------
     def append(
         self, topic: TopicState, partition: PartitionLog, records: bytes
@@ -289,6 +333,8 @@ class LogManager:
         max_ts = append_time if append_time >= 0 else max(b.max_timestamp for b in batches)
         # The bytearray goes to the writer as is: nothing touches it after offsets are assigned.
         done = self.writer.submit(partition.topic_id, partition.partition, buffer, base, base + record_count, max_ts)
+        if topic.max_lag_bytes is not None:
+            topic.unarchived_bytes += len(buffer)  # until the next refresh recounts from durable chunks
         partition.producers.record(batches, base, done)
         offset = base
         for batch in batches:

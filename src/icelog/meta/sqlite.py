@@ -64,6 +64,7 @@ CREATE TABLE IF NOT EXISTS archive_state (
     last_commit_ms INTEGER NOT NULL DEFAULT -1,
     last_error TEXT NOT NULL DEFAULT '',
     last_error_ms INTEGER NOT NULL DEFAULT -1,
+    dead_letters INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (topic_id, partition)
 );
 CREATE TABLE IF NOT EXISTS intake_tail (
@@ -132,6 +133,10 @@ class SqliteStore(SqliteRegistry, MetadataStore):
             if statement.strip():
                 self._conn.execute(statement)
         self._create_registry_tables()
+        archive_columns = {row[1] for row in self._conn.execute("PRAGMA table_info(archive_state)")}
+        if "dead_letters" not in archive_columns:  # stores created before the dead-letter table
+            with suppress(sqlite3.OperationalError):
+                self._conn.execute("ALTER TABLE archive_state ADD COLUMN dead_letters INTEGER NOT NULL DEFAULT 0")
         columns = {row[1] for row in self._conn.execute("PRAGMA table_info(intake_chunks)")}
         if "ingest_timestamp" not in columns:  # stores created before the archiver
             # (suppress: another process, the archiver or the broker, may have added it just now)
@@ -323,7 +328,7 @@ class SqliteStore(SqliteRegistry, MetadataStore):
     # -- archive state -------------------------------------------------------------------------
     def archive_states(self, topic_id: uuid.UUID | None = None) -> list[ArchiveState]:
         query = (
-            "SELECT topic_id, partition, archived_offset, last_commit_ms, last_error, last_error_ms "
+            "SELECT topic_id, partition, archived_offset, last_commit_ms, last_error, last_error_ms, dead_letters "
             "FROM archive_state"
         )
         args: tuple[str, ...] = ()
@@ -347,6 +352,16 @@ class SqliteStore(SqliteRegistry, MetadataStore):
                 "last_commit_ms = MAX(last_commit_ms, excluded.last_commit_ms), "
                 "last_error = '', last_error_ms = -1",
                 [(tid, p, offset, commit_ms) for p, offset in archived_offsets.items()],
+            )
+
+    def record_dead_letters(self, topic_id: uuid.UUID, counts: Mapping[int, int]) -> None:
+        tid = str(topic_id)
+        with self._tx() as conn:
+            conn.executemany(
+                "INSERT INTO archive_state (topic_id, partition, dead_letters) "
+                "SELECT ?1, ?2, ?3 WHERE EXISTS (SELECT 1 FROM topics WHERE topic_id = ?1) "
+                "ON CONFLICT (topic_id, partition) DO UPDATE SET dead_letters = excluded.dead_letters",
+                [(tid, p, n) for p, n in counts.items()],
             )
 
     def record_archive_error(

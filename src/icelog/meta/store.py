@@ -64,6 +64,7 @@ class ArchiveState:
     last_commit_ms: int = -1
     last_error: str = ""
     last_error_ms: int = -1
+    dead_letters: int = 0  # batches of this partition in the table's dead-letter table (`<table>__dlq`)
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,10 @@ class MetadataStore(RegistryStore, ABC):
 
         Offsets only move forward (a stale reconciliation never moves them back).
         """
+
+    @abstractmethod
+    def record_dead_letters(self, topic_id: uuid.UUID, counts: Mapping[int, int]) -> None:
+        """Record how many batches of each partition the dead-letter table holds (absolute counts)."""
 
     @abstractmethod
     def record_archive_error(

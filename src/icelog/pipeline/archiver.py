@@ -14,6 +14,7 @@ from the table's summary, so it writes no duplicate and leaves no gap.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import os
@@ -29,6 +30,8 @@ from icelog.config import Settings
 from icelog.errors import IcelogError
 from icelog.lake.layout import SPARK_SCHEMA_DDL, archive_table_ddl, quote_identifier
 from icelog.meta.store import IntakeChunk, MetadataStore, PartitionRecord, TopicRecord
+from icelog.pipeline.dead_letter import dead_letter_counts, dlq_table_name, is_worker_failure, write_dead_letters
+from icelog.pipeline.decode import find_dead_letters
 from icelog.pipeline.plan import PlannedArchive, plan_partition
 from icelog.pipeline.reconcile import (
     COMMIT_USER,
@@ -46,6 +49,7 @@ from icelog.topic_configs.archive import ARCHIVE_TABLE, ArchiveTopicConfig, arch
 log = logging.getLogger(__name__)
 
 POLL_CHUNKS = 10_000  # intake chunks per partition one poll plans from (the rest wait for later passes)
+RETRY_BACKOFF_FIRST_MS = 1000  # first wait after a topic fails; doubles per failure up to retry_backoff_max_ms
 RECONCILE_EVERY_MS = 60_000  # re-read a table's offsets at least this often even when nothing is due
 
 # Test hook: kill the job process at a stage ("after-write": data files and a staged, never-published
@@ -63,6 +67,17 @@ class TopicPassResult:
     intake_bytes: int = 0
     offsets: dict[int, int] = field(default_factory=dict)
     error: str = ""
+    skipped: str = ""  # why the topic was not attempted this pass (backoff, still running)
+    dead_letters: int = 0  # batches this pass sent to the dead-letter table
+
+
+@dataclass(frozen=True)
+class TopicBackoff:
+    """A failing topic's retry schedule: its consecutive failures and when it may run again."""
+
+    failures: int
+    retry_at_ms: int
+    error: str
 
 
 StableOffsetHook = Callable[[TopicRecord, PartitionRecord], int]
@@ -91,6 +106,11 @@ class Archiver:
         self._last_reconcile_ms: dict[uuid.UUID, int] = {}
         # Topics with a Protobuf schema (registry subjects per icelog.schema.<side>): table_schema.py
         self.schemas = TableSchemas(settings, spark, store)
+        self._backoff: dict[uuid.UUID, TopicBackoff] = {}
+        # Topics run on worker threads so that one that hangs cannot hold up the pass; threads are reused
+        # (each keeps its py4j connection). A topic still running is in _in_flight and is not started again.
+        self._workers = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="archive-topic")
+        self._in_flight: dict[uuid.UUID, tuple[TopicRecord, concurrent.futures.Future[TopicPassResult]]] = {}
 
     # -- naming --------------------------------------------------------------------------------
     def table_name(self, config: ArchiveTopicConfig) -> str:
@@ -101,26 +121,80 @@ class Archiver:
 
     # -- a pass --------------------------------------------------------------------------------
     def run_pass(self, force: bool = False, topics: Collection[str] | None = None) -> list[TopicPassResult]:
-        """Archive what is due in every archived topic (or those named); failures are recorded, not raised."""
+        """Archive what is due in every archived topic (or those named); failures are recorded, not raised.
+
+        One topic's trouble never holds up another's: a topic that failed waits out its own backoff
+        (exponential, capped at `archive.retry_backoff_max_ms`) while the others run every pass, and each
+        topic runs on a worker thread that the pass waits for at most `archive.topic_wait_ms` (a hung
+        registry or catalog call of one topic leaves that topic in flight, not the pass). With `force`
+        (`icelog archive --once`, an explicit request) backoff is ignored and the pass waits for every topic.
+        """
         results = []
         self.schemas.begin_pass()
+        self._collect_finished()
         for topic in self.store.list_topics():
             config = self.topic_config(topic)
             if not config.enabled or (topics is not None and topic.name not in topics):
                 continue
+            now_ms = int(self.clock() * 1000)
+            if topic.topic_id in self._in_flight:
+                results.append(TopicPassResult(topic.name, skipped="still running from an earlier pass"))
+                continue
+            backoff = self._backoff.get(topic.topic_id)
+            if backoff is not None and not force and now_ms < backoff.retry_at_ms:
+                results.append(TopicPassResult(
+                    topic.name, error=backoff.error, skipped=f"retry in {backoff.retry_at_ms - now_ms} ms"
+                ))
+                continue
+            future = self._workers.submit(self.archive_topic, topic, config, force)
+            timeout = None if force else self.settings.archive.topic_wait_ms / 1000
             try:
-                results.append(self.archive_topic(topic, config, force))
-            except Exception as exc:  # catalog/warehouse down, bad config: record, retry next pass
-                message = f"{type(exc).__name__}: {first_line(exc)}"
-                log.warning("archiving %s failed (intake kept; will retry): %s", topic.name, message)
-                try:
-                    self.store.record_archive_error(
-                        topic.topic_id, range(topic.partitions), message, int(self.clock() * 1000)
-                    )
-                except Exception:
-                    log.exception("could not record the archive error of %s", topic.name)
-                results.append(TopicPassResult(topic.name, error=message))
+                result = future.result(timeout)
+            except concurrent.futures.TimeoutError:
+                # Still working (a big backlog, or a dependency that hangs until its own timeout): let it
+                # run on; the next passes skip it and collect its outcome when it ends.
+                log.warning("archiving %s takes longer than %d ms; other topics go on meanwhile",
+                            topic.name, self.settings.archive.topic_wait_ms)
+                self._in_flight[topic.topic_id] = (topic, future)
+                results.append(TopicPassResult(topic.name, skipped="still running"))
+                continue
+            except Exception as exc:  # catalog/warehouse down, bad config: record, retry after backoff
+                results.append(self._failed(topic, exc))
+                continue
+            self._backoff.pop(topic.topic_id, None)
+            results.append(result)
         return results
+
+    def _collect_finished(self) -> None:
+        for topic_id, (topic, future) in list(self._in_flight.items()):
+            if not future.done():
+                continue
+            del self._in_flight[topic_id]
+            exc = future.exception()
+            if exc is None:
+                self._backoff.pop(topic_id, None)
+            elif isinstance(exc, Exception):
+                self._failed(topic, exc)
+
+    def _failed(self, topic: TopicRecord, exc: Exception) -> TopicPassResult:
+        """Record a topic's failure in the store and schedule its next attempt (exponential, capped)."""
+        message = f"{type(exc).__name__}: {first_line(exc)}"
+        now_ms = int(self.clock() * 1000)
+        previous = self._backoff.get(topic.topic_id)
+        failures = 1 if previous is None else previous.failures + 1
+        delay_ms = min(RETRY_BACKOFF_FIRST_MS * 2 ** (failures - 1), self.settings.archive.retry_backoff_max_ms)
+        self._backoff[topic.topic_id] = TopicBackoff(failures, now_ms + delay_ms, message)
+        self._tables_ready.discard(self.topic_config(topic).identifier)  # look again: it may have been dropped
+        log.warning("archiving %s failed (intake kept; retry in %d ms): %s", topic.name, delay_ms, message)
+        try:
+            self.store.record_archive_error(topic.topic_id, range(topic.partitions), message, now_ms)
+        except Exception:
+            log.exception("could not record the archive error of %s", topic.name)
+        return TopicPassResult(topic.name, error=message)
+
+    def close(self) -> None:
+        """Stop starting topics; a topic still running is abandoned (its next run reconciles from the table)."""
+        self._workers.shutdown(wait=False, cancel_futures=True)
 
     def ensure_table(self, config: ArchiveTopicConfig) -> None:
         """Create the archive table (namespace, partition spec, sort order) unless it exists."""
@@ -189,7 +263,7 @@ class Archiver:
         new_offsets = dict(committed.offsets)
         for archive in archives:
             new_offsets[archive.partition] = max(new_offsets.get(archive.partition, 0), archive.end_offset)
-        self.write(topic, config, archives, new_offsets, schema)
+        result.dead_letters = self.write(topic, config, archives, new_offsets, schema)
         fault_point("after-commit")
         self.store.record_archive(topic.topic_id, new_offsets, int(self.clock() * 1000))
         result.archives = len(archives)
@@ -238,8 +312,42 @@ class Archiver:
         archives: list[PlannedArchive],
         new_offsets: dict[int, int],
         schema: ArchiveSchema | None = None,
+    ) -> int:
+        """Decode the archives in Spark workers (one task and one file each) and append them in one commit.
+
+        A batch that cannot be decoded fails the job in a worker; then the driver finds such batches,
+        commits them to the dead-letter table `<table>__dlq` first (idempotent by offset) and appends the
+        archives again without them, their offsets counted as archived. Returns the dead letters written.
+        """
+        try:
+            self._append(topic, config, archives, new_offsets, schema)
+            return 0
+        except Exception as exc:
+            if not is_worker_failure(exc):
+                raise
+            found = {i: find_dead_letters(self.intake_dir, a) for i, a in enumerate(archives)}
+            if not any(found.values()):
+                raise
+        dlq = dlq_table_name(self.settings.archive.catalog_name, config.namespace, config.table)
+        letters = [letter for batch in found.values() for letter in batch]
+        written = write_dead_letters(self.spark, dlq, letters)  # 0 if a crashed pass kept them already
+        fault_point("after-dead-letters")
+        archives = [
+            dataclasses.replace(a, dead_letters=a.dead_letters + tuple(d.base_offset for d in found[i]))
+            for i, a in enumerate(archives)
+        ]
+        self._append(topic, config, archives, new_offsets, schema)
+        self.store.record_dead_letters(topic.topic_id, dead_letter_counts(self.spark, dlq))
+        return written
+
+    def _append(
+        self,
+        topic: TopicRecord,
+        config: ArchiveTopicConfig,
+        archives: list[PlannedArchive],
+        new_offsets: dict[int, int],
+        schema: ArchiveSchema | None,
     ) -> None:
-        """Decode the archives in Spark workers (one task and one file each) and append them in one commit."""
         intake_dir = self.intake_dir
         planned = list(archives)
 

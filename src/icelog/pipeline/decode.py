@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from icelog.errors import IcelogError
 from icelog.log import intake_file
 from icelog.log.batch import iter_stored_batches
-from icelog.log.record_format import ATTR_CONTROL, ATTR_TRANSACTIONAL, ATTRIBUTES_LOW_BYTE, INT64, PRODUCER_ID
+from icelog.log.record_format import (
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
+    ATTRIBUTES_LOW_BYTE,
+    HEADER_SIZE,
+    INT64,
+    PRODUCER_ID,
+)
 from icelog.pipeline.plan import PlannedArchive
 
 try:  # the compiled parser
@@ -91,18 +100,26 @@ class _Columns:
         )
 
 
-def decode_archive(
-    intake_dir: str | Path, archive: PlannedArchive, prefer_fast: bool = True
-) -> Iterator[Any]:
-    """Arrow record batches holding the records of one archive, in offset order.
+@dataclass(frozen=True)
+class DeadLetter:
+    """A stored batch the archive cannot decode: it goes to the dead-letter table, its offsets are passed."""
 
-    Control batches (transaction markers) are not records and are skipped; so are records outside
-    [start_offset, end_offset).
+    partition: int
+    base_offset: int
+    last_offset: int
+    batch: bytes
+    error: str
+
+
+def _archive_batches(directory: Path, archive: PlannedArchive) -> Iterator[tuple[bytes, int, int, str, int]]:
+    """(batch bytes, base offset, last offset, framing error, ingest ms) of the archive's data batches, in offset order.
+
+    Control batches, aborted transactions' batches and batches outside [start, end) are left out. Bytes
+    whose batch framing is broken (a length running past the chunk) come out once, to the chunk's end,
+    with a framing error; dead letters named by the plan (`archive.dead_letters`) are left out.
     """
-    batch_class = _batch_class(prefer_fast)
-    directory = Path(intake_dir)
-    cols = _Columns()
     start, end = archive.start_offset, archive.end_offset
+    skip = set(archive.dead_letters)
     for ref in archive.chunks:
         fd = os.open(intake_file.file_path(directory, ref.file_id), os.O_RDONLY)
         try:
@@ -111,10 +128,19 @@ def decode_archive(
             os.close(fd)
         if len(data) != ref.length:
             raise OSError(f"intake file {ref.file_id} is short: wanted {ref.length} bytes at {ref.position}")
-        ingest_us = ref.ingest_ms * 1000
         view = memoryview(data)
+        previous_end = ref.base_offset
         for pos, size, base, last in iter_stored_batches(view):
-            if last < start or base >= end:
+            if size < HEADER_SIZE or pos + size > len(view) or not previous_end <= base <= last:
+                # The framing is broken: nothing after this point can be told apart. One dead letter,
+                # from the last good batch to the chunk's end.
+                first = max(previous_end, start)
+                if first < min(ref.end_offset, end) and first not in skip:
+                    error = f"broken batch framing at byte {pos} of the chunk (length {size}, base {base})"
+                    yield bytes(view[pos:]), first, min(ref.end_offset, end) - 1, error, ref.ingest_ms
+                break
+            previous_end = last + 1
+            if last < start or base >= end or base in skip:
                 continue
             attributes = view[pos + ATTRIBUTES_LOW_BYTE]
             if attributes & ATTR_CONTROL:
@@ -123,23 +149,65 @@ def decode_archive(
                 producer_id = INT64.unpack_from(view, pos + PRODUCER_ID)[0]
                 if any(pid == producer_id and first <= base <= last for pid, first, last in archive.aborted):
                     continue  # an aborted transaction's records are not records of the topic
-            batch = batch_class(bytes(view[pos : pos + size]))
-            for record in batch:
-                offset = record.offset
-                if offset < start or offset >= end:
-                    continue
-                cols.offsets.append(offset)
-                cols.keys.append(record.key)
-                cols.values.append(record.value)
-                for hkey, hvalue in record.headers:
-                    cols.header_keys.append(hkey)
-                    cols.header_values.append(hvalue)
-                cols.header_offsets.append(len(cols.header_keys))
-                cols.event_us.append(record.timestamp * 1000)
-                cols.ingest_us.append(ingest_us)
-                cols.batch_starts.append(base)
-                if len(cols) >= ROWS_PER_ARROW_BATCH:
-                    yield cols.to_arrow(archive.partition)
-                    cols = _Columns()
+            yield bytes(view[pos : pos + size]), base, last, "", ref.ingest_ms
+
+
+def find_dead_letters(
+    intake_dir: str | Path, archive: PlannedArchive, prefer_fast: bool = True
+) -> list[DeadLetter]:
+    """The batches of an archive that cannot be decoded (checked in the driver, after a write failed)."""
+    batch_class = _batch_class(prefer_fast)
+    out: list[DeadLetter] = []
+    for data, base, last, framing_error, _ingest_ms in _archive_batches(Path(intake_dir), archive):
+        error = framing_error
+        if not error:
+            try:
+                for record in batch_class(data):
+                    # Everything decode_archive reads, so that what passes here decodes there.
+                    (record.offset, record.key, record.value, record.timestamp, list(record.headers))
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"[:2000]
+        if error:
+            out.append(DeadLetter(archive.partition, base, last, data, error))
+    return out
+
+
+def decode_archive(
+    intake_dir: str | Path, archive: PlannedArchive, prefer_fast: bool = True
+) -> Iterator[Any]:
+    """Arrow record batches holding the records of one archive, in offset order.
+
+    Control batches (transaction markers) are not records and are skipped; so are records outside
+    [start_offset, end_offset) and the batches the plan sends to the dead-letter table. A batch that
+    cannot be decoded raises (the driver then finds it with find_dead_letters).
+    """
+    batch_class = _batch_class(prefer_fast)
+    cols = _Columns()
+    start, end = archive.start_offset, archive.end_offset
+    for data, base, _last, framing_error, ingest_ms in _archive_batches(Path(intake_dir), archive):
+        if framing_error:
+            raise UndecodableBatchError(f"partition {archive.partition} offset {base}: {framing_error}")
+        ingest_us = ingest_ms * 1000
+        for record in batch_class(data):
+            offset = record.offset
+            if offset < start or offset >= end:
+                continue
+            cols.offsets.append(offset)
+            cols.keys.append(record.key)
+            cols.values.append(record.value)
+            for hkey, hvalue in record.headers:
+                cols.header_keys.append(hkey)
+                cols.header_values.append(hvalue)
+            cols.header_offsets.append(len(cols.header_keys))
+            cols.event_us.append(record.timestamp * 1000)
+            cols.ingest_us.append(ingest_us)
+            cols.batch_starts.append(base)
+            if len(cols) >= ROWS_PER_ARROW_BATCH:
+                yield cols.to_arrow(archive.partition)
+                cols = _Columns()
     if len(cols):
         yield cols.to_arrow(archive.partition)
+
+
+class UndecodableBatchError(IcelogError):
+    """A stored batch whose framing or records cannot be decoded (it belongs in the dead-letter table)."""

@@ -42,6 +42,8 @@ class PlannedArchive:
     reason: str  # max.bytes | complete.delay | idle | forced
     # (producer id, first offset, abort marker offset) of aborted transactions: their records are dropped
     aborted: tuple[tuple[int, int, int], ...] = ()
+    # Base offsets of stored batches that cannot be decoded: written to the dead-letter table, not the archive
+    dead_letters: tuple[int, ...] = ()
 
     @property
     def intake_bytes(self) -> int:

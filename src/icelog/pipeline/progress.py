@@ -22,6 +22,7 @@ class ArchiveProgress:
     lag_seconds: float  # age of the oldest record not yet archived
     last_commit_ms: int
     last_error: str
+    dead_letters: int = 0  # batches in the dead-letter table (`<table>__dlq`)
 
 
 def archive_progress(
@@ -47,6 +48,7 @@ def archive_progress(
                 0.0,
                 state.last_commit_ms if state else -1,
                 state.last_error if state else "",
+                state.dead_letters if state else 0,
             )
     for chunk in chunks:
         key = (chunk.topic_id, chunk.partition)
@@ -66,5 +68,6 @@ def archive_progress(
             max(now_ms - oldest, 0) / 1000 if oldest >= 0 else 0.0,
             p.last_commit_ms,
             p.last_error,
+            p.dead_letters,
         )
     return out

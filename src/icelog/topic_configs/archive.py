@@ -21,6 +21,7 @@ ARCHIVE_MAX_BYTES = "icelog.archive.max.bytes"
 ARCHIVE_COMPLETE_DELAY_MAX_MS = "icelog.archive.complete.delay.max.ms"
 ARCHIVE_IDLE_MAX_MS = "icelog.archive.idle.max.ms"
 INTAKE_RETENTION_MS = "icelog.intake.retention.ms"
+ARCHIVE_MAX_LAG_BYTES = "icelog.archive.max.lag.bytes"
 
 KIND_ICEBERG = "iceberg"
 KIND_NONE = "none"
@@ -45,6 +46,7 @@ CHECKS = {
     ARCHIVE_COMPLETE_DELAY_MAX_MS: check_long(0),
     ARCHIVE_IDLE_MAX_MS: check_long(0),
     INTAKE_RETENTION_MS: check_long(-1),
+    ARCHIVE_MAX_LAG_BYTES: check_long(1),
 }
 
 
@@ -59,6 +61,7 @@ class ArchiveTopicConfig:
     complete_delay_max_ms: int
     idle_max_ms: int
     intake_retention_ms: int  # -1: intake follows Kafka's retention.ms / retention.bytes only
+    max_lag_bytes: int = 4 * 1024 * 1024 * 1024  # unarchived intake bytes of the topic before produce is refused
 
     @property
     def enabled(self) -> bool:
@@ -93,4 +96,5 @@ def archive_config(
         complete_delay_max_ms=int(get(ARCHIVE_COMPLETE_DELAY_MAX_MS, settings.complete_delay_max_ms)),
         idle_max_ms=int(get(ARCHIVE_IDLE_MAX_MS, settings.idle_max_ms)),
         intake_retention_ms=int(get(INTAKE_RETENTION_MS, settings.intake_retention_ms)),
+        max_lag_bytes=int(get(ARCHIVE_MAX_LAG_BYTES, settings.max_lag_bytes)),
     )

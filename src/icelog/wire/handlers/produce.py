@@ -25,6 +25,7 @@ async def produce(ctx: RequestContext, request: Any) -> Any:
     acks = request.acks
     pending: list[tuple[Any, asyncio.Future[None]]] = []
     responses = []
+    throttle_ms = 0  # back-pressure (log/pressure.py): the largest throttle of the partitions written
     for topic_data in request.topic_data:
         partition_responses = []
         for data in topic_data.partition_data:
@@ -39,6 +40,7 @@ async def produce(ctx: RequestContext, request: Any) -> Any:
                     )
                 topic, partition = logs.partition(topic_data.name, data.index)
                 result.log_start_offset = partition.log_start_offset
+                throttle_ms = max(throttle_ms, logs.admission(topic))  # raises past a bound: nothing stored
                 records = data.records or b""
                 enforcer = ctx.broker.enforcer
                 if enforcer is not None and records and enforcer.applies(topic):
@@ -71,4 +73,7 @@ async def produce(ctx: RequestContext, request: Any) -> Any:
     if _drop_responses_left > 0 and pending:
         _drop_responses_left -= 1
         raise ConnectionAbortedError("ICELOG_TEST_DROP_PRODUCE_RESPONSES: dropping the connection unanswered")
-    return ProduceResponse(responses=responses, throttle_time_ms=0)
+    if throttle_ms and ctx.api_version < 6:
+        # Before KIP-219 (Produce v6) the broker throttles by answering late; newer clients wait themselves.
+        await asyncio.sleep(throttle_ms / 1000)
+    return ProduceResponse(responses=responses, throttle_time_ms=throttle_ms)
