@@ -15,6 +15,8 @@ from typing import Any
 import crc32c
 import pytest
 from conftest import BrokerProcess
+from hand_records import record as raw_record
+from hand_records import zz
 from kafka.codec import gzip_encode, lz4_encode, snappy_encode, zstd_encode
 from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
 from kafka.protocol.consumer import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
@@ -452,25 +454,6 @@ def test_bad_partition_does_not_affect_others_in_the_request(
 # walks the records of every produced batch (decompressing it) and so must we, or a consumer and the
 # archiver meet a batch they cannot read (a poison pill). Records are written by hand here, independently
 # of the broker's code.
-def zz(value: int) -> bytes:
-    """A zigzag varint."""
-    raw = ((value << 1) ^ (value >> 63)) & (2**64 - 1)
-    out = bytearray()
-    while raw > 0x7F:
-        out.append(raw & 0x7F | 0x80)
-        raw >>= 7
-    out.append(raw)
-    return bytes(out)
-
-
-def raw_record(offset_delta: int, value: bytes = b"v", ts_delta: int = 0,
-               headers: list[tuple[bytes, bytes]] | None = None, length_delta: int = 0) -> bytes:
-    hdrs = headers or []
-    body = (b"\x00" + zz(ts_delta) + zz(offset_delta) + zz(-1) + zz(len(value)) + value + zz(len(hdrs))
-            + b"".join(zz(len(k)) + k + zz(len(v)) + v for k, v in hdrs))
-    return zz(len(body) + length_delta) + body
-
-
 def raw_batch(records: bytes, count: int, attributes: int = 0, base_ts: int = 1_700_000_000_000,
               max_ts: int | None = None, producer_id: int = -1) -> bytes:
     """A v2 batch around `records` (already compressed if `attributes` say so) with a correct CRC."""

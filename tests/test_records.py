@@ -17,6 +17,7 @@ from pathlib import Path
 import kafka.codec
 import kafka.errors
 import pytest
+from hand_records import record, zz
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from icelog.errors import ErrorCode, KafkaApiError, is_retriable
@@ -109,28 +110,6 @@ def test_compiled_utf8_check_of_header_keys_is_pythons(compiled) -> None:
             expected = (ErrorCode.INVALID_RECORD, 0, "record 0: header 0 key is not valid UTF-8")
         assert compiled(data, 1, 0, 0) == expected, key
         assert records.validate_records_py(data, 1, 0, 0) == expected, key
-
-
-def zz(value: int) -> bytes:
-    """Zigzag varint, written independently of the code under test."""
-    raw = ((value << 1) ^ (value >> 63)) & (2**64 - 1)
-    out = bytearray()
-    while raw > 0x7F:
-        out.append(raw & 0x7F | 0x80)
-        raw >>= 7
-    out.append(raw)
-    return bytes(out)
-
-
-def record(offset_delta: int, value: bytes | None = b"v", ts_delta: int = 0, key: bytes | None = None,
-           headers: list[tuple[bytes, bytes | None]] | None = None, length_delta: int = 0) -> bytes:
-    def field(data: bytes | None) -> bytes:
-        return zz(-1) if data is None else zz(len(data)) + data
-
-    hdrs = headers or []
-    body = (b"\x00" + zz(ts_delta) + zz(offset_delta) + field(key) + field(value) + zz(len(hdrs))
-            + b"".join(zz(len(k)) + k + field(v) for k, v in hdrs))
-    return zz(len(body) + length_delta) + body
 
 
 HAND_MADE: dict[str, tuple[bytes, int, int, int, int]] = {  # records, count, base ts, max ts, expected code
