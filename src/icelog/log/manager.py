@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import bisect
 import collections
 import itertools
 import logging
@@ -112,8 +111,7 @@ class LogManager:
                         part.txn_index.drop_before(part.log_start_offset)
                         since = snapshot.offset
                         self._snapshot_offsets[(part.topic_id, part.partition)] = since
-                index = max(bisect.bisect_right([c.base_offset for c in part.chunks], since) - 1, 0)
-                for chunk in part.chunks[index:]:
+                for chunk in part.chunks_from(since):
                     if chunk.end_offset <= since:
                         continue
                     data = self.files.read_chunk(chunk)
@@ -293,7 +291,8 @@ class LogManager:
         offsets = {(s.topic_id, s.partition): s.archived_offset for s in archived}
         return {
             state.record.topic_id: sum(
-                pressure.unarchived_bytes(list(part.chunks), offsets.get((part.topic_id, part.partition), 0))
+                # No copy: chunk lists are only appended to or replaced whole, so one bisects safely here.
+                pressure.unarchived_bytes(part.chunks, offsets.get((part.topic_id, part.partition), 0))
                 for part in list(state.partitions)
             )
             for state in list(self.topics.values())

@@ -123,6 +123,11 @@ class PartitionLog:
         return self.txn_index.aborted_between(start_offset, end_offset)
 
     # -- reads ---------------------------------------------------------------------------------
+    def chunks_from(self, offset: int) -> list[IntakeChunk]:
+        """The chunks from the one holding `offset` (or the first) onwards; safe on a worker thread."""
+        bases, chunks = self._bases, self.chunks  # one consistent view (see the class docstring)
+        return chunks[max(bisect.bisect_right(bases, offset) - 1, 0) :]
+
     def check_fetch_offset(self, offset: int) -> None:
         """Raise OFFSET_OUT_OF_RANGE unless log start <= offset <= high watermark."""
         if offset < self.log_start_offset or offset > self.high_watermark:
@@ -141,9 +146,7 @@ class PartitionLog:
         limit = self.high_watermark if upper_offset is None else upper_offset
         out: list[bytes] = []
         size = 0
-        bases, chunks = self._bases, self.chunks  # one consistent view (see the class docstring)
-        index = max(bisect.bisect_right(bases, offset) - 1, 0)
-        for chunk in chunks[index:]:
+        for chunk in self.chunks_from(offset):
             if chunk.base_offset >= limit or size >= max_bytes:
                 break
             if chunk.end_offset <= offset:
