@@ -110,13 +110,17 @@ class StoreSchemaSource(_Compiled):
         return [v.schema_id for v in self.service.store.registry_versions(subject)]
 
     def by_id(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet:
-        def text() -> tuple[str, dict[str, str]]:
-            record = self.service.store.registry_schema(schema_id)
-            if record is None:
-                raise SchemaNotFoundError(f"schema id {schema_id} is not in the registry")
-            return record.schema, self.service.resolve_references(record.references)
+        from icelog.schema.registry.service import RegistryError
 
-        return self._cached(schema_id, text)
+        fds = self._by_id.get(schema_id)
+        if fds is None:
+            try:  # the registry's own look-up: the stored text, its references, compiled
+                fds = self._by_id[schema_id] = self.service.compiled(schema_id)
+            except RegistryError as exc:
+                if exc.status == 404:
+                    raise SchemaNotFoundError(f"schema id {schema_id} is not in the registry") from None
+                raise
+        return fds
 
 
 class HttpSchemaSource(_Compiled):
