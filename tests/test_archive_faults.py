@@ -178,3 +178,51 @@ def test_offsets_survive_snapshot_expiry_and_foreign_commits(
     expected = sorted(produced, key=lambda r: (r[0], r[1]))
     assert as_produced(rows) == expected
     check_offsets_contiguous(rows, partition_counts(expected))
+
+
+
+# A long-lived reader of the catalog in its own process, as a running archiver or `icelog sql` is: it opens the
+# catalog, then prints the table's row count each time it reads a line.
+_READER = """
+import sys
+from icelog.config import Settings
+from icelog.lake.spark import create_session
+spark = create_session(Settings(data_dir=sys.argv[1]), "catalog-reader")
+spark.sql("SHOW NAMESPACES").collect()
+print("open", flush=True)
+for _ in sys.stdin:
+    print(spark.sql(f"SELECT count(*) AS n FROM icelog.`{sys.argv[2]}`").collect()[0].n, flush=True)
+"""
+
+
+def test_a_running_session_sees_what_another_process_commits(
+    lake_broker: BrokerProcess, lake_settings: Settings
+) -> None:
+    """Processes share the catalog (archiver, `icelog sql`, maintenance): none may keep reading a stale one.
+
+    Iceberg's JdbcCatalog leaves a ResultSet open when it opens a SQLite catalog whose tables exist, which pins
+    one pooled connection to that moment: that process then never saw another's commits.
+    """
+    topic = "archive-foreign-process"
+    create_topic(lake_broker, topic)
+    produced = produce(lake_broker, topic, 100, tag="a")
+    job = run_archive_cli(lake_settings, topic)  # the catalog database and the table exist from here on
+    assert job.returncode == 0, job.stderr[-3000:]
+    env = {**os.environ, **ARCHIVE_ENV}
+    reader = subprocess.Popen(
+        [sys.executable, "-c", _READER, str(lake_settings.data_dir), topic],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )
+    assert reader.stdin and reader.stdout
+    try:
+        assert reader.stdout.readline().strip() == "open"
+        for tag in ("b", "c"):
+            produced += produce(lake_broker, topic, 100, tag=tag)
+            job = run_archive_cli(lake_settings, topic)
+            assert job.returncode == 0, job.stderr[-3000:]
+            reader.stdin.write("count\n")
+            reader.stdin.flush()
+            assert int(reader.stdout.readline()) == len(produced)
+    finally:
+        reader.kill()
+        reader.wait()

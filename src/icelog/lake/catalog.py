@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 from icelog.config import Settings
 from icelog.errors import ConfigError
+
+# Iceberg's JdbcCatalog tables, schema V1 (JdbcUtil.V0_CREATE_CATALOG_SQL + V1_UPDATE_CATALOG_SQL and
+# CREATE_NAMESPACE_PROPERTIES_TABLE_SQL of Iceberg 1.10), created by icelog for the embedded SQLite catalog.
+SQLITE_CATALOG_TABLES = (
+    "CREATE TABLE IF NOT EXISTS iceberg_tables(catalog_name VARCHAR(255) NOT NULL,"
+    "table_namespace VARCHAR(255) NOT NULL,table_name VARCHAR(255) NOT NULL,metadata_location VARCHAR(1000),"
+    "previous_metadata_location VARCHAR(1000),iceberg_type VARCHAR(5),"
+    "PRIMARY KEY (catalog_name, table_namespace, table_name))",
+    "CREATE TABLE IF NOT EXISTS iceberg_namespace_properties(catalog_name VARCHAR(255) NOT NULL,"
+    "namespace VARCHAR(255) NOT NULL,property_key VARCHAR(255),property_value VARCHAR(1000),"
+    "PRIMARY KEY (catalog_name, namespace, property_key))",
+)
 
 # Debian's JDBC driver jars (libxerial-sqlite-jdbc-java, libpostgresql-jdbc-java); Maven is unreachable.
 JDBC_DRIVER_JARS = {
@@ -57,11 +70,15 @@ def catalog_spark_conf(settings: Settings) -> dict[str, str]:
             raise ConfigError(f"archive.catalog_uri {uri!r}: a jdbc catalog needs a jdbc:... URI")
         conf.update({f"{prefix}.type": "jdbc", f"{prefix}.uri": uri, f"{prefix}.jdbc.schema-version": "V1"})
         if uri.startswith("jdbc:sqlite:"):
-            Path(uri.removeprefix("jdbc:sqlite:")).parent.mkdir(parents=True, exist_ok=True)
+            prepare_sqlite_catalog(Path(uri.removeprefix("jdbc:sqlite:")))
             # Several connections (Iceberg's client pool, `icelog sql`, pyiceberg) share the file: in WAL
             # mode readers never block a commit, and a busy writer waits instead of failing at once.
             conf[f"{prefix}.jdbc.journal_mode"] = "WAL"
             conf[f"{prefix}.jdbc.busy_timeout"] = "10000"
+            # The tables exist (prepare_sqlite_catalog): Iceberg's own check for them leaves a
+            # DatabaseMetaData.getTables ResultSet open on a pooled connection, which in WAL mode pins that
+            # connection to a read snapshot for good; it then never sees another process's commits.
+            conf[f"{prefix}.jdbc.init-catalog-tables"] = "false"
     elif archive.catalog_type == "rest":
         if not archive.catalog_uri:
             raise ConfigError("archive.catalog_type rest needs archive.catalog_uri (http(s)://HOST:PORT/...)")
@@ -71,6 +88,16 @@ def catalog_spark_conf(settings: Settings) -> dict[str, str]:
     for key, value in archive.catalog_properties.items():
         conf[f"{prefix}.{key}"] = value
     return conf
+
+
+def prepare_sqlite_catalog(path: Path) -> None:
+    """Create the embedded catalog's database and Iceberg's catalog tables (idempotent)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(path, timeout=30) as db:
+        db.execute("PRAGMA journal_mode=WAL")
+        for statement in SQLITE_CATALOG_TABLES:
+            db.execute(statement)
+    db.close()
 
 
 def sqlite_catalog_path(settings: Settings) -> Path | None:
