@@ -47,6 +47,7 @@ message Order {
   bytes tag = 4;
   double ratio = 5;
 }
+message OrderKey { string region = 1; int64 shop = 2; }
 """
 PROTO_V2 = PROTO.replace("  double ratio = 5;\n", "  double ratio = 5;\n  string region = 6;\n")
 SYSTEM_TAIL = ["__key", "__value", "__value_prefix", "__value_err", "__headers", "__batch_start", "__bucket",
@@ -190,6 +191,32 @@ def test_table_layout_without_schema(
     assert got == [(p, o, k, v, h) for p, o, k, v, h, _ts in sent]
     iceberg_table = catalog_table(lake_settings, topic)
     assert spec_of(iceberg_table) == [("identity", "__bucket")] and sort_of(iceberg_table) == [("__offset", "asc")]
+
+
+def test_key_with_a_schema_and_bucket_key_on_a_key_field(
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_spark: Any, lake_settings: Settings,
+    tl_pb: ModuleType,
+) -> None:
+    topic = "tl-keyed"
+    create_topic(lake_broker, topic, 3, {"icelog.archive.layout": "table", "icelog.table.bucket.key": "shop"})
+    registry = SchemaRegistryClient({"url": lake_broker.registry_url})
+    key_ctx = SerializationContext(topic, MessageField.KEY)
+    serialize_key = ProtobufSerializer(tl_pb.OrderKey, registry, {"use.deprecated.format": False})
+    value_of = serializer(lake_broker, tl_pb, topic)
+    keys = [tl_pb.OrderKey(region=f"r{i % 2}", shop=1000 + i) for i in range(12)]
+    records = [(serialize_key(k, key_ctx), value_of(o), bucket_of("long", k.shop, 3))
+               for k, o in zip(keys, orders(tl_pb, 12), strict=True)]
+    assert set(send(lake_broker, topic, records)) == {None}
+    [refused] = send(lake_broker, topic, [(records[0][0], records[0][1], (records[0][2] + 1) % 3)])
+    assert refused is not None and refused.code() == KafkaError.INVALID_RECORD
+    [result] = lake_archiver.run_pass(force=True, topics=[topic])
+    assert result.error == "" and result.records == 12
+    frame = lake_spark.sql(f"SELECT * FROM {table(topic)}")
+    assert frame.columns == ["region", "shop", "order_id", "customer", "amount", "tag", "ratio", "__key",
+                             "__key_err", *SYSTEM_TAIL[1:]]
+    got = sorted((r.shop, r.region, r.amount, r["__bucket"], bytes(r["__key"])) for r in frame.collect())
+    assert got == [(k.shop, k.region, i, bucket_of("long", k.shop, 3), records[i][0]) for i, k in enumerate(keys)]
+    assert spec_of(catalog_table(lake_settings, topic)) == [("bucket[3]", "shop")]
 
 
 def test_partition_by_columns_then_bucket(
