@@ -193,6 +193,25 @@ def test_table_layout_without_schema(
     assert spec_of(iceberg_table) == [("identity", "__bucket")] and sort_of(iceberg_table) == [("__offset", "asc")]
 
 
+def test_partition_column_waits_for_its_schema(
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_spark: Any, tl_pb: ModuleType,
+) -> None:
+    """Created before its schema: accepted; the archive pass says why it waits, then archives once it is there."""
+    topic = "tl-early"
+    # (The message is named: a raw payload first would leave the table's message to the schema's first one.)
+    create_topic(lake_broker, topic, 1, {"icelog.archive.layout": "table", "icelog.table.partition.by": "customer",
+                                         "icelog.schema.value.message": "tl.Order"})
+    assert send(lake_broker, topic, [(None, b"not yet a schema", 0)]) == [None]
+    [result] = lake_archiver.run_pass(force=True, topics=[topic])
+    assert "icelog.table.partition.by names 'customer'" in result.error and result.records == 0
+    value_of = serializer(lake_broker, tl_pb, topic)  # registers the subject
+    assert send(lake_broker, topic, [(None, value_of(o), 0) for o in orders(tl_pb, 3)]) == [None] * 3
+    [result] = lake_archiver.run_pass(force=True, topics=[topic])
+    assert result.error == "" and result.records == 4
+    rows = lake_spark.sql(f"SELECT customer, __value_err FROM {table(topic)} ORDER BY __offset").collect()
+    assert [r.customer for r in rows[1:]] == ["c0", "c1", "c2"] and rows[0]["__value_err"] is not None
+
+
 def test_key_with_a_schema_and_bucket_key_on_a_key_field(
     lake_broker: BrokerProcess, lake_archiver: Archiver, lake_spark: Any, lake_settings: Settings,
     tl_pb: ModuleType,
