@@ -260,7 +260,7 @@ class LogManager:
             raise KafkaApiError(
                 ErrorCode.INVALID_PARTITIONS, f"a topic can have at most {MAX_PARTITIONS_PER_TOPIC} partitions"
             )
-        if table_config(state.record.configs, self.settings.topic_defaults).bucket_key is not None:
+        if _bucket_key(state.record.configs, self.settings.topic_defaults) is not None:
             raise KafkaApiError(
                 ErrorCode.INVALID_PARTITIONS,
                 f"topic {name!r} has {BUCKET_KEY}: its partitions are the Iceberg buckets of the table's spec "
@@ -426,6 +426,14 @@ class LogManager:
                 self.files.forget(file_id)
                 intake_file.file_path(self.intake_dir, file_id).unlink(missing_ok=True)
                 log.info("deleted intake file %d: no partition needs it", file_id)
+
+
+def _bucket_key(configs: Mapping[str, str], defaults: Mapping[str, str]) -> str | None:
+    """A topic's icelog.table.bucket.key (None also when its table configs do not fit: refused at creation)."""
+    try:
+        return table_config(configs, defaults).bucket_key
+    except ValueError:
+        return None
 
 
 def _when_durable(original: asyncio.Future[None] | None) -> asyncio.Future[None]:
