@@ -29,7 +29,7 @@ from icelog.lake import iceberg_java
 from icelog.meta.store import MetadataStore
 from icelog.pipeline.archiver import Archiver
 from icelog.pipeline.table_schema import message_property
-from icelog.schema.archive.rebuild import Rebuilder, rebuild_headers
+from icelog.schema.archive.rebuild import Rebuilder, rebuild_headers, rebuild_table_row
 from icelog.schema.archive.registry_source import HttpSchemaSource, SchemaNotFoundError, StoreSchemaSource
 from icelog.schema.protobuf_schema import encode_envelope
 
@@ -196,3 +196,66 @@ def test_every_archived_row_rebuilds_what_consumers_read(
         http.by_id(987654)
     with pytest.raises(SchemaNotFoundError):
         local.by_id(987654)
+
+
+def test_every_table_layout_row_rebuilds_what_consumers_read(
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_spark: Any, lake_store: MetadataStore,
+    inv_pb: ModuleType,
+) -> None:
+    """The same promise for the table layout (top-level columns): raw, schema (odd payloads too), coerce."""
+    registry = SchemaRegistryClient({"url": lake_broker.registry_url})
+    layout = {"icelog.archive.layout": "table"}
+    raw_topic, order_topic, coerce_topic = "invt-raw", "invt-orders", "invt-coerce"
+    create_topic(lake_broker, raw_topic, 3, layout)
+    create_topic(lake_broker, order_topic, 2, {**layout, "icelog.schema.value.on.parse.error": "pass"})
+    create_topic(lake_broker, coerce_topic, 1, {**layout, "icelog.schema.value.coerce": "true",
+                                                "icelog.schema.value.message": "inv.Order"})
+    produce(lake_broker, raw_topic, 150, partitions=3)
+
+    serialize = ProtobufSerializer(inv_pb.Order, registry, {"use.deprecated.format": False})
+    ctx = SerializationContext(order_topic, MessageField.VALUE)
+    orders = []
+    for i in range(30):
+        order = inv_pb.Order(id=i - 15, customer=f"c{i} é", cents=2**64 - 1 - i, tags=[f"t{j}" for j in range(i % 3)],
+                             paid=i % 2 == 0, note=bytes([i, 0, 255]))
+        if i % 3:
+            order.inner.name, order.inner.n = f"in{i}", i
+        if i % 4 == 0:
+            order.priority = 0
+        orders.append(order)
+    send(lake_broker, order_topic, [(f"k{i}".encode(), serialize(o, ctx), [("i", str(i).encode())])
+                                    for i, o in enumerate(orders)], partition=0)
+    schema_id = registry.get_latest_version(f"{order_topic}-value").schema_id
+    envelope = encode_envelope(schema_id, [1])
+    body = orders[5].SerializeToString()
+    odd = [
+        (b"unknown-field", envelope + body + b"\xf8\x07\x2a", None),
+        (b"no-envelope", body, None),
+        (b"inner", encode_envelope(schema_id, [0]) + inv_pb.Inner(name="x", n=1).SerializeToString(), None),
+        (b"garbage", envelope + b"\xff\xff\xff", None),
+        (b"no-such-schema", encode_envelope(987654, [0]) + body, None),
+        (None, None, [("tombstone", None)]),
+        (b"empty-order", envelope, None),
+    ]
+    send(lake_broker, order_topic, odd, partition=1)
+    registry.register_schema(f"{coerce_topic}-value", Schema(PROTO, "PROTOBUF"))
+    send(lake_broker, coerce_topic, [(None, o.SerializeToString(), None) for o in orders[:10]], partition=0)
+
+    results = lake_archiver.run_pass(force=True, topics={raw_topic, order_topic, coerce_topic})
+    assert [r.error for r in results] == ["", "", ""], results
+
+    schemas = StoreSchemaSource(lake_store)
+    for topic, partitions, count in ((raw_topic, 3, 150), (order_topic, 2, 30 + len(odd)), (coerce_topic, 1, 10)):
+        read = consume_all(lake_broker, topic, partitions)
+        rows = [r.asDict(recursive=True) for r in lake_spark.sql(f"SELECT * FROM {table(topic)}").collect()]
+        assert len(read) == count and len(rows) == count
+        keys, values = Rebuilder(schemas), Rebuilder(schemas)
+        assert {(r["__bucket"], r["__offset"]): rebuild_table_row(r, keys, values) for r in rows} == read, topic
+
+    # The produced message's fields are top-level columns; lossless rows keep no __value.
+    by_key = {bytes(r["__key"]): r for r in lake_spark.sql(f"SELECT * FROM {table(order_topic)}").collect()
+              if r["__key"] is not None}
+    first = by_key[b"k1"]
+    assert first["customer"] == "c1 é" and first["inner"].asDict() == {"name": "in1", "n": 1}
+    assert first["__value"] is None and first["__value_prefix"] is not None
+    assert by_key[b"unknown-field"]["__value"] is not None and "inv.Inner" in by_key[b"inner"]["__value_err"]

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from icelog.errors import ErrorCode, KafkaApiError
 from icelog.topic_configs.archive import CHECKS as ARCHIVE_CHECKS
 from icelog.topic_configs.checks import Check, check_long, one_of
 from icelog.topic_configs.schema import CHECKS as SCHEMA_CHECKS
+from icelog.topic_configs.table import CHECKS as TABLE_CHECKS
+from icelog.topic_configs.table import FIXED_AT_CREATION, ICEBERG_PREFIX, check_iceberg_key, table_config
 
 MAX_TOPIC_NAME_LENGTH = 249
 # Each partition costs memory and start-up work in the broker; a request for millions would stall it.
@@ -71,7 +73,7 @@ ICELOG_PREFIX = "icelog."
 
 def _check_icelog_key(key: str, value: str | None) -> None:
     """Validate the icelog.* keys that have a known meaning (archive, schema); others persist as given."""
-    check = ARCHIVE_CHECKS.get(key) or SCHEMA_CHECKS.get(key)
+    check = ARCHIVE_CHECKS.get(key) or SCHEMA_CHECKS.get(key) or TABLE_CHECKS.get(key)
     if check is None or value is None:
         return
     try:
@@ -86,6 +88,12 @@ def validate_topic_configs(configs: Mapping[str, str | None]) -> dict[str, str |
         if key.startswith(ICELOG_PREFIX):
             _check_icelog_key(key, value)
             continue
+        if key.startswith(ICEBERG_PREFIX):  # forwarded to the archive table as a property (topic_configs/table.py)
+            try:
+                check_iceberg_key(key)
+            except ValueError as exc:
+                raise KafkaApiError(ErrorCode.INVALID_CONFIG, str(exc)) from None
+            continue
         spec = TOPIC_CONFIG_KEYS.get(key)
         if spec is None:
             raise KafkaApiError(ErrorCode.INVALID_CONFIG, f"unknown topic config {key!r}")
@@ -96,6 +104,30 @@ def validate_topic_configs(configs: Mapping[str, str | None]) -> dict[str, str |
         except ValueError as exc:
             raise KafkaApiError(ErrorCode.INVALID_CONFIG, f"invalid value for {key}: {exc}") from None
     return dict(configs)
+
+
+def validate_table_configs(configs: Mapping[str, str], broker_defaults: Mapping[str, str]) -> None:
+    """Check that a topic's table configs (layout, partition.by, bucket.key) fit together; INVALID_CONFIG if not."""
+    try:
+        table_config(configs, broker_defaults)
+    except ValueError as exc:
+        raise KafkaApiError(ErrorCode.INVALID_CONFIG, str(exc)) from None
+
+
+def validate_config_change(
+    current: Mapping[str, str], set_configs: Mapping[str, str], delete_keys: Iterable[str]
+) -> None:
+    """Refuse changing the configs that shape a topic's table (its layout and spec) once the topic exists."""
+    for key in FIXED_AT_CREATION:
+        changed = (key in set_configs and set_configs[key] != current.get(key)) or (
+            key in delete_keys and key in current
+        )
+        if changed:
+            raise KafkaApiError(
+                ErrorCode.INVALID_CONFIG,
+                f"{key} is fixed when the topic is created (it shapes the archive table's columns and partition "
+                "spec); create a new topic with the value you want",
+            )
 
 
 @dataclass(frozen=True)

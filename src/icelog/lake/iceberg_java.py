@@ -49,6 +49,7 @@ class JavaUpdateProperties(Protocol):
     """org.apache.iceberg.UpdateProperties (a pending change; `commit` applies it)."""
 
     def set(self, key: str, value: str) -> JavaUpdateProperties: ...
+    def remove(self, key: str) -> JavaUpdateProperties: ...
     def commit(self) -> None: ...
 
 
@@ -115,9 +116,11 @@ def table_properties(table: JavaTable) -> dict[str, str]:
     return {str(k): str(v) for k, v in table.properties().items()}
 
 
-def set_table_properties(table: JavaTable, properties: Mapping[str, str]) -> None:
-    """Set table properties in one commit."""
+def set_table_properties(table: JavaTable, properties: Mapping[str, str], remove: Iterable[str] = ()) -> None:
+    """Set (and remove) table properties in one commit."""
     update = table.updateProperties()
     for key, value in properties.items():
         update = update.set(key, value)
+    for key in remove:
+        update = update.remove(key)
     update.commit()

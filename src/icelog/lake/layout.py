@@ -1,4 +1,4 @@
-"""The archive table layout of topics without a schema (Bufstream's), as pure data.
+"""The archive table layouts as pure data: `record` (Bufstream's, the default) and `table` (Fluss's).
 
 Columns: key struct<__raw__ binary>, value struct<__raw__ binary>, headers list<struct<key string,
 value binary>>, kafka struct<partition int, offset long, event_timestamp timestamptz,
@@ -10,12 +10,22 @@ partition, then to a few files by the per-file min/max statistics of kafka.offse
 archive: a contiguous offset range of one partition, written in offset order). The day transform keeps
 a partition's files in day-sized groups so time-bounded queries prune too, and ingest time is made
 monotonic per partition so a day never goes back.
+
+The `table` layout (icelog.archive.layout=table; columns in schema/archive/iceberg_types.py) follows the Fluss
+FIP: partition spec identity(__bucket), or identity(<partition.by columns>…) then identity(__bucket), or with a
+bucket key bucket(<col>, <Kafka partitions>) (the broker keeps each record in the partition equal to its bucket);
+sort order __offset ASC. A TableSpec carries what a layout decides about a table besides its columns; an upsert
+table (a later primary key) is one more field of it. The layout is recorded in the table property
+`icelog.layout`, and a table keeps the layout it was created with.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+from icelog.topic_configs.table import BUCKET, LAYOUT_RECORD, LAYOUT_TABLE, OFFSET, TableTopicConfig
 
 # Spark SQL types of the columns, in table order.
 ARCHIVE_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -46,8 +56,68 @@ ARCHIVE_TABLE_PROPERTIES: dict[str, str] = {
     "write.target-file-size-bytes": str(1024 * 1024 * 1024),
     "icelog.layout": "archive-v1",
 }
+LAYOUT_PROPERTY = "icelog.layout"
+LAYOUT_PROPERTY_VALUES = {LAYOUT_RECORD: "archive-v1", LAYOUT_TABLE: "table-v1"}
 
 SPARK_SCHEMA_DDL = ", ".join(f"{name} {kind}" for name, kind in ARCHIVE_COLUMNS)
+
+
+@dataclass(frozen=True)
+class PartitionField:
+    """One field of a partition spec: `identity`, `day` or `bucket` (with `buckets`) of a column path."""
+
+    transform: str
+    column: str
+    buckets: int = 0
+
+    def spark_sql(self) -> str:
+        column = quote_path(self.column)
+        if self.transform == "identity":
+            return column
+        if self.transform == "bucket":
+            return f"bucket({self.buckets}, {column})"
+        return f"{self.transform}s({column})"
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """What a layout decides about an archive table besides its columns."""
+
+    layout: str
+    partition_fields: tuple[PartitionField, ...]
+    sort_order: tuple[str, ...]
+    properties: Mapping[str, str] = field(default_factory=dict)
+    bucket_key: str | None = None  # the column whose Iceberg bucket is the Kafka partition
+    primary_key: tuple[str, ...] = ()  # upsert tables (issue 10, items 4-6): the columns that identify a row
+
+
+RECORD_SPEC = TableSpec(
+    LAYOUT_RECORD,
+    tuple(PartitionField(transform, column) for transform, column, _name in ARCHIVE_PARTITION_FIELDS),
+    ARCHIVE_SORT_ORDER,
+    ARCHIVE_TABLE_PROPERTIES,
+)
+
+
+def table_spec(config: TableTopicConfig, partitions: int) -> TableSpec:
+    """The spec of a topic's table: RECORD_SPEC, or Fluss's rules for the table layout."""
+    if not config.is_table:
+        return RECORD_SPEC
+    fields = [PartitionField("identity", column) for column in config.partition_by]
+    if config.bucket_key is not None:
+        fields.append(PartitionField("bucket", config.bucket_key, partitions))
+    else:
+        fields.append(PartitionField("identity", BUCKET))
+    properties = {**ARCHIVE_TABLE_PROPERTIES, LAYOUT_PROPERTY: LAYOUT_PROPERTY_VALUES[LAYOUT_TABLE]}
+    return TableSpec(LAYOUT_TABLE, tuple(fields), (OFFSET,), properties, bucket_key=config.bucket_key)
+
+
+def layout_of_properties(properties: Mapping[str, str]) -> str | None:
+    """The layout an existing table was created with (None: not an icelog table)."""
+    for layout, value in LAYOUT_PROPERTY_VALUES.items():
+        if properties.get(LAYOUT_PROPERTY) == value:
+            return layout
+    return None
 
 
 @dataclass(frozen=True)
@@ -62,25 +132,38 @@ def quote_identifier(*parts: str) -> str:
     return ".".join("`" + part.replace("`", "``") + "`" for part in parts)
 
 
-def archive_table_ddl(catalog: str, namespace: str, table: str, columns_ddl: str = SPARK_SCHEMA_DDL) -> TableDDL:
+def quote_path(path: str) -> str:
+    """A column path (`kafka.offset`, `order_id`) back-quoted part by part."""
+    return ".".join("`" + part.replace("`", "``") + "`" for part in path.split("."))
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def archive_table_ddl(
+    catalog: str,
+    namespace: str,
+    table: str,
+    columns_ddl: str = SPARK_SCHEMA_DDL,
+    spec: TableSpec = RECORD_SPEC,
+    properties: Mapping[str, str] | None = None,
+) -> TableDDL:
     """CREATE NAMESPACE / CREATE TABLE / partition fields / sort order for an archive table.
 
-    `columns_ddl`: the raw layout's columns, or those of a topic with a Protobuf schema (pipeline/table_schema.py).
+    `columns_ddl`: the layout's columns (pipeline/table_schema.py for topics with a Protobuf schema);
+    `properties`: the topic's forwarded properties, over the layout's own.
     """
     ident = quote_identifier(catalog, namespace, table)
-    props = ", ".join(f"'{k}'='{v}'" for k, v in ARCHIVE_TABLE_PROPERTIES.items())
-    partition_by = ", ".join(
-        ("" if transform == "identity" else f"{transform}s(")
-        + column
-        + ("" if transform == "identity" else ")")
-        for transform, column, _name in ARCHIVE_PARTITION_FIELDS
-    )
+    merged = {**spec.properties, **(properties or {}), LAYOUT_PROPERTY: LAYOUT_PROPERTY_VALUES[spec.layout]}
+    props = ", ".join(f"{_sql_string(k)}={_sql_string(v)}" for k, v in merged.items())
+    partition_by = ", ".join(f.spark_sql() for f in spec.partition_fields)
     return TableDDL(
         (
             f"CREATE NAMESPACE IF NOT EXISTS {quote_identifier(catalog, namespace)}",
             f"CREATE TABLE IF NOT EXISTS {ident} ({columns_ddl}) USING iceberg "
             f"PARTITIONED BY ({partition_by}) TBLPROPERTIES ({props})",
-            f"ALTER TABLE {ident} WRITE ORDERED BY {', '.join(ARCHIVE_SORT_ORDER)}",
+            f"ALTER TABLE {ident} WRITE ORDERED BY {', '.join(quote_path(c) for c in spec.sort_order)}",
         )
     )
 

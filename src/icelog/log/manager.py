@@ -26,7 +26,15 @@ from icelog.log.snapshots import decode_state, encode_state
 from icelog.log.transactions import encode_marker_batch, marker_type
 from icelog.meta.store import ArchiveState, IntakeChunk, MetadataStore, ProducerSnapshot, TopicRecord
 from icelog.topic_configs.archive import archive_config
-from icelog.topics import MAX_PARTITIONS_PER_TOPIC, EffectiveConfig, validate_topic_configs, validate_topic_name
+from icelog.topic_configs.table import BUCKET_KEY, table_config
+from icelog.topics import (
+    MAX_PARTITIONS_PER_TOPIC,
+    EffectiveConfig,
+    validate_config_change,
+    validate_table_configs,
+    validate_topic_configs,
+    validate_topic_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +225,7 @@ class LogManager:
                 f"partitions must be between 1 and {MAX_PARTITIONS_PER_TOPIC}, got {partitions}",
             )
         values = {k: v for k, v in validate_topic_configs(configs).items() if v is not None}
+        validate_table_configs(values, self.settings.topic_defaults)
         if name in self.topics:
             raise KafkaApiError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
         if validate_only:
@@ -251,6 +260,13 @@ class LogManager:
             raise KafkaApiError(
                 ErrorCode.INVALID_PARTITIONS, f"a topic can have at most {MAX_PARTITIONS_PER_TOPIC} partitions"
             )
+        if _bucket_key(state.record.configs, self.settings.topic_defaults) is not None:
+            raise KafkaApiError(
+                ErrorCode.INVALID_PARTITIONS,
+                f"topic {name!r} has {BUCKET_KEY}: its partitions are the Iceberg buckets of the table's spec "
+                f"bucket(col, {len(state.partitions)}), and records already stored would sit in the wrong bucket; "
+                "create a new topic with more partitions and copy the records",
+            )
         if total <= len(state.partitions):
             raise KafkaApiError(
                 ErrorCode.INVALID_PARTITIONS,
@@ -269,7 +285,11 @@ class LogManager:
         state = self.topics.get(name)
         if state is None:
             raise KafkaApiError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+        delete_keys = list(delete_keys)
         validate_topic_configs({**set_configs, **{k: None for k in delete_keys}})
+        validate_config_change(state.record.configs, set_configs, delete_keys)
+        after = {k: v for k, v in {**state.record.configs, **set_configs}.items() if k not in delete_keys}
+        validate_table_configs(after, self.settings.topic_defaults)
         if not validate_only:
             self._install(self.store.alter_topic_configs(name, set_configs, list(delete_keys)))
 
@@ -406,6 +426,14 @@ class LogManager:
                 self.files.forget(file_id)
                 intake_file.file_path(self.intake_dir, file_id).unlink(missing_ok=True)
                 log.info("deleted intake file %d: no partition needs it", file_id)
+
+
+def _bucket_key(configs: Mapping[str, str], defaults: Mapping[str, str]) -> str | None:
+    """A topic's icelog.table.bucket.key (None also when its table configs do not fit: refused at creation)."""
+    try:
+        return table_config(configs, defaults).bucket_key
+    except ValueError:
+        return None
 
 
 def _when_durable(original: asyncio.Future[None] | None) -> asyncio.Future[None]:

@@ -28,7 +28,16 @@ from typing import Any
 
 from icelog.config import Settings
 from icelog.errors import IcelogError
-from icelog.lake.layout import SPARK_SCHEMA_DDL, archive_table_ddl, quote_identifier
+from icelog.lake import iceberg_java
+from icelog.lake.layout import (
+    RECORD_SPEC,
+    SPARK_SCHEMA_DDL,
+    TableSpec,
+    archive_table_ddl,
+    layout_of_properties,
+    quote_identifier,
+    table_spec,
+)
 from icelog.meta.store import IntakeChunk, MetadataStore, PartitionRecord, TopicRecord
 from icelog.pipeline.dead_letter import dead_letter_counts, dlq_table_name, is_worker_failure, write_dead_letters
 from icelog.pipeline.decode import find_dead_letters
@@ -45,6 +54,14 @@ from icelog.pipeline.reconcile import (
 from icelog.pipeline.table_schema import ArchiveSchema, TableSchemas
 from icelog.pipeline.transactions import TransactionTracker
 from icelog.topic_configs.archive import ARCHIVE_TABLE, ArchiveTopicConfig, archive_config
+from icelog.topic_configs.table import (
+    ARCHIVE_LAYOUT,
+    LAYOUT_RECORD,
+    LAYOUT_TABLE,
+    TableTopicConfig,
+    forwarded_properties,
+    table_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +72,11 @@ RECONCILE_EVERY_MS = 60_000  # re-read a table's offsets at least this often eve
 # Test hook: kill the job process at a stage ("after-write": data files and a staged, never-published
 # snapshot exist; "after-commit": the table has the archive, the metadata store does not know yet).
 FAULT_ENV = "ICELOG_ARCHIVE_FAULT"
+
+# The table property listing the properties a topic's configs forwarded (so a config deleted later is removed).
+FORWARDED_PROPERTY = "icelog.forwarded-properties"
+# Properties Iceberg only takes when a table is created (ALTER cannot set them through UpdateProperties).
+CREATION_ONLY_PROPERTIES = frozenset({"format-version"})
 
 
 @dataclass
@@ -103,6 +125,8 @@ class Archiver:
         self.stable_offset = stable_offset or self.transactions.stable_offset
         self.clock = clock
         self._tables_ready: set[tuple[str, str]] = set()
+        self._layouts: dict[tuple[str, str], str] = {}  # an existing table's layout (its icelog.layout property)
+        self._synced: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {}  # forwarded properties last synced
         self._last_reconcile_ms: dict[uuid.UUID, int] = {}
         # Topics with a Protobuf schema (registry subjects per icelog.schema.<side>): table_schema.py
         self.schemas = TableSchemas(settings, spark, store)
@@ -184,7 +208,10 @@ class Archiver:
         failures = 1 if previous is None else previous.failures + 1
         delay_ms = min(RETRY_BACKOFF_FIRST_MS * 2 ** (failures - 1), self.settings.archive.retry_backoff_max_ms)
         self._backoff[topic.topic_id] = TopicBackoff(failures, now_ms + delay_ms, message)
-        self._tables_ready.discard(self.topic_config(topic).identifier)  # look again: it may have been dropped
+        identifier = self.topic_config(topic).identifier
+        self._tables_ready.discard(identifier)  # look again: it may have been dropped
+        self._layouts.pop(identifier, None)
+        self._synced.pop(identifier, None)
         log.warning("archiving %s failed (intake kept; retry in %d ms): %s", topic.name, delay_ms, message)
         try:
             self.store.record_archive_error(topic.topic_id, range(topic.partitions), message, now_ms)
@@ -196,16 +223,61 @@ class Archiver:
         """Stop starting topics; a topic still running is abandoned (its next run reconciles from the table)."""
         self._workers.shutdown(wait=False, cancel_futures=True)
 
-    def ensure_table(self, config: ArchiveTopicConfig) -> None:
-        """Create the archive table (namespace, partition spec, sort order) unless it exists."""
+    def ensure_table(self, config: ArchiveTopicConfig, properties: dict[str, str] | None = None) -> None:
+        """Create the record layout's raw table (namespace, partition spec, sort order) unless it exists."""
         if config.identifier in self._tables_ready:
             return
         if not self.spark.catalog.tableExists(self.table_name(config)):
             for statement in archive_table_ddl(
-                self.settings.archive.catalog_name, config.namespace, config.table
+                self.settings.archive.catalog_name, config.namespace, config.table, properties=properties
             ).statements:
                 self.spark.sql(statement)
         self._tables_ready.add(config.identifier)
+
+    def table_spec(self, topic: TopicRecord, config: ArchiveTopicConfig) -> TableSpec:
+        """The topic's layout, partition spec and sort order; an existing table keeps the layout it was made with.
+
+        (The broker refuses changing icelog.archive.layout, partition.by or bucket.key of a topic; a table can
+        still meet another layout through broker defaults or icelog.archive.iceberg.table, and then wins.)
+        """
+        wanted = table_config(topic.configs, self.settings.topic_defaults)
+        existing = self._layouts.get(config.identifier)
+        if existing is None and self.spark.catalog.tableExists(self.table_name(config)):
+            properties = iceberg_java.table_properties(iceberg_java.load_table(self.spark, self.table_name(config)))
+            existing = self._layouts[config.identifier] = layout_of_properties(properties) or LAYOUT_RECORD
+        if existing is not None and existing != wanted.layout:
+            log.warning("%s: table %s has the %s layout; %s=%s is not applied to it", topic.name,
+                        self.table_name(config), existing, ARCHIVE_LAYOUT, wanted.layout)
+            wanted = TableTopicConfig(existing)
+        return table_spec(wanted, topic.partitions) if wanted.layout == LAYOUT_TABLE else RECORD_SPEC
+
+    def sync_properties(self, topic: TopicRecord, config: ArchiveTopicConfig, spec: TableSpec) -> None:
+        """Make the table's forwarded properties follow the topic's configs (iceberg.<p> → p, k → icelog.k).
+
+        Checked when the configs changed since the last sync (or on the first pass of this process); a
+        forwarded property whose config was deleted is removed, or set back to the layout's default.
+        """
+        desired = {k: v for k, v in forwarded_properties(topic.configs).items() if k not in CREATION_ONLY_PROPERTIES}
+        marker = tuple(sorted(desired.items()))
+        if self._synced.get(config.identifier) == marker:
+            return
+        table = iceberg_java.load_table(self.spark, self.table_name(config))
+        current = iceberg_java.table_properties(table)
+        changes = {k: v for k, v in desired.items() if current.get(k) != v}
+        removals = []
+        for key in (k for k in current.get(FORWARDED_PROPERTY, "").split(",") if k and k not in desired):
+            if key in spec.properties:
+                if current.get(key) != spec.properties[key]:
+                    changes[key] = spec.properties[key]
+            elif key in current:
+                removals.append(key)
+        listed = ",".join(sorted(desired))
+        if current.get(FORWARDED_PROPERTY, "") != listed:
+            changes[FORWARDED_PROPERTY] = listed
+        if changes or removals:
+            iceberg_java.set_table_properties(table, changes, removals)
+            log.info("table %s: properties set %s, removed %s", self.table_name(config), sorted(changes), removals)
+        self._synced[config.identifier] = marker
 
     def reconcile(self, topic: TopicRecord, config: ArchiveTopicConfig) -> TableOffsets:
         """The table's offsets, copied into the metadata store."""
@@ -242,10 +314,13 @@ class Archiver:
         due = self._plan(topic, config, partitions, chunks_by_partition, known, now_ms, force)
         if not due and 0 <= now_ms - last_look < RECONCILE_EVERY_MS:
             return TopicPassResult(topic.name, offsets=known)
-        # The latest registry schemas (None: raw layout) decide the table's columns before anything is read.
-        schema = self.schemas.resolve(topic, config, self.table_name(config), due)
+        # The latest registry schemas (None: raw record layout) decide the table's columns before anything is read.
+        spec = self.table_spec(topic, config)
+        properties = creation_properties(topic.configs)
+        schema = self.schemas.resolve(topic, config, self.table_name(config), due, spec, properties)
         if schema is None:
-            self.ensure_table(config)
+            self.ensure_table(config, properties)
+        self.sync_properties(topic, config, spec)
         committed = self.reconcile(topic, config)
         self._last_reconcile_ms[topic.topic_id] = now_ms
         for part in partitions:  # the table is behind the store's copy: plan from the table's offsets
@@ -359,7 +434,19 @@ class Archiver:
                     yield from decode_archive(intake_dir, planned[index])
 
         ddl = SPARK_SCHEMA_DDL
-        if schema is not None:
+        if schema is not None and schema.layout == LAYOUT_TABLE:
+            key, value, arrow = schema.key, schema.value, schema.arrow_schema()
+            ddl = schema.spark_ddl
+
+            def decode(batches: Any) -> Any:  # noqa: F811 - the table layout's variant of the raw decoder above
+                from icelog.pipeline.decode_table import decode_archive_table
+
+                decoders: dict[str, Any] = {}
+                for batch in batches:
+                    for index in batch.column(0).to_pylist():
+                        yield from decode_archive_table(intake_dir, planned[index], key, value, arrow, decoders)
+
+        elif schema is not None:
             key, value, arrow = schema.key, schema.value, schema.arrow_schema()
             ddl = schema.spark_ddl
 
@@ -380,6 +467,9 @@ class Archiver:
             .option(f"snapshot-property.{TOPIC_ID_PROPERTY}", str(topic.topic_id))
             .option(f"snapshot-property.{COMMIT_USER_PROPERTY}", COMMIT_USER)
         )
+        if schema is not None and schema.layout == LAYOUT_TABLE:
+            # An archive spans many values of a partition.by column: one open file per value in the task.
+            writer = writer.option("fanout-enabled", "true")
         if os.environ.get(FAULT_ENV) == "after-write":
             # Stage the snapshot (files written, snapshot not current) and die before publishing it.
             self.spark.sql(
@@ -389,6 +479,13 @@ class Archiver:
             writer.append()
             fault_point("after-write")
         writer.append()
+
+
+def creation_properties(configs: dict[str, str]) -> dict[str, str]:
+    """The forwarded properties a new table is created with, and the list of them (FORWARDED_PROPERTY)."""
+    forwarded = forwarded_properties(configs)
+    listed = ",".join(sorted(k for k in forwarded if k not in CREATION_ONLY_PROPERTIES))
+    return {**forwarded, FORWARDED_PROPERTY: listed}
 
 
 def fault_point(name: str) -> None:

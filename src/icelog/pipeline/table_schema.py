@@ -34,7 +34,7 @@ from google.protobuf.descriptor import Descriptor
 from icelog.config import Settings
 from icelog.errors import IcelogError
 from icelog.lake import iceberg_java
-from icelog.lake.layout import archive_table_ddl
+from icelog.lake.layout import RECORD_SPEC, TableSpec, archive_table_ddl
 from icelog.meta.store import MetadataStore, TableColumn, TopicRecord
 from icelog.pipeline.plan import PlannedArchive
 from icelog.schema.archive.field_ids import evolve
@@ -42,12 +42,14 @@ from icelog.schema.archive.iceberg_types import (
     ERR,
     PREFIX,
     RAW,
+    Column,
     arrow_schema,
     column_tree,
     iceberg_schema,
     records_from_schema,
     spark_ddl,
     table_columns,
+    table_layout_columns,
 )
 from icelog.schema.archive.proto_decode import SideDecoding
 from icelog.schema.archive.registry_source import (
@@ -59,9 +61,20 @@ from icelog.schema.archive.registry_source import (
     SourceSpec,
     StoreSchemaSource,
 )
+from icelog.schema.archive.table_rules import check_spec_columns
 from icelog.schema.protobuf_schema import build_pool, main_file_of, message_name_at, parse_envelope
 from icelog.topic_configs.archive import ArchiveTopicConfig
 from icelog.topic_configs.schema import MODE_AUTO, SIDES, key_of, side_config
+from icelog.topic_configs.table import (
+    BUCKET,
+    BUCKET_KEY,
+    KEY_ERR,
+    LAYOUT_RECORD,
+    LAYOUT_TABLE,
+    PARTITION_BY,
+    SYSTEM_COLUMNS,
+    VALUE_ERR,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,13 +92,22 @@ class ReservedFieldNameError(IcelogError):
     """A message field's name collides with a column the archive adds or an evolution rename."""
 
 
+class TableSpecError(IcelogError):
+    """A table layout's partition.by or bucket.key does not fit the topic's schema."""
+
+
 @dataclass(frozen=True)
 class ArchiveSchema:
-    """The columns of a topic's archive table and how to decode each side (None: raw bytes)."""
+    """The columns of a topic's archive table and how to decode each side (None: raw bytes).
+
+    In the table layout a side's `column` is a struct of the side's top-level columns plus __prefix__,
+    __err__ and __raw__ (what the SideDecoder fills); pipeline/decode_table.py spreads it over the table.
+    """
 
     columns: tuple[TableColumn, ...]
     key: SideDecoding | None
     value: SideDecoding | None
+    layout: str = LAYOUT_RECORD
 
     @property
     def spark_ddl(self) -> str:
@@ -119,6 +141,35 @@ def check_field_names(side: str, descriptor: Descriptor, top: bool = True, seen:
         nested = field.message_type
         if nested is not None and nested.full_name not in seen and not nested.full_name.startswith("google.protobuf."):
             check_field_names(side, nested, top=False, seen=seen)
+
+
+def check_table_names(key: Descriptor | None, value: Descriptor | None) -> None:
+    """Refuse key and value messages whose top-level fields the table layout cannot hold side by side."""
+    seen: dict[str, str] = {}
+    for side, descriptor in (("key", key), ("value", value)):
+        if descriptor is None:
+            continue
+        check_field_names(side, descriptor)
+        for field in descriptor.fields:
+            if field.name in SYSTEM_COLUMNS:
+                raise ReservedFieldNameError(
+                    f"{side} message {descriptor.full_name} has a field named {field.name!r}, a column of the table "
+                    f"layout itself ({', '.join(SYSTEM_COLUMNS)}); rename the field in a new schema version"
+                )
+            if field.name in seen:
+                raise ReservedFieldNameError(
+                    f"the key and value messages both have a field named {field.name!r}, and the table layout makes "
+                    f"both top-level columns; rename one, or set {key_of('key')}=none to keep the key as bytes"
+                )
+            seen[field.name] = side
+
+
+def side_struct(records: Sequence[TableColumn], side: str, descriptor: Descriptor) -> Column:
+    """A table-layout side as the SideDecoder fills it: its message's columns, then __prefix__, __err__, __raw__."""
+    current = {c.path for c in records if not c.deleted}
+    children = [column_tree(records, f.name) for f in descriptor.fields if f.name in current]
+    extra = (Column(PREFIX, "binary"), Column(ERR, "string"), Column(RAW, "binary"))
+    return Column(side, "struct", (*children, *extra))
 
 
 def peek_envelopes(intake_dir: str, archives: Sequence[PlannedArchive], side: str) -> list[tuple[int, list[int]]]:
@@ -203,12 +254,20 @@ class TableSchemas:
         config: ArchiveTopicConfig,
         table_name: str,
         due: Sequence[PlannedArchive] = (),
+        spec: TableSpec = RECORD_SPEC,
+        properties: dict[str, str] | None = None,
     ) -> ArchiveSchema | None:
-        """The topic's archive schema with its table created or evolved in the catalog; None: raw layout."""
+        """The topic's archive schema with its table created or evolved in the catalog; None: raw record layout.
+
+        `spec`: the table's layout, spec and sort order (a table layout table always comes back with columns,
+        with or without a schema); `properties`: forwarded topic configs, set when the table is created.
+        """
         ident = f"{config.namespace}.{config.table}"
-        had_schema = bool(self.store.table_columns(ident))
+        known = self.store.table_columns(ident)
+        is_table = spec.layout == LAYOUT_TABLE
+        had_schema = bool(known) and (not is_table or any(c.path in (KEY_ERR, VALUE_ERR) for c in known))
         latest = {side: self.latest(topic, side, had_schema) for side in SIDES}
-        if not any(latest.values()) and not had_schema:
+        if not any(latest.values()) and not had_schema and not is_table:
             return None  # never had a schema: the raw layout, untouched
         # (A table that had a schema and lost it keeps its columns, now deleted, and gets __raw__ again.)
         exists = self.spark.catalog.tableExists(table_name)
@@ -231,7 +290,21 @@ class TableSchemas:
                 ) from None
             check_field_names(side, descriptor)
             descriptors[side] = descriptor
-        columns = self._evolve_table(config, table_name, table_columns(descriptors["key"], descriptors["value"]))
+        if is_table:
+            check_table_names(descriptors["key"], descriptors["value"])
+            computed = table_layout_columns(descriptors["key"], descriptors["value"])
+            # (identity(__bucket) is the layout's own, not a configured partition column)
+            partition_by = [f.column for f in spec.partition_fields if f.transform == "identity" and f.column != BUCKET]
+            try:
+                check_spec_columns(computed, partition_by, spec.bucket_key)
+            except ValueError as exc:
+                raise TableSpecError(
+                    f"{topic.name}: {exc}; the archive waits (intake kept) until the schema has the column, "
+                    f"or recreate the topic with another {PARTITION_BY} / {BUCKET_KEY}"
+                ) from None
+        else:
+            computed = table_columns(descriptors["key"], descriptors["value"])
+        columns = self._evolve_table(config, table_name, computed, spec, properties)
         if learned:
             iceberg_java.set_table_properties(iceberg_java.load_table(self.spark, table_name), learned)
         sides: dict[str, SideDecoding | None] = {}
@@ -242,13 +315,13 @@ class TableSchemas:
                 continue
             sides[side] = SideDecoding(
                 side=side,
-                column=column_tree(columns, side),
+                column=side_struct(columns, side, descriptor) if is_table else column_tree(columns, side),
                 latest_id=found.schema_id,
                 schemas=self._shipped(found),
                 message_name=descriptor.full_name,
                 source=self.spec,
             )
-        return ArchiveSchema(tuple(columns), sides["key"], sides["value"])
+        return ArchiveSchema(tuple(columns), sides["key"], sides["value"], spec.layout)
 
     def _message(
         self,
@@ -286,13 +359,20 @@ class TableSchemas:
                 log.warning("schema id %d of %s does not compile: %s", schema_id, found.subject, exc)
         return shipped
 
-    def _evolve_table(self, config: ArchiveTopicConfig, table_name: str, computed: Any) -> list[TableColumn]:
+    def _evolve_table(
+        self,
+        config: ArchiveTopicConfig,
+        table_name: str,
+        computed: Any,
+        spec: TableSpec = RECORD_SPEC,
+        properties: dict[str, str] | None = None,
+    ) -> list[TableColumn]:
         ident = f"{config.namespace}.{config.table}"
         known = self.store.table_columns(ident)
         if not self.spark.catalog.tableExists(table_name):
             fresh = evolve(computed, [])
             for statement in archive_table_ddl(
-                self.settings.archive.catalog_name, config.namespace, config.table, spark_ddl(fresh)
+                self.settings.archive.catalog_name, config.namespace, config.table, spark_ddl(fresh), spec, properties
             ).statements:
                 self.spark.sql(statement)
             known = []  # a table dropped and made again starts over; the catalog's fresh ids are adopted

@@ -22,6 +22,19 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from icelog.schema.archive.field_ids import FieldIdRecord, child_paths
+from icelog.topic_configs.table import (
+    BATCH_START,
+    BUCKET,
+    HEADERS,
+    KEY_BYTES,
+    KEY_ERR,
+    OFFSET,
+    SYSTEM_COLUMNS,
+    TIMESTAMP,
+    VALUE_BYTES,
+    VALUE_ERR,
+    VALUE_PREFIX,
+)
 
 MAX_DEPTH = 10  # message nesting kept as structs; deeper message fields become JSON strings
 
@@ -149,13 +162,53 @@ def table_columns(key: Descriptor | None, value: Descriptor | None) -> tuple[Col
     return (side_column("key", key), side_column("value", value), *FIXED_COLUMNS)
 
 
+_HEADER_ELEMENT = Column("element", "struct", (Column("key", "string"), Column("value", "binary")))
+
+
+def table_layout_columns(key: Descriptor | None, value: Descriptor | None) -> tuple[Column, ...]:
+    """Every column of a `table` layout table (Fluss's): the messages' fields, then the layout's own columns.
+
+    The key's fields come first when it has a schema (its bytes always stay in __key: Kafka keys are compared
+    byte for byte); the value's __value / __value_prefix / __value_err play the record layout's
+    __raw__ / __prefix__ / __err__ roles. Names must not clash (table_schema.check_table_names).
+    """
+    columns: list[Column] = []
+    if key is not None:
+        columns += message_columns(key)
+    if value is not None:
+        columns += message_columns(value)
+    columns.append(Column(KEY_BYTES, "binary"))
+    if key is not None:
+        columns.append(Column(KEY_ERR, "string"))
+    columns.append(Column(VALUE_BYTES, "binary"))
+    if value is not None:
+        columns += [Column(VALUE_PREFIX, "binary"), Column(VALUE_ERR, "string")]
+    columns += [
+        Column(HEADERS, "list", (_HEADER_ELEMENT,)),
+        Column(BATCH_START, "long"),
+        Column(BUCKET, "int"),
+        Column(OFFSET, "long"),
+        Column(TIMESTAMP, "timestamptz"),
+    ]
+    return tuple(columns)
+
+
 # -- records → engine types ------------------------------------------------------------------------
+_TAIL_RANK = {name: rank for rank, name in enumerate(SYSTEM_COLUMNS)}
+
+
 class _Tree:
-    """Column records indexed by parent path, children ordered by field id (new columns come last)."""
+    """Column records indexed by parent path, children ordered by field id (new columns come last).
+
+    At the top level the table layout's own columns (SYSTEM_COLUMNS) stay last, in their order, also after a
+    schema evolution adds fields with higher ids: Fluss's __bucket, __offset, __timestamp end every table.
+    """
 
     def __init__(self, records: Iterable[FieldIdRecord]) -> None:
         self.by_path = {r.path: r for r in records}
         self.children = child_paths(self.by_path)
+        top = self.children.get("", [])
+        self.children[""] = sorted(top, key=lambda r: (_TAIL_RANK.get(r.path, -1), r.field_id))
 
     def top(self) -> list[FieldIdRecord]:
         return self.children.get("", [])

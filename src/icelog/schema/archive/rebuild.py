@@ -6,6 +6,10 @@ and serialized. The decoder (proto_decode.py) leaves `__raw__` null only when th
 had an envelope, `invertible` holds for its message and the column tree, and the parsed message
 re-serialized to the very same bytes. Rows read back with Spark (`Row.asDict(recursive=True)`) or pyiceberg
 (`to_pylist()`) both work. Reused by serving Kafka Fetch from the Iceberg table.
+
+A `table` layout row (Fluss's, top-level columns) rebuilds the same way: `table_side_row` gives the side's
+struct-shaped view (__key → the key's __raw__; __value / __value_prefix / __value_err → the value's
+__raw__ / __prefix__ / __err__ next to the top-level field columns), and `rebuild_table_row` the whole record.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from icelog.schema.archive.field_ids import compatible, shape
 from icelog.schema.archive.iceberg_types import ERR, PREFIX, RAW, WRAPPERS, Column, field_signature, is_map
 from icelog.schema.protobuf_schema import build_pool, main_file_of, message_name_at, parse_envelope
+from icelog.topic_configs.table import HEADERS, KEY_BYTES, VALUE_BYTES, VALUE_ERR, VALUE_PREFIX
 
 _MESSAGE_KINDS = (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP)
 _RENAMED = re.compile(r"^(?P<name>.+)__v\d+$")
@@ -173,3 +178,27 @@ def rebuild_headers(headers: Sequence[Any] | None) -> list[tuple[str, bytes | No
         value = item.get("value")
         out.append((str(item["key"]), None if value is None else bytes(value)))
     return out
+
+
+def table_side_row(row: Mapping[str, Any], side: str) -> Mapping[str, Any] | None:
+    """A table layout row's key or value as the record layout's struct would hold it (None: a null payload)."""
+    if side == "key":
+        raw = row.get(KEY_BYTES)
+        return None if raw is None else {RAW: raw}
+    raw, prefix = row.get(VALUE_BYTES), row.get(VALUE_PREFIX)
+    if raw is None and prefix is None:  # the decoder keeps one of them for every non-null value
+        return None
+    return {**row, RAW: raw, PREFIX: prefix, ERR: row.get(VALUE_ERR)}
+
+
+Record = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]
+
+
+def rebuild_table_row(row: Mapping[str, Any], keys: Rebuilder, values: Rebuilder) -> Record:
+    """(key, value, headers) a consumer read, from a table layout row (a Spark Row or a pyiceberg dict)."""
+    item = _as_dict(row)
+    return (
+        keys.payload(table_side_row(item, "key")),
+        values.payload(table_side_row(item, "value")),
+        rebuild_headers(item.get(HEADERS)),
+    )

@@ -1,16 +1,18 @@
-"""Data enforcement on produce: add the registry envelope (coerce) and refuse payloads that do not parse.
+"""Data enforcement on produce: add the registry envelope (coerce), refuse payloads that do not parse, and keep
+records of a topic with `icelog.table.bucket.key` in the partition equal to their Iceberg bucket (buckets.py).
 
 Only topics whose `icelog.schema.<side>.coerce` or `.on.parse.error=reject` is set on a side with a
-subject pay anything: `Enforcer.applies` is a dict look-up for every other topic, and their batches are
-never decompressed. Schemas come from a `SchemaSource` (the embedded registry, or an external one over
-HTTP). Compiled schemas are cached by id (immutable); a subject's latest id for `registry_cache_ttl_ms`.
+subject, or that have a bucket key, pay anything: `Enforcer.applies` is a dict look-up for every other topic,
+and their batches are never decompressed. Schemas come from a `SchemaSource` (the embedded registry, or an
+external one over HTTP). Compiled schemas are cached by id (immutable); a subject's latest id for
+`registry_cache_ttl_ms`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -25,6 +27,9 @@ except ImportError:  # pragma: no cover - aiokafka without its extension
 
 from icelog.errors import ErrorCode, KafkaApiError
 from icelog.log.batch import ATTR_COMPRESSION_MASK, parse_produced_batches
+from icelog.schema.archive.iceberg_types import Column, message_columns
+from icelog.schema.archive.table_rules import BUCKETABLE, check_spec_columns
+from icelog.schema.enforce.buckets import BucketLocator
 from icelog.schema.protobuf_schema import (
     InvalidSchemaError,
     compile_schema,
@@ -35,6 +40,7 @@ from icelog.schema.protobuf_schema import (
     parse_envelope,
 )
 from icelog.topic_configs.schema import SIDES, SideSchemaConfig, side_config
+from icelog.topic_configs.table import BUCKET_KEY, KEY_BYTES, table_config
 
 _PARSER_CACHE_SIZE = 4096
 
@@ -124,9 +130,9 @@ class HttpSchemaSource:
 class InvalidRecordsError(KafkaApiError):
     """Records of a batch failed enforcement; Produce answers INVALID_RECORD with per-record errors."""
 
-    def __init__(self, record_errors: list[tuple[int, str]]) -> None:
+    def __init__(self, record_errors: list[tuple[int, str]], what: str = "failed schema checks") -> None:
         first = record_errors[0][1]
-        super().__init__(ErrorCode.INVALID_RECORD, f"{len(record_errors)} record(s) failed schema checks: {first}")
+        super().__init__(ErrorCode.INVALID_RECORD, f"{len(record_errors)} record(s) {what}: {first}")
         self.record_errors = record_errors
 
 
@@ -144,6 +150,8 @@ class TopicPlan:
 
     record: object  # the TopicRecord the plan was made for (replaced on every config change)
     sides: list[SideSchemaConfig] = field(default_factory=list)
+    bucket_key: str | None = None  # icelog.table.bucket.key: each record's partition must be its Iceberg bucket
+    schema_sides: list[SideSchemaConfig] = field(default_factory=list)  # value then key, those with a subject
 
 
 class Enforcer:
@@ -160,6 +168,7 @@ class Enforcer:
         self._fds: dict[int, descriptor_pb2.FileDescriptorSet] = {}
         self._parsers: dict[tuple[int, tuple[int, ...] | str], _Parser] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self.buckets = BucketLocator()
 
     def applies(self, topic: Any) -> bool:
         """Whether produced batches of this topic (a TopicState) need enforcement at all."""
@@ -168,27 +177,40 @@ class Enforcer:
             configs = {**self.topic_defaults, **topic.record.configs}
             sides = [side_config(topic.name, s, configs) for s in SIDES]
             active = [s for s in sides if s.subject is not None and (s.coerce or s.reject_on_parse_error)]
-            plan = TopicPlan(topic.record, active)
+            try:
+                bucket_key = table_config(topic.record.configs, self.topic_defaults).bucket_key
+            except ValueError:  # refused when the topic was created; nothing to keep here
+                bucket_key = None
+            with_subject = [s for s in reversed(sides) if s.subject is not None]
+            plan = TopicPlan(topic.record, active, bucket_key, with_subject)
             self._plans[topic.name] = plan
-        return bool(plan.sides)
+        return bool(plan.sides) or plan.bucket_key is not None
 
-    async def enforce(self, topic: Any, records: bytes, max_batch_bytes: int) -> bytes:
+    async def enforce(self, topic: Any, records: bytes, max_batch_bytes: int, partition: int = -1) -> bytes:
         """Check (and with coerce, rewrite) one partition's produced batches; raise InvalidRecordsError."""
-        sides = self._plans[topic.name].sides
+        plan = self._plans[topic.name]
         # One lock per topic: while a cold look-up waits, later produces to the topic queue behind it, so
         # batches of an idempotent producer still reach the log in the order they arrived.
         lock = self._locks.setdefault(topic.name, asyncio.Lock())
         async with lock:
-            return await self._enforce(sides, records, max_batch_bytes)
+            return await self._enforce(plan, records, max_batch_bytes, partition, len(topic.partitions))
 
-    async def _enforce(self, sides: Sequence[SideSchemaConfig], records: bytes, max_batch_bytes: int) -> bytes:
+    async def _enforce(
+        self, plan: TopicPlan, records: bytes, max_batch_bytes: int, partition: int, buckets: int
+    ) -> bytes:
+        sides = plan.sides
         view = memoryview(records)
         out: list[bytes] = []
         errors: list[tuple[int, str]] = []
+        misplaced: list[tuple[int, str]] = []
         changed = False
         index = 0
         # A subject's latest id is looked up once per request, not per record.
         latest = {s.side: await self._latest_id(s.subject) for s in sides if s.subject is not None}
+        if plan.bucket_key is not None:
+            for s in plan.schema_sides:
+                if s.side not in latest and s.subject is not None and plan.bucket_key != KEY_BYTES:
+                    latest[s.side] = await self._latest_id(s.subject)
         for header in parse_produced_batches(records, max_batch_bytes):
             raw = bytes(view[header.position : header.position + header.size])
             batch = DefaultRecordBatch(raw)
@@ -212,6 +234,10 @@ class Enforcer:
                             key = fixed
                         else:
                             value = fixed
+                if plan.bucket_key is not None:
+                    problem = await self._misplaced(plan, key, value, latest, partition, buckets)
+                    if problem is not None:
+                        misplaced.append((index, problem))
                 rows.append((record.offset - batch.base_offset, record.timestamp, key, value, record.headers))
                 index += 1
             if batch_changed:
@@ -221,7 +247,112 @@ class Enforcer:
                 out.append(raw)
         if errors:
             raise InvalidRecordsError(errors)
+        if misplaced:
+            raise InvalidRecordsError(misplaced, "are not in the partition of their Iceberg bucket")
         return b"".join(out) if changed else records
+
+    async def _misplaced(
+        self, plan: TopicPlan, key: Any, value: Any, latest: Mapping[str, int | None], partition: int, buckets: int
+    ) -> str | None:
+        """Why a record is refused by its topic's bucket key (None: it is in its bucket's partition)."""
+        column = plan.bucket_key
+        assert column is not None
+        found: tuple[str, Any] | None = None
+        if column == KEY_BYTES:
+            found = ("binary", None if key is None else bytes(key))
+        for side in [] if found is not None else plan.schema_sides:
+            payload = key if side.side == "key" else value
+            if payload is None:
+                continue
+            payload = bytes(payload)
+            envelope = parse_envelope(payload)
+            which: tuple[int, ...] | str
+            if envelope is not None:
+                schema_id, indexes, start = envelope
+                which, body = tuple(indexes), payload[start:]
+            else:
+                known = latest.get(side.side)
+                if known is None:
+                    continue
+                schema_id, which, body = known, side.message or "", payload
+            try:
+                fds = await self._descriptor_set(schema_id)
+                reader = self.buckets.reader(fds, schema_id, which, column)
+                if reader is None:
+                    continue
+                found = (reader.signature, reader.read(body))
+            except (InvalidSchemaError, DecodeError, RuntimeError, ValueError) as exc:
+                return f"cannot read {column} from the {side.side} to find its bucket ({BUCKET_KEY}): {exc}"
+            break
+        if found is None:
+            return f"no schema of the key or value has a field {column!r} ({BUCKET_KEY}), so the record has no bucket"
+        signature, cell = found
+        if cell is None:
+            return f"{column} is null; a record of a topic with {BUCKET_KEY} needs a value to choose its partition"
+        try:
+            bucket = self.buckets.bucket(signature, cell, buckets)
+        except ValueError as exc:
+            return str(exc)
+        if bucket == partition:
+            return None
+        return (
+            f"{column}={cell!r} belongs in partition {bucket} (Iceberg bucket({column}, {buckets})), not {partition}; "
+            "partition records with Iceberg's bucket function (README: Table topics)"
+        )
+
+    async def check_table_configs(self, topic: str, configs: Mapping[str, str]) -> None:
+        """At CreateTopics: refuse (INVALID_CONFIG) partition.by / bucket.key columns the subjects' schemas lack.
+
+        Only when a subject already has a schema; otherwise the archive checks at its first pass (topic status).
+        Without a configured message every message of the schema is a candidate (the produced one is not known).
+        """
+        merged = {**self.topic_defaults, **configs}
+        try:
+            table = table_config(merged)
+        except ValueError:
+            return  # the topic config validation refuses it with the reason
+        if not table.partition_by and table.bucket_key is None:
+            return
+        columns: dict[str, Column] = {}
+        found_schema = False
+        for side in SIDES:
+            config = side_config(topic, side, merged)
+            if config.subject is None:
+                continue
+            try:
+                schema_id = await self.source.latest_id(config.subject)
+                if schema_id is None:
+                    continue
+                fds = await self._descriptor_set(schema_id)
+            except InvalidSchemaError:
+                continue
+            found_schema = True
+            main = main_file_of(fds)
+            names = [config.message] if config.message else [
+                (f"{main.package}." if main.package else "") + m.name for m in main.message_type
+            ]
+            for name in names:
+                for column in message_columns(message_descriptor(fds, None, message_name=name)):
+                    if column.name not in columns or column.signature in BUCKETABLE:
+                        columns[column.name] = column
+        if not found_schema:
+            return
+        columns[KEY_BYTES] = Column(KEY_BYTES, "binary")
+        try:
+            check_spec_columns(list(columns.values()), table.partition_by, table.bucket_key)
+        except ValueError as exc:
+            raise KafkaApiError(ErrorCode.INVALID_CONFIG, str(exc)) from None
+
+    async def _descriptor_set(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet:
+        fds = self._fds.get(schema_id)
+        if fds is None:
+            try:
+                fds = self._fds[schema_id] = await self.source.descriptor_set(schema_id)
+            except InvalidSchemaError:
+                raise
+            except Exception as exc:
+                raise KafkaApiError(ErrorCode.UNKNOWN_SERVER_ERROR, f"schema registry: {exc}") from exc
+        return fds
 
     async def _check(self, side: SideSchemaConfig, payload: bytes, latest: int | None) -> bytes | None:
         """Validate one payload; return the payload with an envelope added (coerce), or None if unchanged.
@@ -261,14 +392,7 @@ class Enforcer:
         parser = self._parsers.get(key)
         if parser is not None:
             return parser
-        fds = self._fds.get(schema_id)
-        if fds is None:
-            try:
-                fds = self._fds[schema_id] = await self.source.descriptor_set(schema_id)
-            except InvalidSchemaError:
-                raise
-            except Exception as exc:
-                raise KafkaApiError(ErrorCode.UNKNOWN_SERVER_ERROR, f"schema registry: {exc}") from exc
+        fds = await self._descriptor_set(schema_id)
         if isinstance(which, str):
             descriptor = message_descriptor(fds, None, message_name=which)
             indexes = message_indexes_of(main_file_of(fds), descriptor.full_name)

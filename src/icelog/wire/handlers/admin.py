@@ -54,6 +54,10 @@ async def create_topics(ctx: RequestContext, request: Any) -> Any:
                     "icelog keeps one durable copy (use -1 or 1)",
                 )
             configs = {c.name: c.value for c in topic.configs}
+            if ctx.broker.enforcer is not None:  # partition.by / bucket.key against a registered schema
+                await ctx.broker.enforcer.check_table_configs(
+                    topic.name, {k: v for k, v in configs.items() if v is not None}
+                )
             state = logs.create_topic(topic.name, partitions, configs, validate_only=request.validate_only)
             result.num_partitions = partitions
             result.replication_factor = 1

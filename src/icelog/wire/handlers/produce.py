@@ -44,7 +44,7 @@ async def produce(ctx: RequestContext, request: Any) -> Any:
                 records = data.records or b""
                 enforcer = ctx.broker.enforcer
                 if enforcer is not None and records and enforcer.applies(topic):
-                    records = await enforcer.enforce(topic, records, topic.config.max_message_bytes)
+                    records = await enforcer.enforce(topic, records, topic.config.max_message_bytes, data.index)
                 appended, done = logs.append(topic, partition, records)
             except KafkaApiError as exc:
                 result.error_code = int(exc.code)

@@ -1,0 +1,74 @@
+"""The table layout's rules against a schema: which columns may partition or bucket a table, and bucket values.
+
+Pure functions, shared by the archiver (before it creates a table), the broker's CreateTopics (when the
+subject already has a schema) and produce-time enforcement (the bucket of each record's column value).
+The bucket function is Iceberg's own, from pyiceberg (`BucketTransform`: Murmur3 of Iceberg's single-value
+serialization), the one Spark's `system.bucket` and every Iceberg writer use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from icelog.schema.archive.iceberg_types import Column
+from icelog.topic_configs.table import BUCKET, BUCKET_KEY, KEY_BYTES, PARTITION_BY, SYSTEM_COLUMNS
+
+# Iceberg can bucket int, long, decimal, date, time, timestamp(tz), string, uuid, fixed and binary; of the
+# types a Protobuf field maps to (iceberg_types.py), these.
+BUCKETABLE = ("int", "long", "decimal(20,0)", "string", "binary", "timestamptz")
+_CONTAINERS = ("struct", "list", "map")
+# The layout's own columns a partition.by may name besides the messages' fields (the key's bytes).
+_PARTITIONABLE_SYSTEM = (KEY_BYTES,)
+
+
+def _pyiceberg_type(signature: str) -> Any:
+    from pyiceberg import types as t
+
+    return {
+        "int": t.IntegerType(),
+        "long": t.LongType(),
+        "decimal(20,0)": t.DecimalType(20, 0),
+        "string": t.StringType(),
+        "binary": t.BinaryType(),
+        "timestamptz": t.TimestamptzType(),
+    }[signature]
+
+
+def check_spec_columns(columns: Sequence[Column], partition_by: Sequence[str], bucket_key: str | None) -> None:
+    """Raise ValueError (saying why) unless every partition column and the bucket key can shape the table."""
+    by_name = {c.name: c for c in columns}
+    fields = sorted(n for n in by_name if n not in SYSTEM_COLUMNS)
+    named = [(PARTITION_BY, name) for name in partition_by]
+    if bucket_key is not None:
+        named.append((BUCKET_KEY, bucket_key))
+    for key, name in named:
+        column = by_name.get(name)
+        if name in SYSTEM_COLUMNS and name not in _PARTITIONABLE_SYSTEM:
+            raise ValueError(f"{key} names {name!r}, a column of the layout itself ({BUCKET} is always partitioned)")
+        if column is None:
+            raise ValueError(
+                f"{key} names {name!r}, which is not a top-level column of the table "
+                f"(the schema's fields: {', '.join(fields) or 'none, no schema registered'}; or {KEY_BYTES})"
+            )
+        if column.signature in _CONTAINERS:
+            raise ValueError(f"{key} names {name!r}, a {column.signature}: only a scalar column can partition a table")
+        if key == BUCKET_KEY and column.signature not in BUCKETABLE:
+            raise ValueError(
+                f"{key} names {name!r} of type {column.signature}, which Iceberg cannot bucket "
+                f"(it buckets {', '.join(BUCKETABLE)})"
+            )
+
+
+def bucket_function(signature: str, buckets: int) -> Any:
+    """Iceberg's bucket function of a column type: value (as the archive writes it) → bucket, None → None."""
+    from pyiceberg.transforms import BucketTransform
+
+    transform = BucketTransform(buckets).transform(_pyiceberg_type(signature))
+    return transform
+
+
+def bucket_of(signature: str, value: Any, buckets: int) -> int | None:
+    """The Iceberg bucket of one column value (int, Decimal, str, bytes, or µs since the epoch for timestamptz)."""
+    result = bucket_function(signature, buckets)(value)
+    return None if result is None else int(result)

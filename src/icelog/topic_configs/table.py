@@ -1,0 +1,118 @@
+"""Per-topic table configs: the archive layout, Fluss's partition and bucket rules, forwarded Iceberg properties.
+
+  icelog.archive.layout        record | table. `record` (default): Bufstream's key/value/headers/kafka structs.
+                               `table`: Fluss's layout, the messages' fields as top-level columns and the system
+                               columns __bucket, __offset, __timestamp last (lake/layout.py). Fixed at creation.
+  icelog.table.partition.by    <col>[,<col>] (table layout): identity partitions on those columns first, then the
+                               bucket. Fixed at creation.
+  icelog.table.bucket.key      <col> (table layout): the spec is bucket(<col>, <partitions>) with Iceberg's bucket
+                               function, and produce refuses a record whose partition is not its bucket. One column
+                               only (Iceberg has no multi-argument bucket transform yet). Fixed at creation.
+  iceberg.<name>               forwarded to the table as the property <name> (iceberg.write.target-file-size-bytes).
+Every other explicit topic config is recorded on the table as `icelog.<key>` (FORWARD_PREFIX).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+ARCHIVE_LAYOUT = "icelog.archive.layout"
+PARTITION_BY = "icelog.table.partition.by"
+BUCKET_KEY = "icelog.table.bucket.key"
+ICEBERG_PREFIX = "iceberg."
+FORWARD_PREFIX = "icelog."  # a topic config `k` (not iceberg.*) becomes the table property `icelog.k`
+
+# The table layout's own top-level columns, in table order after the messages' fields. Named here (the config
+# layer) because configs name them (icelog.table.bucket.key=__key) and both the lake and the schema layer use them.
+KEY_BYTES, KEY_ERR = "__key", "__key_err"  # the key as produced (always); why a key did not decode
+VALUE_BYTES, VALUE_PREFIX, VALUE_ERR = "__value", "__value_prefix", "__value_err"  # as record layout's __raw__ etc.
+HEADERS, BATCH_START = "__headers", "__batch_start"
+BUCKET, OFFSET, TIMESTAMP = "__bucket", "__offset", "__timestamp"  # Fluss's system columns, last
+SYSTEM_COLUMNS = (KEY_BYTES, KEY_ERR, VALUE_BYTES, VALUE_PREFIX, VALUE_ERR, HEADERS, BATCH_START, BUCKET, OFFSET,
+                  TIMESTAMP)
+
+LAYOUT_RECORD, LAYOUT_TABLE = "record", "table"
+LAYOUTS = (LAYOUT_RECORD, LAYOUT_TABLE)
+# Configs that shape the table (columns, spec): changing them on an existing topic is refused.
+FIXED_AT_CREATION = (ARCHIVE_LAYOUT, PARTITION_BY, BUCKET_KEY)
+
+
+def _check_layout(value: str) -> None:
+    if value not in LAYOUTS:
+        raise ValueError(f"{value!r} is not one of {', '.join(LAYOUTS)}")
+
+
+def column_list(value: str) -> list[str]:
+    """The column names of a comma-separated config value (blanks dropped)."""
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def _check_partition_by(value: str) -> None:
+    names = column_list(value)
+    if not names:
+        raise ValueError("names no column (a comma-separated list of top-level columns)")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{value!r} names a column twice")
+
+
+def _check_bucket_key(value: str) -> None:
+    names = column_list(value)
+    if not names:
+        raise ValueError("names no column")
+    if len(names) > 1:
+        raise ValueError(
+            f"{value!r} names {len(names)} columns; Iceberg has no multi-argument bucket transform, so a table has "
+            "one bucket key (use icelog.table.partition.by for the others)"
+        )
+
+
+def check_iceberg_key(key: str) -> None:
+    """An `iceberg.<name>` key must name a property, and not one icelog keeps for itself."""
+    name = key[len(ICEBERG_PREFIX) :]
+    if not name or name.startswith("icelog.") or any(c.isspace() for c in name):
+        raise ValueError(f"{key!r} does not name an Iceberg table property (iceberg.<property>, not icelog.*)")
+
+
+CHECKS = {
+    ARCHIVE_LAYOUT: _check_layout,
+    PARTITION_BY: _check_partition_by,
+    BUCKET_KEY: _check_bucket_key,
+}
+
+
+@dataclass(frozen=True)
+class TableTopicConfig:
+    """A topic's table layout settings (resolved from explicit configs over broker defaults)."""
+
+    layout: str = LAYOUT_RECORD
+    partition_by: tuple[str, ...] = ()
+    bucket_key: str | None = None
+
+    @property
+    def is_table(self) -> bool:
+        return self.layout == LAYOUT_TABLE
+
+
+def table_config(explicit: Mapping[str, str], broker_defaults: Mapping[str, str] | None = None) -> TableTopicConfig:
+    """Resolve a topic's table settings; raise ValueError when they do not fit together."""
+    configs = {**(broker_defaults or {}), **explicit}
+    layout = configs.get(ARCHIVE_LAYOUT, LAYOUT_RECORD)
+    partition_by = tuple(column_list(configs.get(PARTITION_BY, "")))
+    bucket = column_list(configs.get(BUCKET_KEY, ""))
+    if (partition_by or bucket) and layout != LAYOUT_TABLE:
+        raise ValueError(f"{PARTITION_BY} and {BUCKET_KEY} need {ARCHIVE_LAYOUT}=table")
+    if bucket and bucket[0] in partition_by:
+        raise ValueError(f"column {bucket[0]!r} is both the bucket key and a partition column")
+    return TableTopicConfig(layout, partition_by, bucket[0] if bucket else None)
+
+
+def forwarded_properties(explicit: Mapping[str, str]) -> dict[str, str]:
+    """The table properties a topic's explicit configs forward: iceberg.<p> → p, any other k → icelog.k."""
+    out: dict[str, str] = {}
+    for key, value in explicit.items():
+        if key.startswith(ICEBERG_PREFIX):
+            out[key[len(ICEBERG_PREFIX) :]] = value
+        else:
+            out[FORWARD_PREFIX + key] = value
+    return out

@@ -1,0 +1,100 @@
+"""Table topic configs and the table layout's pure parts (no broker, no Spark): specs, DDL, column order."""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf import descriptor_pb2
+
+from icelog.errors import KafkaApiError
+from icelog.lake.layout import archive_table_ddl, table_spec
+from icelog.schema.archive.field_ids import evolve
+from icelog.schema.archive.iceberg_types import iceberg_schema, table_layout_columns
+from icelog.schema.archive.table_rules import check_spec_columns
+from icelog.schema.protobuf_schema import build_pool, compile_schema
+from icelog.topic_configs.table import forwarded_properties, table_config
+from icelog.topics import validate_config_change, validate_table_configs, validate_topic_configs
+
+V1 = 'syntax = "proto3"; package t; message M { int64 id = 1; double score = 2; repeated string tags = 3; }'
+V2 = V1.replace("repeated string tags = 3;", "repeated string tags = 3; string region = 4;")
+
+
+def message(text: str) -> descriptor_pb2.DescriptorProto:
+    fds = compile_schema(text, {})
+    return build_pool(fds).FindMessageTypeByName("t.M")
+
+
+def test_table_configs_must_fit_together() -> None:
+    assert table_config({}).layout == "record"
+    config = table_config({"icelog.archive.layout": "table", "icelog.table.partition.by": "a, b",
+                           "icelog.table.bucket.key": "id"})
+    assert (config.partition_by, config.bucket_key) == (("a", "b"), "id")
+    for bad, why in (
+        ({"icelog.table.partition.by": "a"}, "need icelog.archive.layout=table"),
+        ({"icelog.archive.layout": "table", "icelog.table.partition.by": "id", "icelog.table.bucket.key": "id"},
+         "both the bucket key and a partition column"),
+    ):
+        with pytest.raises(KafkaApiError, match=why):
+            validate_table_configs(bad, {})
+    # Broker defaults count: a table layout by default accepts partition.by on the topic.
+    validate_table_configs({"icelog.table.partition.by": "a"}, {"icelog.archive.layout": "table"})
+    for key, value in (("icelog.table.bucket.key", "a,b"), ("icelog.archive.layout", "wide"),
+                       ("iceberg.icelog.layout", "x"), ("iceberg.", "x"), ("icelog.table.partition.by", "a,a")):
+        with pytest.raises(KafkaApiError) as info:
+            validate_topic_configs({key: value})
+        assert info.value.code.name == "INVALID_CONFIG"
+    validate_topic_configs({"iceberg.write.target-file-size-bytes": "1"})
+
+
+def test_layout_configs_are_fixed_once_the_topic_exists() -> None:
+    current = {"icelog.archive.layout": "table"}
+    validate_config_change(current, {"retention.ms": "1", "icelog.archive.layout": "table"}, [])
+    for set_configs, delete in (({"icelog.archive.layout": "record"}, []), ({}, ["icelog.archive.layout"]),
+                                ({"icelog.table.bucket.key": "id"}, [])):
+        with pytest.raises(KafkaApiError, match="fixed when the topic is created"):
+            validate_config_change(current, set_configs, delete)
+
+
+def test_forwarded_properties() -> None:
+    assert forwarded_properties({"iceberg.commit.retry.num-retries": "5", "retention.ms": "10",
+                                 "icelog.archive.layout": "table"}) == {
+        "commit.retry.num-retries": "5", "icelog.retention.ms": "10", "icelog.icelog.archive.layout": "table"}
+
+
+def test_specs_follow_fluss_rules() -> None:
+    def ddl(configs: dict[str, str]) -> str:
+        spec = table_spec(table_config({"icelog.archive.layout": "table", **configs}), 4)
+        return " | ".join(archive_table_ddl("lake", "ns", "t", "`a` INT", spec, {"x.y": "it's"}).statements[1:])
+
+    assert "PARTITIONED BY (`__bucket`)" in ddl({})
+    assert "WRITE ORDERED BY `__offset`" in ddl({})
+    assert "PARTITIONED BY (`day`, `region`, `__bucket`)" in ddl({"icelog.table.partition.by": "day,region"})
+    assert "PARTITIONED BY (`day`, bucket(4, `id`))" in ddl(
+        {"icelog.table.partition.by": "day", "icelog.table.bucket.key": "id"})
+    assert "'icelog.layout'='table-v1'" in ddl({}) and "'x.y'='it\\'s'" in ddl({})
+    record = archive_table_ddl("lake", "ns", "t").statements
+    assert "PARTITIONED BY (`kafka`.`partition`, days(`kafka`.`ingest_timestamp`))" in record[1]
+    assert "'icelog.layout'='archive-v1'" in record[1] and record[2].endswith("`kafka`.`offset`")
+
+
+def test_system_columns_stay_last_after_evolution() -> None:
+    v1 = evolve(table_layout_columns(None, message(V1)), [])
+    v2 = evolve(table_layout_columns(None, message(V2)), v1)
+    names = [f.name for f in iceberg_schema(v2).fields]
+    assert names == ["id", "score", "tags", "region", "__key", "__value", "__value_prefix", "__value_err",
+                     "__headers", "__batch_start", "__bucket", "__offset", "__timestamp"]
+    ids = {r.path: r.field_id for r in v1}
+    assert all(ids[r.path] == r.field_id for r in v2 if r.path in ids)
+    assert max(r.field_id for r in v2 if r.path == "region") > max(ids.values())
+
+
+def test_partition_and_bucket_columns_are_checked() -> None:
+    columns = table_layout_columns(None, message(V1))
+    check_spec_columns(columns, ["id"], "__key")
+    for partition_by, bucket, why in (
+        (["nope"], None, "not a top-level column"),
+        ([], "score", "cannot bucket"),
+        (["tags"], None, "only a scalar"),
+        (["__offset"], None, "layout itself"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            check_spec_columns(columns, partition_by, bucket)
