@@ -462,3 +462,14 @@ def test_intake_index_queries_by_tail_time_range_and_file(store: MetadataStore) 
     assert store.intake_files_in_use([1, 2, 3]) == {2}, "file 1 held only trimmed chunks"
     assert store.intake_max_timestamp_chunk(tid, 0) == chunks[3]
     assert store.intake_chunks_by_time(tid, 0, 0, 0, 10) == chunks[3:]
+
+
+def test_intake_bytes_below_counts_chunks_wholly_below_an_offset(store: MetadataStore) -> None:
+    topic = store.create_topic("orders", 2, {})
+    tid = topic.topic_id
+    store.commit_intake([chunk(tid, 0, 10 * i, 10 * i + 10, position=100 * i, length=1 + i) for i in range(4)]
+                        + [chunk(tid, 1, 0, 10, length=50)], IntakeTail(1, 1000))
+    assert store.intake_bytes_below(tid, 0, 0) == 0
+    assert store.intake_bytes_below(tid, 0, 25) == 1 + 2, "the chunk holding 25 is not wholly below it"
+    assert store.intake_bytes_below(tid, 0, 40) == 1 + 2 + 3 + 4
+    assert store.intake_bytes_below(tid, 1, 40) == 50

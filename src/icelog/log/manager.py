@@ -274,21 +274,27 @@ class LogManager:
     def count_unarchived(self, archived: Iterable[ArchiveState]) -> dict[uuid.UUID, int]:
         """Unarchived intake bytes per archived topic, from the archiver's recorded offsets.
 
-        Runs on a worker thread: one aggregate query per partition over its unarchived chunks only (a
-        range the back-pressure bound keeps short), never a walk of the whole index. A count that races an
-        append or a trim is off by that chunk until the next refresh.
+        Runs on a worker thread. Per partition one aggregate query over the shorter side of the archived
+        offset (the unarchived chunks, or the archived ones still in the intake, subtracted from the
+        partition's total), so neither a lake far behind nor a long intake retention makes it walk the
+        whole index. A count that races an append or a trim is off by that chunk until the next refresh.
         """
         offsets = {(s.topic_id, s.partition): s.archived_offset for s in archived}
         return {
             state.record.topic_id: sum(
-                self.store.intake_range_summary(
-                    part.topic_id, part.partition, offsets.get((part.topic_id, part.partition), 0)
-                ).bytes
+                self._unarchived_bytes(part, offsets.get((part.topic_id, part.partition), 0))
                 for part in list(state.partitions)
             )
             for state in list(self.topics.values())
             if state.max_lag_bytes is not None
         }
+
+    def _unarchived_bytes(self, part: PartitionLog, archived_offset: int) -> int:
+        archived_offset = max(archived_offset, part.log_start_offset)
+        if part.high_watermark - archived_offset <= archived_offset - part.log_start_offset:
+            return self.store.intake_range_summary(part.topic_id, part.partition, archived_offset).bytes
+        below = self.store.intake_bytes_below(part.topic_id, part.partition, archived_offset)
+        return max(part.intake_bytes - below, 0)
 
     def apply_pressure(self, unarchived: dict[uuid.UUID, int], free_bytes: int) -> None:
         """Install counts from count_unarchived and the data directory's free space (on the event loop)."""

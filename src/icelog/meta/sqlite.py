@@ -139,7 +139,8 @@ _FROM_OFFSET = (
 
 
 class SqliteStore(SqliteRegistry, MetadataStore):
-    """One SQLite database in WAL mode; a lock serialises the broker's threads on one connection."""
+    """One SQLite database in WAL mode: a lock serialises the broker's threads on the write connection; reads
+    of the intake index go through a second connection (see __init__)."""
 
     def __init__(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -172,6 +173,13 @@ class SqliteStore(SqliteRegistry, MetadataStore):
                     "ALTER TABLE intake_chunks ADD COLUMN ingest_timestamp INTEGER NOT NULL DEFAULT -1"
                 )
         self._migrate_intake_totals()
+        # Reads of the intake index (Fetch pages on worker threads, back-pressure aggregates, ListOffsets)
+        # use a second connection: in WAL mode they then never wait for the intake writer's commits, nor
+        # it for them. Each SELECT sees everything committed before it (autocommit).
+        self._read_conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._read_conn.execute("PRAGMA query_only=1")
+        self._read_conn.execute("PRAGMA busy_timeout=10000")
+        self._read_lock = threading.Lock()
 
     def _migrate_intake_totals(self) -> None:
         """Stores created before per-partition intake totals: add and backfill them, with the triggers that
@@ -378,8 +386,8 @@ class SqliteStore(SqliteRegistry, MetadataStore):
         return rows[0] if rows else None
 
     def intake_range_summary(self, topic_id: uuid.UUID, partition: int, offset: int) -> IntakeRangeSummary:
-        with self._lock:
-            count, size, oldest = self._conn.execute(
+        with self._read_lock:
+            count, size, oldest = self._read_conn.execute(
                 "SELECT COUNT(*), COALESCE(SUM(length), 0), "
                 "MIN(CASE WHEN ingest_timestamp >= 0 THEN ingest_timestamp ELSE max_timestamp END) "
                 f"FROM intake_chunks WHERE {_FROM_OFFSET}",
@@ -387,16 +395,23 @@ class SqliteStore(SqliteRegistry, MetadataStore):
             ).fetchone()
         return IntakeRangeSummary(count, size, -1 if oldest is None else oldest)
 
+    def intake_bytes_below(self, topic_id: uuid.UUID, partition: int, offset: int) -> int:
+        with self._read_lock:
+            row = self._read_conn.execute(
+                "SELECT COALESCE(SUM(length), 0) FROM intake_chunks WHERE topic_id = ? AND partition = ? "
+                "AND base_offset < ?3 AND end_offset <= ?3",
+                (str(topic_id), partition, offset),
+            ).fetchone()
+        return int(row[0])
+
     def intake_files_in_use(self, file_ids: Iterable[int]) -> set[int]:
-        with self._lock:  # one look-up of the file_id index per file: there are few files, many chunks
-            return {
-                file_id for file_id in file_ids
-                if self._conn.execute("SELECT 1 FROM intake_chunks WHERE file_id = ? LIMIT 1", (file_id,)).fetchone()
-            }
+        with self._read_lock:  # one look-up of the file_id index per file: there are few files, many chunks
+            query = "SELECT 1 FROM intake_chunks WHERE file_id = ? LIMIT 1"
+            return {file_id for file_id in file_ids if self._read_conn.execute(query, (file_id,)).fetchone()}
 
     def _chunks(self, query: str, args: tuple[object, ...]) -> list[IntakeChunk]:
-        with self._lock:
-            rows = self._conn.execute(query, args).fetchall()
+        with self._read_lock:
+            rows = self._read_conn.execute(query, args).fetchall()
         ids: dict[str, uuid.UUID] = {}
         return [IntakeChunk(ids.get(r[0]) or ids.setdefault(r[0], uuid.UUID(r[0])), *r[1:]) for r in rows]
 
@@ -575,5 +590,7 @@ class SqliteStore(SqliteRegistry, MetadataStore):
         return [ProducerSnapshot(uuid.UUID(t), p, o, s) for t, p, o, s in rows]
 
     def close(self) -> None:
+        with self._read_lock:
+            self._read_conn.close()
         with self._lock:
             self._conn.close()

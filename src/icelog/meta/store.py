@@ -232,6 +232,10 @@ class MetadataStore(RegistryStore, ABC):
         """
 
     @abstractmethod
+    def intake_bytes_below(self, topic_id: uuid.UUID, partition: int, offset: int) -> int:
+        """Bytes of one partition's chunks wholly below `offset`; cost depends on how many chunks that is."""
+
+    @abstractmethod
     def intake_files_in_use(self, file_ids: Iterable[int]) -> set[int]:
         """Which of these intake files some indexed chunk still references (an indexed look-up each)."""
 
