@@ -344,7 +344,7 @@ class SqliteStore(SqliteRegistry, MetadataStore):
             args = (str(topic_id),)
         with self._lock:
             rows = self._conn.execute(query + " ORDER BY topic_id, partition, base_offset", args).fetchall()
-        ids: dict[str, uuid.UUID] = {}  # parse each topic id once: start-up loads every row
+        ids: dict[str, uuid.UUID] = {}  # parse each topic id once
         return [IntakeChunk(ids.get(r[0]) or ids.setdefault(r[0], uuid.UUID(r[0])), *r[1:]) for r in rows]
 
     def intake_chunks_after(
