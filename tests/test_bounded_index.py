@@ -28,7 +28,7 @@ from wire_client import RawClient
 from icelog.config import IntakeSettings, Settings
 from icelog.log.manager import LogManager
 from icelog.meta.sqlite import SqliteStore
-from icelog.meta.store import IntakeChunk, IntakeTail
+from icelog.meta.store import ArchiveState, IntakeChunk, IntakeTail
 
 CACHE = 4  # index rows a partition keeps: the newest 4 chunks, and 4 older ones cached
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
@@ -258,6 +258,30 @@ def test_reading_every_chunk_keeps_the_index_within_its_cache(tmp_path: Path) ->
 
     asyncio.run(write())
     asyncio.run(read_back())
+
+
+def test_unarchived_bytes_are_counted_from_either_side_of_the_archived_offset(tmp_path: Path) -> None:
+    """Back-pressure counts sum the shorter side of the archived offset in the store: same answer both ways."""
+    settings = Settings(data_dir=tmp_path / "data", intake=IntakeSettings(fsync=False, index_cache_chunks=CACHE))
+    batches = [timed_batch(i) for i in range(10)]  # 2 records each: chunk i holds offsets 2i, 2i + 1
+
+    async def main() -> None:
+        logs = LogManager(settings, SqliteStore(settings.data_dir / "meta.db"))
+        logs.open()
+        logs.start()
+        try:
+            state = logs.create_topic("archived", 1, {})  # archived: the default archive kind is iceberg
+            assert state is not None and state.max_lag_bytes is not None
+            for batch in batches:
+                await logs.append(state, state.partitions[0], batch)[1]
+            tid = state.record.topic_id
+            counts = {a: logs.count_unarchived([ArchiveState(tid, 0, a)])[tid] for a in (0, 3, 4, 15, 19, 20)}
+            size = len(batches[0])
+            assert counts == {0: 10 * size, 3: 9 * size, 4: 8 * size, 15: 3 * size, 19: size, 20: 0}
+        finally:
+            await logs.close()
+
+    asyncio.run(main())
 
 
 def test_an_older_sqlite_store_gets_its_partition_intake_totals(tmp_path: Path) -> None:
