@@ -7,10 +7,12 @@ Everything is measured in one run so the ratios hold on a shared, noisy machine.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import platform
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -101,6 +103,37 @@ def produce_throughput(bootstrap: str, topic: str, records: int) -> dict[str, fl
     return {"seconds": seconds, "mb_per_s": records * RECORD_SIZE / seconds / 1e6, "records_per_s": records / seconds}
 
 
+def produce_throughput_kcat(bootstrap: str, topic: str, records: int, directory: Path) -> dict[str, float]:
+    """The same load from `kcat -P` (librdkafka in C): the broker, not a Python produce loop, is measured.
+
+    Values are 1 KiB lines, half random base64 and half repetitive (kcat splits its input on newlines).
+    """
+    source = directory / "values.txt"
+    with source.open("wb") as out:
+        for i in range(records):
+            out.write(base64.b64encode(os.urandom(384)) + bytes([97 + i % 26]) * (RECORD_SIZE // 2) + b"\n")
+    started = time.perf_counter()
+    subprocess.run(
+        ["kcat", "-P", "-b", bootstrap, "-t", topic, "-z", "lz4", "-X", "acks=all", "-X", "linger.ms=5",
+         "-X", "queue.buffering.max.kbytes=1048576", "-X", "queue.buffering.max.messages=1000000", "-l", str(source)],
+        check=True, capture_output=True,
+    )
+    seconds = time.perf_counter() - started
+    source.unlink()
+    return {"seconds": seconds, "mb_per_s": records * RECORD_SIZE / seconds / 1e6, "records_per_s": records / seconds}
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def ack_latency(bootstrap: str, topic: str, mb_per_s: float, seconds: float) -> dict[str, float]:
     """Produce at a steady rate; latency = delivery report time - produce() time."""
     producer = ck.Producer({
@@ -183,7 +216,18 @@ def main() -> None:
             disk = disk_baseline(data)
             create_topic(broker.bootstrap, "bench", args.partitions)
             print("produce throughput...", file=sys.stderr)
+            assert broker.proc is not None
+            cpu = (own_cpu_seconds(), process_cpu_seconds(broker.proc.pid))
             produced = produce_throughput(broker.bootstrap, "bench", args.records)
+            # Where the CPU goes on 2 shared cores: the Python client (produce() per record, lz4 in
+            # librdkafka) against the broker (everything, all threads).
+            produced["client_cpu_s"] = own_cpu_seconds() - cpu[0]
+            produced["broker_cpu_s"] = process_cpu_seconds(broker.proc.pid) - cpu[1]
+            create_topic(broker.bootstrap, "bench-kcat", args.partitions)
+            print("produce throughput, kcat...", file=sys.stderr)
+            cpu = (own_cpu_seconds(), process_cpu_seconds(broker.proc.pid))
+            produced_kcat = produce_throughput_kcat(broker.bootstrap, "bench-kcat", args.records, Path(tmp))
+            produced_kcat["broker_cpu_s"] = process_cpu_seconds(broker.proc.pid) - cpu[1]
             print("consume throughput...", file=sys.stderr)
             consumed_kcat = consume_throughput_kcat(broker.bootstrap, "bench", args.records)
             consumed = consume_throughput(broker.bootstrap, "bench", args.partitions, args.records)
@@ -199,6 +243,8 @@ def main() -> None:
         "disk_fsync_mb_per_s": round(disk, 1),
         "produce": {k: round(v, 1) for k, v in produced.items()},
         "produce_vs_disk": round(produced["mb_per_s"] / disk, 2),
+        "produce_kcat": {k: round(v, 1) for k, v in produced_kcat.items()},
+        "produce_kcat_vs_disk": round(produced_kcat["mb_per_s"] / disk, 2),
         "consume_kcat": {k: round(v, 1) for k, v in consumed_kcat.items()},
         "consume_confluent_python": {k: round(v, 1) for k, v in consumed.items()},
         "ack_latency_10mb_s": {k: round(v, 2) for k, v in latency.items()},

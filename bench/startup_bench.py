@@ -6,9 +6,9 @@ For each size it builds a data directory the way the broker leaves it: intake fi
 holding one tiny idempotent batch (so replaying them is real work), indexed in the metadata store. The
 index rows are written in large store transactions instead of one group commit per frame, which is the
 only shortcut. Then it times the real code paths:
-  - broker start-up (LogManager.open: intake recovery, index load, producer-state rebuild), once with
-    no producer-state snapshot (every chunk replayed, as before snapshots) and once with the snapshot
-    a clean shutdown leaves;
+  - broker start-up (LogManager.open: intake recovery, each partition's hot tail of the index,
+    producer-state rebuild), once with no producer-state snapshot (every chunk replayed, as before
+    snapshots) and once with the snapshot a clean shutdown leaves;
   - one archiver poll (Archiver.archive_topic up to its plan, nothing due so no Spark), first and
     steady-state, next to what the old poll's `intake_chunks(topic)` query alone cost.
 Timings are CPU seconds of this process (time.process_time): the machine the figures were taken on is

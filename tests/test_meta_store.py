@@ -416,3 +416,60 @@ def test_every_write_a_client_is_answered_about_is_durable(
     assert durable(lambda: store.commit_intake([chunk(tid, 0, 9, 10, position=400)], IntakeTail(1, 500))) == [
         False
     ]
+
+
+# -- the partition's chunk index without loading it (start-up, Fetch, ListOffsets, status) -----------
+def test_partition_intake_totals_follow_commits_trims_and_reopen(open_same_store: OpenStore) -> None:
+    store = open_same_store()
+    topic = store.create_topic("orders", 2, {})
+    tid = topic.topic_id
+    p0 = [chunk(tid, 0, base, base + 10, position=100 * base, length=100 + base) for base in range(0, 50, 10)]
+    store.commit_intake([*p0, chunk(tid, 1, 0, 3, length=7)], IntakeTail(1, 10_000))
+    store.commit_intake(p0[:2], IntakeTail(1, 10_000))  # a replay indexes nothing twice
+
+    totals = [(p.intake_chunks, p.intake_bytes) for p in store.partitions(tid)]
+    assert totals == [(5, sum(c.length for c in p0)), (1, 7)]
+    store.trim_intake(tid, 0, 25)  # drops the chunks ending at 10 and 20
+    assert [(p.intake_chunks, p.intake_bytes) for p in store.partitions(tid)][0] == (3, sum(c.length for c in p0[2:]))
+    store.close()
+    assert [(p.intake_chunks, p.intake_bytes) for p in open_same_store().partitions(tid)] == [
+        (3, sum(c.length for c in p0[2:])), (1, 7)
+    ]
+
+
+def test_intake_index_queries_by_tail_time_range_and_file(store: MetadataStore) -> None:
+    topic = store.create_topic("orders", 1, {})
+    tid = topic.topic_id
+    times = [5_000, 7_000, 6_000, 9_000, 9_000, 8_000]
+    chunks = [chunk(tid, 0, 10 * i, 10 * i + 10, file_id=1 + i // 3, position=100 * i, length=10 + i,
+                    max_timestamp=ts) for i, ts in enumerate(times)]
+    store.commit_intake(chunks, IntakeTail(2, 1_000))
+
+    assert store.intake_last_chunks(tid, 0, 2) == chunks[4:], "the newest chunks, in offset order"
+    assert store.intake_last_chunks(tid, 0, 100) == chunks
+    assert store.intake_chunks_by_time(tid, 0, 0, 6_500, 2) == [chunks[1], chunks[3]]
+    assert store.intake_chunks_by_time(tid, 0, 25, 6_500, 10) == [chunks[3], chunks[4], chunks[5]], (
+        "from the chunk holding offset 25"
+    )
+    assert store.intake_chunks_by_time(tid, 0, 0, 9_001, 10) == []
+    assert store.intake_max_timestamp_chunk(tid, 0) == chunks[3], "the first chunk with the largest timestamp"
+    summary = store.intake_range_summary(tid, 0, 35)
+    assert (summary.chunks, summary.bytes) == (3, 13 + 14 + 15)
+    assert store.intake_range_summary(tid, 0, 60).chunks == 0
+    assert store.intake_files_in_use([1, 2, 3]) == {1, 2}
+
+    store.trim_intake(tid, 0, 30)
+    assert store.intake_files_in_use([1, 2, 3]) == {2}, "file 1 held only trimmed chunks"
+    assert store.intake_max_timestamp_chunk(tid, 0) == chunks[3]
+    assert store.intake_chunks_by_time(tid, 0, 0, 0, 10) == chunks[3:]
+
+
+def test_intake_bytes_below_counts_chunks_wholly_below_an_offset(store: MetadataStore) -> None:
+    topic = store.create_topic("orders", 2, {})
+    tid = topic.topic_id
+    store.commit_intake([chunk(tid, 0, 10 * i, 10 * i + 10, position=100 * i, length=1 + i) for i in range(4)]
+                        + [chunk(tid, 1, 0, 10, length=50)], IntakeTail(1, 1000))
+    assert store.intake_bytes_below(tid, 0, 0) == 0
+    assert store.intake_bytes_below(tid, 0, 25) == 1 + 2, "the chunk holding 25 is not wholly below it"
+    assert store.intake_bytes_below(tid, 0, 40) == 1 + 2 + 3 + 4
+    assert store.intake_bytes_below(tid, 1, 40) == 50

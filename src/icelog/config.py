@@ -32,6 +32,12 @@ class IntakeSettings(BaseModel):
         30000, gt=0, description="How often partitions that moved get a producer-state snapshot (start-up replays "
         "only the intake after it)."
     )
+    index_cache_chunks: int = Field(
+        4096,
+        ge=2,
+        description="Intake index rows each partition keeps in memory: its newest chunks, and as many older ones "
+        "cached for reads (the rest are looked up in the metadata store, so start-up does not grow with the intake).",
+    )
     min_free_bytes: int = Field(
         1024 * 1024 * 1024,
         ge=0,

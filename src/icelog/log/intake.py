@@ -245,16 +245,15 @@ class IntakeWriter:
         chunks: list[IntakeChunk] = []
         position = self._active_size
         for (topic_id, partition), items in by_partition.items():
-            payload = items[0].payload if len(items) == 1 else b"".join(i.payload for i in items)
+            payloads = [i.payload for i in items]  # written as they are, never joined (copied) first
+            length = sum(len(p) for p in payloads)
             base, end = items[0].base_offset, items[-1].end_offset
             max_ts = max(i.max_timestamp for i in items)
-            parts.append(intake_file.encode_frame(topic_id, partition, base, end, max_ts, payload))
-            parts.append(payload)
+            parts.append(intake_file.encode_frame(topic_id, partition, base, end, max_ts, payloads))
+            parts.extend(payloads)
             position += intake_file.FRAME_HEADER_SIZE
-            chunks.append(
-                IntakeChunk(topic_id, partition, base, end, self.active_file_id, position, len(payload), max_ts)
-            )
-            position += len(payload)
+            chunks.append(IntakeChunk(topic_id, partition, base, end, self.active_file_id, position, length, max_ts))
+            position += length
         _write_all(self._fd, parts, total)
         started = time.perf_counter()
         if self.settings.fsync:

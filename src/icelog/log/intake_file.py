@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import struct
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,11 +48,19 @@ def encode_frame(
     base_offset: int,
     end_offset: int,
     max_timestamp: int,
-    payload: bytes | bytearray,
+    payload: bytes | bytearray | Sequence[bytes | bytearray],
 ) -> bytes:
-    """The frame header for a payload (write the header, then the payload)."""
-    tail = _FRAME.pack(MAGIC, 0, len(payload), partition, topic_id.bytes, base_offset, end_offset, max_timestamp)[8:]
-    crc = crc32c.crc32c(payload, crc32c.crc32c(tail))
+    """The frame header for a payload (write the header, then the payload).
+
+    The payload may be given in parts (one partition's appends of a group commit): the CRC runs over them
+    in turn, so the writer hands them to writev without joining (copying) them first.
+    """
+    parts = [payload] if isinstance(payload, (bytes, bytearray)) else payload
+    length = sum(len(part) for part in parts)
+    tail = _FRAME.pack(MAGIC, 0, length, partition, topic_id.bytes, base_offset, end_offset, max_timestamp)[8:]
+    crc = crc32c.crc32c(tail)
+    for part in parts:
+        crc = crc32c.crc32c(part, crc)
     return MAGIC + struct.pack(">I", crc) + tail
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
-import itertools
 import logging
 import shutil
 import struct
@@ -73,7 +71,6 @@ class LogManager:
         self.writer = IntakeWriter(self.intake_dir, store, settings.intake, self._on_durable)
         self.topics: dict[str, TopicState] = {}
         self._by_id: dict[uuid.UUID, TopicState] = {}
-        self._file_refs: dict[int, int] = {}
         self._snapshot_offsets: dict[tuple[uuid.UUID, int], int] = {}  # last snapshot saved per partition
         self._snapshot_task: asyncio.Task[None] | None = None
         # Set by the transaction coordinator: raises KafkaApiError unless (topic, partition, producer id,
@@ -87,16 +84,12 @@ class LogManager:
         self.writer.recover()
         for record in self.store.list_topics():
             self._install(record)
-        # Rows come ordered by topic, partition and offset: hand each partition its run at once.
-        for (topic_id, partition), run in itertools.groupby(
-            self.store.intake_chunks(), key=lambda c: (c.topic_id, c.partition)
-        ):
-            state = self._by_id.get(topic_id)
-            if state is not None and partition < len(state.partitions):
-                chunks = list(run)
-                state.partitions[partition].load_chunks(chunks)
-                for file_id, count in collections.Counter(c.file_id for c in chunks).items():
-                    self._file_refs[file_id] = self._file_refs.get(file_id, 0) + count
+        # Only the hot tail of each partition's chunk index is loaded: start-up cost does not grow with
+        # the intake (older chunks are looked up in the store on demand).
+        for state in self.topics.values():
+            for part in state.partitions:
+                part.load_tail(self.store.intake_last_chunks(part.topic_id, part.partition,
+                                                             self.settings.intake.index_cache_chunks))
         self._delete_unreferenced_files()
         self._rebuild_producer_state()
         # Back-pressure counts from the first request on (then refreshed in the background by the broker).
@@ -183,9 +176,10 @@ class LogManager:
         old = self.topics.get(record.name)
         logs = list(old.partitions) if old and old.record.topic_id == record.topic_id else []
         for part in self.store.partitions(record.topic_id)[len(logs) :]:
-            logs.append(
-                PartitionLog(record.topic_id, part.partition, part.log_start_offset, part.high_watermark, self.files)
-            )
+            logs.append(PartitionLog(
+                record.topic_id, part.partition, part.log_start_offset, part.high_watermark, self.files, self.store,
+                part.intake_bytes, self.settings.intake.index_cache_chunks,
+            ))
         archive = archive_config(record.name, record.configs, self.settings.topic_defaults, self.settings.archive)
         state = TopicState(record, config, logs, archive.max_lag_bytes if archive.enabled else None)
         if old is not None and old.record.topic_id == record.topic_id:
@@ -194,15 +188,11 @@ class LogManager:
         self._by_id[record.topic_id] = state
         return state
 
-    def _track_chunk(self, partition: PartitionLog, chunk: IntakeChunk) -> None:
-        partition.add_durable_chunk(chunk)
-        self._file_refs[chunk.file_id] = self._file_refs.get(chunk.file_id, 0) + 1
-
     def _on_durable(self, chunks: list[IntakeChunk]) -> None:
         for chunk in chunks:
             state = self._by_id.get(chunk.topic_id)
             if state is not None and chunk.partition < len(state.partitions):
-                self._track_chunk(state.partitions[chunk.partition], chunk)
+                state.partitions[chunk.partition].add_durable_chunk(chunk)
 
     # -- topics --------------------------------------------------------------------------------
     def get(self, name: str) -> TopicState | None:
@@ -248,7 +238,7 @@ class LogManager:
         del self.topics[name]
         del self._by_id[state.record.topic_id]
         for part in state.partitions:
-            part.drop_chunks_before(part.high_watermark + 1, self._release_chunk)
+            part.drop_chunks_before(part.high_watermark + 1, part.intake_bytes)
         self._delete_unreferenced_files()
         log.info("deleted topic %s", name)
 
@@ -304,20 +294,27 @@ class LogManager:
     def count_unarchived(self, archived: Iterable[ArchiveState]) -> dict[uuid.UUID, int]:
         """Unarchived intake bytes per archived topic, from the archiver's recorded offsets.
 
-        Runs on a worker thread (the unarchived tail can be long when the lake is behind, and the GIL is
-        handed back to the event loop meanwhile); it only reads chunk lists, so a count that races an
-        append or a trim is off by that chunk until the next refresh.
+        Runs on a worker thread. Per partition one aggregate query over the shorter side of the archived
+        offset (the unarchived chunks, or the archived ones still in the intake, subtracted from the
+        partition's total), so neither a lake far behind nor a long intake retention makes it walk the
+        whole index. A count that races an append or a trim is off by that chunk until the next refresh.
         """
         offsets = {(s.topic_id, s.partition): s.archived_offset for s in archived}
         return {
             state.record.topic_id: sum(
-                # No copy: chunk lists are only appended to or replaced whole, so one bisects safely here.
-                pressure.unarchived_bytes(part.chunks, offsets.get((part.topic_id, part.partition), 0))
+                self._unarchived_bytes(part, offsets.get((part.topic_id, part.partition), 0))
                 for part in list(state.partitions)
             )
             for state in list(self.topics.values())
             if state.max_lag_bytes is not None
         }
+
+    def _unarchived_bytes(self, part: PartitionLog, archived_offset: int) -> int:
+        archived_offset = max(archived_offset, part.log_start_offset)
+        if part.high_watermark - archived_offset <= archived_offset - part.log_start_offset:
+            return self.store.intake_range_summary(part.topic_id, part.partition, archived_offset).bytes
+        below = self.store.intake_bytes_below(part.topic_id, part.partition, archived_offset)
+        return max(part.intake_bytes - below, 0)
 
     def apply_pressure(self, unarchived: dict[uuid.UUID, int], free_bytes: int) -> None:
         """Install counts from count_unarchived and the data directory's free space (on the event loop)."""
@@ -391,9 +388,12 @@ class LogManager:
                 states = self.store.archive_states(state.record.topic_id)
                 archived = {a.partition: a.archived_offset for a in states}
             for part in state.partitions:
+                if retention_ms < 0 and retention_bytes < 0 and (archived is None or archive.intake_retention_ms < 0):
+                    continue  # nothing can expire: no walk at all
                 new_start = part.log_start_offset
                 remaining = part.intake_bytes
-                for chunk in part.chunks:
+                # Oldest first, page by page from the store's index; stops at the first chunk kept.
+                for chunk in part.chunks_from(part.log_start_offset):
                     too_old = retention_ms >= 0 and chunk.max_timestamp < now_ms - retention_ms
                     too_big = retention_bytes >= 0 and remaining - chunk.length >= retention_bytes
                     if archived is not None:
@@ -401,7 +401,7 @@ class LogManager:
                             break
                         intake_ms = archive.intake_retention_ms
                         too_old = too_old or (intake_ms >= 0 and chunk.max_timestamp < now_ms - intake_ms)
-                    if not (too_old or too_big):
+                    if not (too_old or too_big) or chunk.base_offset >= part.high_watermark:
                         break
                     new_start = chunk.end_offset
                     remaining -= chunk.length
@@ -409,20 +409,18 @@ class LogManager:
                 if new_start > part.log_start_offset:
                     self.store.trim_intake(part.topic_id, part.partition, new_start)  # durable on return
                     fault_point("trim-committed")
-                    part.drop_chunks_before(new_start, self._release_chunk)
+                    part.drop_chunks_before(new_start, part.intake_bytes - remaining)
                     log.info("retention: %s-%d log start offset is now %d", state.name, part.partition, new_start)
         if dropped:
             self._delete_unreferenced_files()
         return dropped
 
-    def _release_chunk(self, chunk: IntakeChunk) -> None:
-        self._file_refs[chunk.file_id] -= 1
-        if self._file_refs[chunk.file_id] <= 0:
-            del self._file_refs[chunk.file_id]
-
     def _delete_unreferenced_files(self) -> None:
-        for file_id in intake_file.list_files(self.intake_dir):
-            if file_id < self.writer.active_file_id and file_id not in self._file_refs:
+        """Delete intake files older than the active one that no indexed chunk references (the store says)."""
+        candidates = [f for f in intake_file.list_files(self.intake_dir) if f < self.writer.active_file_id]
+        in_use = self.store.intake_files_in_use(candidates)
+        for file_id in candidates:
+            if file_id not in in_use:
                 self.files.forget(file_id)
                 intake_file.file_path(self.intake_dir, file_id).unlink(missing_ok=True)
                 log.info("deleted intake file %d: no partition needs it", file_id)

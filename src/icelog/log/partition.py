@@ -1,4 +1,5 @@
-"""One partition's log in memory: its offsets, its indexed intake chunks, reads and long-poll waits."""
+"""One partition's log: its offsets, its intake chunk index (hot tail in memory, the rest looked up), reads
+and long-poll waits."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import contextlib
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from icelog.errors import ErrorCode, KafkaApiError
@@ -18,6 +20,7 @@ from icelog.log.transactions import AbortedRange, TxnIndex
 from icelog.meta.store import IntakeChunk
 
 _BATCH_CACHE_CHUNKS = 64
+_PAGE_CHUNKS = 256  # chunk rows looked up from the store at a time (fewer when the cache is smaller)
 
 
 class ChunkReader(Protocol):
@@ -26,6 +29,28 @@ class ChunkReader(Protocol):
     def read_chunk(self, chunk: IntakeChunk) -> bytes: ...
 
     def read_range(self, chunk: IntakeChunk, offset_in_chunk: int, length: int) -> bytes: ...
+
+
+class ChunkIndexStore(Protocol):
+    """The durable intake index (the metadata store) a partition looks its older chunks up in."""
+
+    def intake_chunks_after(
+        self, topic_id: uuid.UUID, partition: int, offset: int, limit: int
+    ) -> list[IntakeChunk]: ...
+
+    def intake_chunks_by_time(
+        self, topic_id: uuid.UUID, partition: int, offset: int, timestamp_ms: int, limit: int
+    ) -> list[IntakeChunk]: ...
+
+    def intake_max_timestamp_chunk(self, topic_id: uuid.UUID, partition: int) -> IntakeChunk | None: ...
+
+
+@dataclass
+class _Hot:
+    """The newest chunks, in offset order, with their base offsets (appended in place, bases first)."""
+
+    bases: list[int] = field(default_factory=list)
+    chunks: list[IntakeChunk] = field(default_factory=list)
 
 
 class OffsetRangeSource(Protocol):
@@ -39,8 +64,14 @@ class OffsetRangeSource(Protocol):
 class PartitionLog:
     """Offsets and data of one topic-partition. Mutated only on the event loop thread.
 
-    `read` may run on a worker thread (Fetch keeps file reads off the event loop): the chunk lists are
-    only appended to or replaced whole (never cut in place), so a reader sees a consistent pair.
+    The chunk index is bounded: the newest chunks (at most `cache_chunks`) are kept in memory to serve
+    appends and readers at the tail; older ones are looked up in the metadata store by offset (every chunk
+    in memory is indexed there first) and kept in a bounded LRU of pages. So start-up loads a fixed number
+    of rows per partition, whatever the size of the intake.
+
+    `read` may run on a worker thread (Fetch keeps file reads off the event loop): the hot list is only
+    appended to or replaced whole (never cut in place), the page cache takes a lock, and the store
+    serialises its connection, so a reader sees a consistent view.
     """
 
     def __init__(
@@ -50,16 +81,23 @@ class PartitionLog:
         log_start_offset: int,
         high_watermark: int,
         reader: ChunkReader,
+        index: ChunkIndexStore,
+        intake_bytes: int = 0,
+        cache_chunks: int = 4096,
     ) -> None:
         self.topic_id = topic_id
         self.partition = partition
         self.log_start_offset = log_start_offset
         self.high_watermark = high_watermark
         self.next_offset = high_watermark  # offsets handed out, durable or not
-        self.chunks: list[IntakeChunk] = []
-        self._bases: list[int] = []
-        self.intake_bytes = 0
+        self._hot = _Hot()
+        self.intake_bytes = intake_bytes  # of every indexed chunk, hot or not
         self._reader = reader
+        self._index = index
+        self._cache_chunks = max(cache_chunks, 2)
+        self._page_chunks = max(1, min(_PAGE_CHUNKS, self._cache_chunks // 4))
+        self._pages: OrderedDict[int, list[IntakeChunk]] = OrderedDict()  # first base offset -> page (LRU)
+        self._pages_lock = threading.Lock()
         self._waiters: list[asyncio.Future[None]] = []
         self._batch_cache: OrderedDict[int, list[tuple[int, int, int, int]]] = OrderedDict()
         self._cache_lock = threading.Lock()  # readers on several worker threads share the cache
@@ -77,9 +115,14 @@ class PartitionLog:
         return base
 
     def add_durable_chunk(self, chunk: IntakeChunk) -> None:
-        """Index a chunk that is now durable and move the high watermark past it."""
-        self._bases.append(chunk.base_offset)  # bases first: a reader bisects them, then indexes chunks
-        self.chunks.append(chunk)
+        """Index a chunk that is now durable (and in the store's index) and move the high watermark past it."""
+        hot = self._hot
+        if len(hot.chunks) >= self._cache_chunks:
+            # Keep the newest half (replaced whole: a reader keeps the view it took); the rest is in the store.
+            keep = self._cache_chunks // 2
+            hot = self._hot = _Hot(hot.bases[-keep:], hot.chunks[-keep:])
+        hot.bases.append(chunk.base_offset)  # bases first: a reader bisects them, then indexes chunks
+        hot.chunks.append(chunk)
         self.intake_bytes += chunk.length
         if chunk.end_offset > self.high_watermark:
             self.high_watermark = chunk.end_offset
@@ -89,28 +132,31 @@ class PartitionLog:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def load_chunks(self, chunks: list[IntakeChunk]) -> None:
-        """Start-up: index the partition's durable chunks (in offset order) in one step."""
-        if not chunks:
-            return
-        self._bases = self._bases + [c.base_offset for c in chunks]
-        self.chunks = self.chunks + chunks
-        self.intake_bytes += sum(c.length for c in chunks)
-        self.high_watermark = max(self.high_watermark, chunks[-1].end_offset)
+    def load_tail(self, chunks: list[IntakeChunk]) -> None:
+        """Start-up: keep the partition's newest durable chunks (in offset order) in memory."""
+        chunks = chunks[-self._cache_chunks :]
+        self._hot = _Hot([c.base_offset for c in chunks], list(chunks))
+        if chunks:
+            self.high_watermark = max(self.high_watermark, chunks[-1].end_offset)
         self.next_offset = max(self.next_offset, self.high_watermark)
 
-    def drop_chunks_before(self, log_start_offset: int, on_drop: Callable[[IntakeChunk], None]) -> None:
-        """Forget chunks wholly below a new log start offset."""
-        keep = 0
-        while keep < len(self.chunks) and self.chunks[keep].end_offset <= log_start_offset:
-            on_drop(self.chunks[keep])
-            self.intake_bytes -= self.chunks[keep].length
-            keep += 1
-        # Replaced, not cut in place: a Fetch reading on a worker thread keeps the lists it took.
-        self.chunks = self.chunks[keep:]
-        self._bases = self._bases[keep:]
+    def drop_chunks_before(self, log_start_offset: int, dropped_bytes: int) -> None:
+        """Forget chunks wholly below a new log start offset (trimmed from the store, `dropped_bytes` in all)."""
+        hot = self._hot
+        keep = bisect.bisect_right(hot.chunks, log_start_offset, key=lambda c: c.end_offset)
+        # Replaced, not cut in place: a Fetch reading on a worker thread keeps the view it took.
+        self._hot = _Hot(hot.bases[keep:], hot.chunks[keep:])
+        with self._pages_lock:
+            for first in [k for k, page in self._pages.items() if page[-1].end_offset <= log_start_offset]:
+                del self._pages[first]
+        self.intake_bytes = max(self.intake_bytes - dropped_bytes, 0)
         self.log_start_offset = max(self.log_start_offset, log_start_offset)
         self.txn_index.drop_before(self.log_start_offset)
+
+    @property
+    def hot_chunks(self) -> list[IntakeChunk]:
+        """The chunks held in memory (the newest); older ones come from the store (for tests and status)."""
+        return self._hot.chunks
 
     # -- transactions --------------------------------------------------------------------------
     @property
@@ -123,10 +169,52 @@ class PartitionLog:
         return self.txn_index.aborted_between(start_offset, end_offset)
 
     # -- reads ---------------------------------------------------------------------------------
-    def chunks_from(self, offset: int) -> list[IntakeChunk]:
-        """The chunks from the one holding `offset` (or the first) onwards; safe on a worker thread."""
-        bases, chunks = self._bases, self.chunks  # one consistent view (see the class docstring)
-        return chunks[max(bisect.bisect_right(bases, offset) - 1, 0) :]
+    def chunks_from(self, offset: int) -> Iterator[IntakeChunk]:
+        """The chunks from the one holding `offset` (or the first) onwards, lazily; safe on a worker thread.
+
+        Chunks below the in-memory tail are paged in from the store (through a bounded cache), so a walk
+        holds a page at a time whatever the size of the partition.
+        """
+        hot = self._hot  # one consistent view (see the class docstring)
+        bases, chunks = hot.bases, hot.chunks
+        if chunks and offset >= bases[0]:
+            yield from chunks[bisect.bisect_right(bases, offset) - 1 :]
+            return
+        stop = bases[0] if chunks else None
+        for chunk in self._older_chunks(offset):
+            if stop is not None and chunk.base_offset >= stop:
+                break
+            yield chunk
+        yield from chunks
+
+    def _older_chunks(self, offset: int) -> Iterator[IntakeChunk]:
+        """Chunks from the store's index, from the one holding `offset` (or the first) on, page by page."""
+        while True:
+            page = self._page_holding(offset)
+            if not page:
+                return
+            yield from page[bisect.bisect_right(page, offset, key=lambda c: c.end_offset) :]
+            offset = page[-1].end_offset
+
+    def _page_holding(self, offset: int) -> list[IntakeChunk]:
+        with self._pages_lock:
+            for first, page in self._pages.items():
+                if first <= offset < page[-1].end_offset:
+                    self._pages.move_to_end(first)
+                    return page
+        page = self._index.intake_chunks_after(self.topic_id, self.partition, offset, self._page_chunks)
+        if page:
+            with self._pages_lock:
+                self._pages[page[0].base_offset] = page
+                while len(self._pages) * self._page_chunks > self._cache_chunks:
+                    self._pages.popitem(last=False)
+        return page
+
+    @property
+    def cached_chunk_rows(self) -> int:
+        """Chunk rows in memory now: the hot tail and the cached pages (bounded by about 2 × cache_chunks)."""
+        with self._pages_lock:
+            return len(self._hot.chunks) + sum(len(page) for page in self._pages.values())
 
     def check_fetch_offset(self, offset: int) -> None:
         """Raise OFFSET_OUT_OF_RANGE unless log start <= offset <= high watermark."""
@@ -189,28 +277,34 @@ class PartitionLog:
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with a timestamp >= timestamp_ms, or None."""
-        for chunk in self.chunks:
-            if chunk.max_timestamp < timestamp_ms or chunk.end_offset <= self.log_start_offset:
-                continue
-            data = self._reader.read_chunk(chunk)
-            view = memoryview(data)
-            for pos, size, _base, last in iter_stored_batches(view):
-                if last < self.log_start_offset or batch_max_timestamp(view, pos) < timestamp_ms:
-                    continue
-                found = first_record_at_or_after(bytes(view[pos : pos + size]), timestamp_ms)
-                if found is not None and found[0] >= self.log_start_offset:
-                    return found
-        return None
+        offset = self.log_start_offset
+        high_watermark = self.high_watermark
+        while True:
+            # Only chunks that may hold such a record (max timestamp >= timestamp_ms) are read.
+            page = self._index.intake_chunks_by_time(
+                self.topic_id, self.partition, offset, timestamp_ms, self._page_chunks
+            )
+            for chunk in page:
+                if chunk.base_offset >= high_watermark:
+                    return None
+                data = self._reader.read_chunk(chunk)
+                view = memoryview(data)
+                for pos, size, _base, last in iter_stored_batches(view):
+                    if last < self.log_start_offset or batch_max_timestamp(view, pos) < timestamp_ms:
+                        continue
+                    found = first_record_at_or_after(bytes(view[pos : pos + size]), timestamp_ms)
+                    if found is not None and found[0] >= self.log_start_offset:
+                        return found
+            if len(page) < self._page_chunks:
+                return None
+            offset = page[-1].end_offset
 
     def max_timestamp_offset(self) -> tuple[int, int] | None:
         """(offset, timestamp) of the record with the largest timestamp (ListOffsets -3)."""
-        best: tuple[int, int] | None = None
-        for chunk in self.chunks:
-            if best is None or chunk.max_timestamp > best[1]:
-                found = self.offset_for_timestamp_in(chunk, chunk.max_timestamp)
-                if found is not None:
-                    best = found
-        return best
+        chunk = self._index.intake_max_timestamp_chunk(self.topic_id, self.partition)
+        if chunk is None or chunk.base_offset >= self.high_watermark:
+            return None
+        return self.offset_for_timestamp_in(chunk, chunk.max_timestamp)
 
     def offset_for_timestamp_in(self, chunk: IntakeChunk, timestamp_ms: int) -> tuple[int, int] | None:
         view = memoryview(self._reader.read_chunk(chunk))

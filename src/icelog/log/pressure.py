@@ -14,21 +14,11 @@ each accepted append raises in between. Nothing accepted is ever dropped: a refu
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Sequence
-
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.meta.store import IntakeChunk
 
 REFRESH_INTERVAL_S = 1.0
 THROTTLE_FROM = 0.8  # fraction of the lag bound from which producers are slowed
 THROTTLE_MAX_MS = 1000  # throttle just below the bound; grows linearly from THROTTLE_FROM
-
-
-def unarchived_bytes(chunks: Sequence[IntakeChunk], archived_offset: int) -> int:
-    """Intake bytes of a partition's chunks (in offset order) that hold offsets at or past archived_offset."""
-    first = bisect.bisect_right(chunks, archived_offset, key=lambda chunk: chunk.end_offset)
-    return sum(chunk.length for chunk in chunks[first:])
 
 
 def admission(

@@ -18,6 +18,7 @@ from icelog.meta.store import (
     CommittedOffset,
     GroupOffsets,
     IntakeChunk,
+    IntakeRangeSummary,
     IntakeTail,
     MetadataStore,
     PartitionRecord,
@@ -44,6 +45,8 @@ CREATE TABLE IF NOT EXISTS partitions (
     partition INTEGER NOT NULL,
     log_start_offset INTEGER NOT NULL DEFAULT 0,
     high_watermark INTEGER NOT NULL DEFAULT 0,
+    intake_chunks INTEGER NOT NULL DEFAULT 0,
+    intake_bytes INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (topic_id, partition)
 );
 CREATE TABLE IF NOT EXISTS intake_chunks (
@@ -57,6 +60,7 @@ CREATE TABLE IF NOT EXISTS intake_chunks (
     max_timestamp INTEGER NOT NULL,
     PRIMARY KEY (topic_id, partition, base_offset)
 );
+CREATE INDEX IF NOT EXISTS intake_chunks_by_file ON intake_chunks (file_id);
 CREATE TABLE IF NOT EXISTS archive_state (
     topic_id TEXT NOT NULL,
     partition INTEGER NOT NULL,
@@ -111,8 +115,31 @@ CREATE TABLE IF NOT EXISTS table_columns (
 """
 
 
+# partitions.intake_chunks / intake_bytes follow the index row by row, so start-up and `icelog status`
+# read a partition's totals without touching its chunk rows (trigger bodies hold ';': executed one by one).
+_INTAKE_TOTALS_TRIGGERS = (
+    "CREATE TRIGGER IF NOT EXISTS intake_chunks_counted AFTER INSERT ON intake_chunks BEGIN "
+    "UPDATE partitions SET intake_chunks = intake_chunks + 1, intake_bytes = intake_bytes + NEW.length "
+    "WHERE topic_id = NEW.topic_id AND partition = NEW.partition; END",
+    "CREATE TRIGGER IF NOT EXISTS intake_chunks_uncounted AFTER DELETE ON intake_chunks BEGIN "
+    "UPDATE partitions SET intake_chunks = intake_chunks - 1, intake_bytes = intake_bytes - OLD.length "
+    "WHERE topic_id = OLD.topic_id AND partition = OLD.partition; END",
+)
+
+_CHUNK_COLUMNS = (
+    "topic_id, partition, base_offset, end_offset, file_id, position, length, max_timestamp, ingest_timestamp"
+)
+# Chunks of partition ?1/?2 holding offsets at or past ?3: a primary-key range from the chunk holding ?3
+# (chunks of a partition are contiguous and disjoint), whatever the index size.
+_FROM_OFFSET = (
+    "topic_id = ?1 AND partition = ?2 AND base_offset >= COALESCE((SELECT MAX(base_offset) FROM intake_chunks "
+    "WHERE topic_id = ?1 AND partition = ?2 AND base_offset <= ?3), -1) AND end_offset > ?3"
+)
+
+
 class SqliteStore(SqliteRegistry, MetadataStore):
-    """One SQLite database in WAL mode; a lock serialises the broker's threads on one connection."""
+    """One SQLite database in WAL mode: a lock serialises the broker's threads on the write connection; reads
+    of the intake index go through a second connection (see __init__)."""
 
     def __init__(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -144,6 +171,30 @@ class SqliteStore(SqliteRegistry, MetadataStore):
                 self._conn.execute(
                     "ALTER TABLE intake_chunks ADD COLUMN ingest_timestamp INTEGER NOT NULL DEFAULT -1"
                 )
+        self._migrate_intake_totals()
+        # Reads of the intake index (Fetch pages on worker threads, back-pressure aggregates, ListOffsets)
+        # use a second connection: in WAL mode they then never wait for the intake writer's commits, nor
+        # it for them. Each SELECT sees everything committed before it (autocommit).
+        self._read_conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._read_conn.execute("PRAGMA query_only=1")
+        self._read_conn.execute("PRAGMA busy_timeout=10000")
+        self._read_lock = threading.Lock()
+
+    def _migrate_intake_totals(self) -> None:
+        """Stores created before per-partition intake totals: add and backfill them, with the triggers that
+        keep them, in one transaction (the broker and the archiver may open the store at once)."""
+        with self._tx() as conn:
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(partitions)")}
+            if "intake_bytes" not in columns:
+                conn.execute("ALTER TABLE partitions ADD COLUMN intake_chunks INTEGER NOT NULL DEFAULT 0")
+                conn.execute("ALTER TABLE partitions ADD COLUMN intake_bytes INTEGER NOT NULL DEFAULT 0")
+                conn.execute(
+                    "UPDATE partitions SET (intake_chunks, intake_bytes) = (SELECT COUNT(*), COALESCE(SUM(length), 0) "
+                    "FROM intake_chunks c WHERE c.topic_id = partitions.topic_id "
+                    "AND c.partition = partitions.partition)"
+                )
+            for trigger in _INTAKE_TOTALS_TRIGGERS:
+                conn.execute(trigger)
 
     @contextmanager
     def _tx(self, durable: bool = False) -> Iterator[sqlite3.Connection]:
@@ -244,11 +295,11 @@ class SqliteStore(SqliteRegistry, MetadataStore):
     def partitions(self, topic_id: uuid.UUID) -> list[PartitionRecord]:
         with self._lock:
             rows = self._conn.execute(
-                "SELECT partition, log_start_offset, high_watermark FROM partitions "
+                "SELECT partition, log_start_offset, high_watermark, intake_chunks, intake_bytes FROM partitions "
                 "WHERE topic_id = ? ORDER BY partition",
                 (str(topic_id),),
             ).fetchall()
-        return [PartitionRecord(topic_id, p, start, hw) for p, start, hw in rows]
+        return [PartitionRecord(topic_id, *row) for row in rows]
 
     # -- intake index --------------------------------------------------------------------------
     def commit_intake(self, chunks: Iterable[IntakeChunk], tail: IntakeTail) -> None:
@@ -292,24 +343,76 @@ class SqliteStore(SqliteRegistry, MetadataStore):
             args = (str(topic_id),)
         with self._lock:
             rows = self._conn.execute(query + " ORDER BY topic_id, partition, base_offset", args).fetchall()
-        ids: dict[str, uuid.UUID] = {}  # parse each topic id once: start-up loads every row
+        ids: dict[str, uuid.UUID] = {}  # parse each topic id once
         return [IntakeChunk(ids.get(r[0]) or ids.setdefault(r[0], uuid.UUID(r[0])), *r[1:]) for r in rows]
 
     def intake_chunks_after(
         self, topic_id: uuid.UUID, partition: int, offset: int, limit: int
     ) -> list[IntakeChunk]:
-        tid = str(topic_id)
-        # Two primary-key range lookups, whatever the index size: the chunk holding `offset` (chunks of a
-        # partition are contiguous and disjoint), then up to `limit` chunks from it.
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT topic_id, partition, base_offset, end_offset, file_id, position, length, max_timestamp, "
-                "ingest_timestamp FROM intake_chunks WHERE topic_id = ?1 AND partition = ?2 AND base_offset >= "
-                "COALESCE((SELECT MAX(base_offset) FROM intake_chunks WHERE topic_id = ?1 AND partition = ?2 "
-                "AND base_offset <= ?3), -1) AND end_offset > ?3 ORDER BY base_offset LIMIT ?4",
-                (tid, partition, offset, limit),
-            ).fetchall()
-        return [IntakeChunk(uuid.UUID(r[0]), *r[1:]) for r in rows]
+        # Two primary-key range lookups, whatever the index size: the chunk holding `offset`, then up to
+        # `limit` chunks from it.
+        return self._chunks(
+            f"SELECT {_CHUNK_COLUMNS} FROM intake_chunks WHERE {_FROM_OFFSET} ORDER BY base_offset LIMIT ?4",
+            (str(topic_id), partition, offset, limit),
+        )
+
+    def intake_last_chunks(self, topic_id: uuid.UUID, partition: int, limit: int) -> list[IntakeChunk]:
+        rows = self._chunks(
+            f"SELECT {_CHUNK_COLUMNS} FROM intake_chunks WHERE topic_id = ? AND partition = ? "
+            "ORDER BY base_offset DESC LIMIT ?",
+            (str(topic_id), partition, limit),
+        )
+        rows.reverse()
+        return rows
+
+    def intake_chunks_by_time(
+        self, topic_id: uuid.UUID, partition: int, offset: int, timestamp_ms: int, limit: int
+    ) -> list[IntakeChunk]:
+        return self._chunks(
+            f"SELECT {_CHUNK_COLUMNS} FROM intake_chunks WHERE {_FROM_OFFSET} AND max_timestamp >= ?5 "
+            "ORDER BY base_offset LIMIT ?4",
+            (str(topic_id), partition, offset, limit, timestamp_ms),
+        )
+
+    def intake_max_timestamp_chunk(self, topic_id: uuid.UUID, partition: int) -> IntakeChunk | None:
+        # One pass over the partition's rows in SQLite (bounded memory). No index on max_timestamp: it
+        # would cost every group commit (about 40 % more CPU per commit_intake) for a rare request.
+        rows = self._chunks(
+            f"SELECT {_CHUNK_COLUMNS} FROM intake_chunks WHERE topic_id = ? AND partition = ? "
+            "ORDER BY max_timestamp DESC, base_offset LIMIT 1",
+            (str(topic_id), partition),
+        )
+        return rows[0] if rows else None
+
+    def intake_range_summary(self, topic_id: uuid.UUID, partition: int, offset: int) -> IntakeRangeSummary:
+        with self._read_lock:
+            count, size, oldest = self._read_conn.execute(
+                "SELECT COUNT(*), COALESCE(SUM(length), 0), "
+                "MIN(CASE WHEN ingest_timestamp >= 0 THEN ingest_timestamp ELSE max_timestamp END) "
+                f"FROM intake_chunks WHERE {_FROM_OFFSET}",
+                (str(topic_id), partition, offset),
+            ).fetchone()
+        return IntakeRangeSummary(count, size, -1 if oldest is None else oldest)
+
+    def intake_bytes_below(self, topic_id: uuid.UUID, partition: int, offset: int) -> int:
+        with self._read_lock:
+            row = self._read_conn.execute(
+                "SELECT COALESCE(SUM(length), 0) FROM intake_chunks WHERE topic_id = ? AND partition = ? "
+                "AND base_offset < ?3 AND end_offset <= ?3",
+                (str(topic_id), partition, offset),
+            ).fetchone()
+        return int(row[0])
+
+    def intake_files_in_use(self, file_ids: Iterable[int]) -> set[int]:
+        with self._read_lock:  # one look-up of the file_id index per file: there are few files, many chunks
+            query = "SELECT 1 FROM intake_chunks WHERE file_id = ? LIMIT 1"
+            return {file_id for file_id in file_ids if self._read_conn.execute(query, (file_id,)).fetchone()}
+
+    def _chunks(self, query: str, args: tuple[object, ...]) -> list[IntakeChunk]:
+        with self._read_lock:
+            rows = self._read_conn.execute(query, args).fetchall()
+        ids: dict[str, uuid.UUID] = {}
+        return [IntakeChunk(ids.get(r[0]) or ids.setdefault(r[0], uuid.UUID(r[0])), *r[1:]) for r in rows]
 
     def trim_intake(self, topic_id: uuid.UUID, partition: int, log_start_offset: int) -> None:
         tid = str(topic_id)
@@ -486,5 +589,7 @@ class SqliteStore(SqliteRegistry, MetadataStore):
         return [ProducerSnapshot(uuid.UUID(t), p, o, s) for t, p, o, s in rows]
 
     def close(self) -> None:
+        with self._read_lock:
+            self._read_conn.close()
         with self._lock:
             self._conn.close()

@@ -29,6 +29,8 @@ class PartitionRecord:
     partition: int
     log_start_offset: int
     high_watermark: int
+    intake_chunks: int = 0  # chunks indexed now (kept by the store as chunks are indexed and trimmed)
+    intake_bytes: int = 0  # and their bytes
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,15 @@ class IntakeChunk:
     @property
     def record_count(self) -> int:
         return self.end_offset - self.base_offset
+
+
+@dataclass(frozen=True)
+class IntakeRangeSummary:
+    """Aggregates of one partition's chunks from an offset on (computed by the store, no rows loaded)."""
+
+    chunks: int = 0
+    bytes: int = 0
+    oldest_ingest_ms: int = -1  # ingest time of the oldest of them (max timestamp if unknown); -1 if none
 
 
 @dataclass(frozen=True)
@@ -197,6 +208,36 @@ class MetadataStore(RegistryStore, ABC):
 
         Its cost depends on `limit`, not on how many chunks are indexed (the archiver's poll uses it).
         """
+
+    @abstractmethod
+    def intake_last_chunks(self, topic_id: uuid.UUID, partition: int, limit: int) -> list[IntakeChunk]:
+        """The last `limit` chunks of one partition, in offset order; cost depends on `limit` only."""
+
+    @abstractmethod
+    def intake_chunks_by_time(
+        self, topic_id: uuid.UUID, partition: int, offset: int, timestamp_ms: int, limit: int
+    ) -> list[IntakeChunk]:
+        """At most `limit` chunks holding offsets at or past `offset` with max_timestamp >= timestamp_ms,
+        in offset order (ListOffsets by time)."""
+
+    @abstractmethod
+    def intake_max_timestamp_chunk(self, topic_id: uuid.UUID, partition: int) -> IntakeChunk | None:
+        """Of one partition's chunks, the first (in offset order) with the largest max_timestamp, or None."""
+
+    @abstractmethod
+    def intake_range_summary(self, topic_id: uuid.UUID, partition: int, offset: int) -> IntakeRangeSummary:
+        """Count, bytes and oldest ingest time of one partition's chunks holding offsets at or past `offset`.
+
+        Its cost depends on how many chunks that is, not on how many are indexed below `offset`.
+        """
+
+    @abstractmethod
+    def intake_bytes_below(self, topic_id: uuid.UUID, partition: int, offset: int) -> int:
+        """Bytes of one partition's chunks wholly below `offset`; cost depends on how many chunks that is."""
+
+    @abstractmethod
+    def intake_files_in_use(self, file_ids: Iterable[int]) -> set[int]:
+        """Which of these intake files some indexed chunk still references (an indexed look-up each)."""
 
     @abstractmethod
     def trim_intake(self, topic_id: uuid.UUID, partition: int, log_start_offset: int) -> None:

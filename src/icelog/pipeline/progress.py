@@ -31,8 +31,6 @@ def archive_progress(
     """Progress of every partition of every topic (disabled topics included, with enabled=False)."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     states = {(s.topic_id, s.partition): s for s in store.archive_states()}
-    pending: dict[tuple[uuid.UUID, int], tuple[int, int]] = {}  # bytes, oldest ingest ms
-    chunks = store.intake_chunks()
     out: dict[tuple[uuid.UUID, int], ArchiveProgress] = {}
     for topic in store.list_topics():
         config = archive_config(topic.name, topic.configs, settings.topic_defaults, settings.archive)
@@ -40,34 +38,17 @@ def archive_progress(
             key = (topic.topic_id, part.partition)
             state = states.get(key)
             archived = max(state.archived_offset if state else 0, 0)
+            # Aggregated in the store over the unarchived chunks only (no chunk rows are loaded).
+            pending = store.intake_range_summary(topic.topic_id, part.partition, archived) if config.enabled else None
+            oldest = pending.oldest_ingest_ms if pending is not None else -1
             out[key] = ArchiveProgress(
                 config.enabled,
                 archived,
                 max(part.high_watermark - max(archived, part.log_start_offset), 0),
-                0,
-                0.0,
+                pending.bytes if pending is not None else 0,
+                max(now_ms - oldest, 0) / 1000 if oldest >= 0 else 0.0,
                 state.last_commit_ms if state else -1,
                 state.last_error if state else "",
                 state.dead_letters if state else 0,
             )
-    for chunk in chunks:
-        key = (chunk.topic_id, chunk.partition)
-        progress = out.get(key)
-        if progress is None or chunk.end_offset <= progress.archived_offset:
-            continue
-        size, oldest = pending.get(key, (0, -1))
-        ingest = chunk.ingest_timestamp if chunk.ingest_timestamp >= 0 else chunk.max_timestamp
-        pending[key] = (size + chunk.length, ingest if oldest < 0 else min(oldest, ingest))
-    for key, (size, oldest) in pending.items():
-        p = out[key]
-        out[key] = ArchiveProgress(
-            p.enabled,
-            p.archived_offset,
-            p.lag_records,
-            size,
-            max(now_ms - oldest, 0) / 1000 if oldest >= 0 else 0.0,
-            p.last_commit_ms,
-            p.last_error,
-            p.dead_letters,
-        )
     return out
