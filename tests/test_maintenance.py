@@ -1,0 +1,151 @@
+"""Table maintenance (issue 11): compaction, snapshot expiry, orphan removal, with archiving going on.
+
+Real broker, confluent-kafka producers, the shared Spark session and Iceberg JDBC catalog of
+tests/archive_fixtures.py; rows are read back with Spark SQL, pyiceberg and DuckDB.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from archive_fixtures import (
+    ARCHIVE_ENV,
+    as_produced,
+    check_offsets_contiguous,
+    create_topic,
+    duckdb_counts,
+    partition_counts,
+    produce,
+    spark_rows,
+    table,
+)
+from conftest import BrokerProcess
+
+from icelog.config import Settings
+from icelog.lake.iceberg_java import load_table
+from icelog.pipeline.archiver import Archiver
+from icelog.pipeline.maintenance import MaintenancePolicy, maintain_table, table_state
+from icelog.pipeline.reconcile import table_offsets
+
+pytestmark = pytest.mark.slow
+
+POLICY = MaintenancePolicy()
+
+
+def spark_name(topic: str) -> str:
+    return f"lake.icelog.`{topic}`"
+
+
+def archive_in_rounds(
+    broker: BrokerProcess, archiver: Archiver, topic: str, rounds: int, per_round: int
+) -> list[Any]:
+    """`rounds` produce + archive passes: every pass adds one small data file per partition."""
+    produced: list[Any] = []
+    for i in range(rounds):
+        produced += produce(broker, topic, per_round, tag=f"r{i}-")
+        [result] = archiver.run_pass(force=True, topics=[topic])
+        assert not result.error, result.error
+    return sorted(produced, key=lambda r: (r[0], r[1]))
+
+
+def pyiceberg_table(settings: Settings, topic: str) -> Any:
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog("lake", uri=f"sqlite:///{settings.data_dir / 'catalog.db'}", warehouse=settings.warehouse)
+    return catalog.load_table(("icelog", topic))
+
+
+def live_files(spark: Any, topic: str) -> list[str]:
+    return [r.file_path for r in spark.sql(f"SELECT file_path FROM {table(topic)}.files WHERE content = 0").collect()]
+
+
+def local(path: str) -> Path:
+    return Path(path.removeprefix("file:").replace("///", "/", 1))
+
+
+def assert_exact(spark: Any, settings: Settings, topic: str, expected: list[Any]) -> None:
+    """The table holds exactly `expected` (Spark SQL), and pyiceberg and DuckDB agree."""
+    assert as_produced(spark_rows(spark, topic)) == expected
+    iceberg = pyiceberg_table(settings, topic)
+    arrow = iceberg.scan().to_arrow()
+    got = sorted(zip(arrow["kafka"].combine_chunks().field("partition").to_pylist(),
+                     arrow["kafka"].combine_chunks().field("offset").to_pylist(), strict=True))
+    assert got == [(r[0], r[1]) for r in expected]
+    assert duckdb_counts(iceberg.metadata_location) == sorted(partition_counts(expected).items())
+
+
+def set_properties(spark: Any, topic: str, **props: str) -> None:
+    pairs = ", ".join(f"'{k.replace('_', '.')}'='{v}'" for k, v in props.items())
+    spark.sql(f"ALTER TABLE {table(topic)} SET TBLPROPERTIES ({pairs})")
+
+
+def test_compaction_makes_fewer_sorted_files_and_archiving_goes_on(
+    lake_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any, lake_archiver: Archiver
+) -> None:
+    topic = "maint-compact"
+    create_topic(lake_broker, topic)
+    produced = archive_in_rounds(lake_broker, lake_archiver, topic, rounds=6, per_round=300)
+    before = table_state(load_table(lake_spark, spark_name(topic)))
+    assert before.data_files >= 18  # 6 passes x 3 partitions
+
+    result = maintain_table(lake_spark, spark_name(topic), POLICY)
+
+    assert result.rewritten_files == before.data_files
+    assert result.after.data_files < before.data_files
+    assert result.after.data_files == len(live_files(lake_spark, topic)) <= 3 * 2  # per partition (and day)
+    assert_exact(lake_spark, lake_settings, topic, produced)
+    for path in live_files(lake_spark, topic):  # rows of every file in offset order
+        offsets = pq.read_table(local(path), columns=["kafka"])["kafka"].combine_chunks().field("offset").to_pylist()
+        assert offsets == sorted(offsets) and len(offsets) > 300 // 3
+    found = table_offsets(lake_spark, spark_name(topic))
+    assert found.source == "ancestor"  # the current snapshot is the rewrite; the map is one step back
+    assert found.offsets == partition_counts(produced)
+
+    more = archive_in_rounds(lake_broker, lake_archiver, topic, rounds=2, per_round=150)
+    rows = spark_rows(lake_spark, topic)
+    assert as_produced(rows) == sorted(produced + more, key=lambda r: (r[0], r[1]))
+    check_offsets_contiguous(rows, partition_counts(produced + more))
+
+
+def test_expiry_keeps_the_offsets_and_orphan_removal_only_takes_old_unreferenced_files(
+    lake_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any, lake_archiver: Archiver
+) -> None:
+    topic = "maint-expire"
+    create_topic(lake_broker, topic)
+    produced = archive_in_rounds(lake_broker, lake_archiver, topic, rounds=4, per_round=120)
+    # Expire everything the table allows: any age, one snapshot kept (icelog keeps the offsets' one too).
+    set_properties(lake_spark, topic, **{"history_expire_max-snapshot-age-ms": "1",
+                                         "history_expire_min-snapshots-to-keep": "1"})
+    data_dir = local(live_files(lake_spark, topic)[0]).parent
+    old_orphan, young_orphan = data_dir / "orphan-old.parquet", data_dir / "orphan-young.parquet"
+    for orphan in (old_orphan, young_orphan):
+        orphan.write_bytes(b"PAR1 written by a pass that died before its commit")
+    two_days_ago = time.time() - 2 * 86400
+    os.utime(old_orphan, (two_days_ago, two_days_ago))
+    time.sleep(0.01)
+
+    result = maintain_table(lake_spark, spark_name(topic), POLICY)
+
+    # Left: the compaction's snapshot and the newest archive snapshot (it records the offsets).
+    assert result.rewritten_files == 12 and result.after.snapshots == 2
+    assert result.snapshots_expired == result.before.snapshots + 1 - 2
+    assert result.orphans_removed == 1
+    assert not old_orphan.exists() and young_orphan.exists()
+    assert all(local(p).exists() for p in live_files(lake_spark, topic))
+    assert_exact(lake_spark, lake_settings, topic, produced)
+    found = table_offsets(lake_spark, spark_name(topic))
+    assert found.source in ("snapshot", "ancestor") and found.offsets == partition_counts(produced)
+
+    more = archive_in_rounds(lake_broker, lake_archiver, topic, rounds=2, per_round=90)
+    rows = spark_rows(lake_spark, topic)
+    assert as_produced(rows) == sorted(produced + more, key=lambda r: (r[0], r[1]))
+    check_offsets_contiguous(rows, partition_counts(produced + more))
+    young_orphan.unlink()
