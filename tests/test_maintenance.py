@@ -149,3 +149,124 @@ def test_expiry_keeps_the_offsets_and_orphan_removal_only_takes_old_unreferenced
     assert as_produced(rows) == sorted(produced + more, key=lambda r: (r[0], r[1]))
     check_offsets_contiguous(rows, partition_counts(produced + more))
     young_orphan.unlink()
+
+
+def test_maintenance_while_archiving_loses_nothing_and_fails_no_pass(
+    lake_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any, lake_archiver: Archiver
+) -> None:
+    topic = "maint-concurrent"
+    create_topic(lake_broker, topic)
+    produced = archive_in_rounds(lake_broker, lake_archiver, topic, rounds=4, per_round=150)
+    stop = threading.Event()
+    rounds: list[tuple[float, float, Any]] = []
+    errors: list[BaseException] = []
+
+    def maintain_meanwhile() -> None:
+        lake_spark.sparkContext.setLocalProperty("spark.scheduler.pool", "maintenance")
+        while not stop.is_set():
+            started = time.time() * 1000
+            try:
+                result = maintain_table(lake_spark, spark_name(topic), POLICY, remove_orphans=False)
+            except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+                errors.append(exc)
+                return
+            rounds.append((started, time.time() * 1000, result))
+
+    thread = threading.Thread(target=maintain_meanwhile)
+    thread.start()
+    try:
+        for i in range(8):  # passes commit while rewrites plan and commit
+            batch = produce(lake_broker, topic, 120, tag=f"c{i}-")
+            [result] = lake_archiver.run_pass(force=True, topics=[topic])
+            assert not result.error and not result.skipped, result
+            produced += batch
+    finally:
+        stop.set()
+        thread.join(600)
+    assert not errors, errors
+    rewrites = [(start, end) for start, end, r in rounds if r.rewritten_files]
+    assert rewrites and not any(r.lost_race for _s, _e, r in rounds)
+    # Some archive commit landed while a rewrite was between its plan and its commit.
+    appends = [
+        row.ms for row in lake_spark.sql(
+            f"SELECT unix_millis(committed_at) AS ms FROM {table(topic)}.snapshots WHERE operation = 'append'"
+        ).collect()
+    ]
+    assert any(start < ms < end for start, end in rewrites for ms in appends)
+    produced.sort(key=lambda r: (r[0], r[1]))
+    rows = spark_rows(lake_spark, topic)
+    assert as_produced(rows) == produced
+    check_offsets_contiguous(rows, partition_counts(produced))
+    assert table_offsets(lake_spark, spark_name(topic)).offsets == partition_counts(produced)
+
+
+def test_compaction_applies_deletion_vectors_of_a_v3_merge_on_read_table(
+    lake_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any, lake_archiver: Archiver
+) -> None:
+    topic = "maint-dv"
+    create_topic(lake_broker, topic)
+    produced = archive_in_rounds(lake_broker, lake_archiver, topic, rounds=3, per_round=300)
+    set_properties(lake_spark, topic, **{"format-version": "3", "write_delete_mode": "merge-on-read"})
+    lake_spark.sql(f"DELETE FROM {table(topic)} WHERE kafka.offset % 3 != 0")  # deletion vectors: 2/3 of rows
+    kept = [r for r in produced if r[1] % 3 == 0]
+    before = table_state(load_table(lake_spark, spark_name(topic)))
+    assert before.delete_files > 0 and before.data_files == 9
+    assert_exact(lake_spark, lake_settings, topic, kept)
+
+    result = maintain_table(lake_spark, spark_name(topic), POLICY)
+
+    assert result.rewritten_files == 9 and result.after.delete_files == 0
+    assert result.after.records == len(kept)  # the deleted rows are gone from the files, not just masked
+    assert_exact(lake_spark, lake_settings, topic, kept)
+
+    more = archive_in_rounds(lake_broker, lake_archiver, topic, rounds=2, per_round=150)
+    lake_spark.sql(f"DELETE FROM {table(topic)} WHERE kafka.offset % 5 = 1")
+    expected = sorted((r for r in kept + more if r[1] % 5 != 1), key=lambda r: (r[0], r[1]))
+    assert_exact(lake_spark, lake_settings, topic, expected)
+    maintain_table(lake_spark, spark_name(topic), POLICY)
+    assert_exact(lake_spark, lake_settings, topic, expected)
+    next_offsets = {p: n for p, n in partition_counts(produced + more).items()}
+    assert table_offsets(lake_spark, spark_name(topic)).offsets == next_offsets
+
+
+def run_icelog(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **ARCHIVE_ENV, "ICELOG_REGISTRY_LISTEN": settings.registry_listen}
+    return subprocess.run(
+        [sys.executable, "-m", "icelog", *args, "--data-dir", str(settings.data_dir)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+
+
+def test_maintain_cli_dry_run_changes_nothing_and_a_round_reports_counts(
+    lake_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any, lake_archiver: Archiver
+) -> None:
+    topic = "maint-cli"
+    create_topic(lake_broker, topic)
+    produced = archive_in_rounds(lake_broker, lake_archiver, topic, rounds=4, per_round=150)
+    current = load_table(lake_spark, spark_name(topic)).currentSnapshot()
+    assert current is not None
+    files = len(live_files(lake_spark, topic))
+
+    dry = run_icelog(lake_settings, "maintain", "--topic", topic, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert f"icelog.{topic}: dry run: would compact {files} small of {files} data files" in dry.stdout
+    after_dry = load_table(lake_spark, spark_name(topic)).currentSnapshot()
+    assert after_dry is not None and after_dry.snapshotId() == current.snapshotId()
+    assert len(live_files(lake_spark, topic)) == files
+
+    done = run_icelog(lake_settings, "maintain", "--topic", topic)
+    assert done.returncode == 0, done.stderr
+    compacted = len(live_files(lake_spark, topic))
+    assert compacted < files
+    assert f"icelog.{topic}: data files {files} -> {compacted} ({files} rewritten into {compacted})" in done.stdout
+    assert "compacting small files" in done.stderr  # the progress line
+    assert_exact(lake_spark, lake_settings, topic, produced)
+
+    status = run_icelog(lake_settings, "status", "--tables")
+    assert status.returncode == 0, status.stderr
+    [line] = [x for x in status.stdout.splitlines() if x.startswith(f"icelog.{topic} ")]
+    cells = line.split()
+    assert cells[1:3] == ["on", str(compacted)] and f"ok: data files {files} -> {compacted}" in line
+
+    missing = run_icelog(lake_settings, "maintain", "--topic", "no-such-topic")
+    assert missing.returncode == 2 and "no topic no-such-topic" in missing.stderr
