@@ -33,7 +33,9 @@ from icelog.config import Settings
 from icelog.lake.iceberg_java import load_table
 from icelog.pipeline.archiver import Archiver
 from icelog.pipeline.maintenance import MaintenancePolicy, maintain_table, table_state
+from icelog.pipeline.maintenance_schedule import MaintenanceScheduler
 from icelog.pipeline.reconcile import table_offsets
+from icelog.topic_configs.archive import TABLE_AUTO_MAINTENANCE
 
 pytestmark = pytest.mark.slow
 
@@ -270,3 +272,30 @@ def test_maintain_cli_dry_run_changes_nothing_and_a_round_reports_counts(
 
     missing = run_icelog(lake_settings, "maintain", "--topic", "no-such-topic")
     assert missing.returncode == 2 and "no topic no-such-topic" in missing.stderr
+
+
+def test_the_archiver_maintains_due_tables_and_leaves_opted_out_ones_alone(
+    lake_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any, lake_store: Any, lake_archiver: Archiver
+) -> None:
+    on, off = "maint-auto-on", "maint-auto-off"
+    create_topic(lake_broker, on, configs={TABLE_AUTO_MAINTENANCE: "true"})
+    create_topic(lake_broker, off, configs={TABLE_AUTO_MAINTENANCE: "false"})
+    produced = archive_in_rounds(lake_broker, lake_archiver, on, rounds=3, per_round=90)
+    archive_in_rounds(lake_broker, lake_archiver, off, rounds=3, per_round=90)
+    settings = lake_settings.model_copy(deep=True)
+    settings.archive.maintenance_min_new_files = 5
+    # Other tests' tables stay as they are: only topics that ask for it explicitly.
+    settings.topic_defaults = {**settings.topic_defaults, TABLE_AUTO_MAINTENANCE: "false"}
+    scheduler = MaintenanceScheduler(settings, lake_spark, lake_store)
+    try:
+        [result] = scheduler.run_due()
+        assert result.rewritten_files == 9 and result.after.data_files <= 6
+        record = lake_store.maintenance_records()[f"icelog.{on}"]
+        assert record.outcome == "ok" and record.data_files_after == result.after.data_files
+        assert f"data files 9 -> {result.after.data_files}" in record.summary and record.orphans_checked_ms > 0
+        assert f"icelog.{off}" not in lake_store.maintenance_records()
+        assert len(live_files(lake_spark, off)) == 9
+        assert scheduler.run_due() == []  # within the interval: not due again
+    finally:
+        scheduler.close()
+    assert_exact(lake_spark, lake_settings, on, produced)
