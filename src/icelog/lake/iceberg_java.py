@@ -156,6 +156,10 @@ class JavaRewriteManifestsResult(Protocol):
 
 
 def _actions(spark: Any) -> Any:
+    # The actions run Spark jobs from Iceberg's own thread pool, which inherits the calling thread's active
+    # session; a Python thread other than the one that built the session has none (py4j gives it a fresh
+    # JVM thread), and the rewrite's reads then miss the catalog Iceberg registers for them.
+    _jvm(spark).org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
     return _jvm(spark).org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession)
 
 
