@@ -167,7 +167,7 @@ def main() -> None:
     }
     try:
         settings = load_settings(data_dir=str(broker.data_dir), registry_listen=f"127.0.0.1:{broker.registry_port}")
-        phases = {}
+        phases: dict[str, dict[str, Any]] = {}
         for topic, maintenance in (("bench-maint-on", True), ("bench-maint-off", False)):
             phases[topic] = run_phase(broker, settings, topic, maintenance, args)
             print(topic, "produced and archived", flush=True)
@@ -179,9 +179,12 @@ def main() -> None:
         results["maintenance_off"] = measure(spark, settings, "bench-maint-off", phases["bench-maint-off"])
         print("off", results["maintenance_off"], flush=True)
         spark.stop()
-    finally:
+    except BaseException:
+        print(f"failed; logs kept in {work}. Broker log tail:\n{broker.log()[-3000:]}", flush=True)
         broker.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        raise
+    broker.stop()
+    shutil.rmtree(work, ignore_errors=True)
     out = Path(__file__).with_name("results")
     out.mkdir(exist_ok=True)
     (out / "maintenance_bench.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -41,7 +41,8 @@ def test_a_table_is_due_only_after_the_interval_and_with_work() -> None:
     assert due(old, last(3, 600_000), {"history.expire.max-snapshot-age-ms": str(3 * HOUR)}) == ""
     assert due(TableState(data_files=3, snapshots=1, manifests=33), last(3, 600_000)) == "33 manifests"
     assert due(TableState(data_files=3, snapshots=1), last(3, 600_000, orphans_ago_ms=25 * HOUR)) == "orphan check"
-    assert due(TableState(), None) == "orphan check"  # never maintained: a first round looks for orphans
+    assert due(TableState(data_files=3, snapshots=2), None) == ""  # never maintained, no work: a new table waits
+    assert due(TableState(data_files=60, snapshots=2), None) == "60 new data files"
 
 
 def test_the_last_round_survives_a_reopen_of_the_store(tmp_path: Path) -> None:

@@ -6,9 +6,10 @@ the default pool, so their tasks are interleaved with the rewrite's rather than 
 table of a topic with `icelog.table.auto.maintenance=true` is due when `archive.maintenance_interval_ms`
 has passed since its last round and there is work: `maintenance_min_new_files` data files added since,
 delete files, snapshots past their age, too many manifests, or no orphan check for
-`maintenance_orphan_age_ms`. The decision reads table metadata only (snapshot summary, snapshot list,
-manifest list). Rounds are recorded in the metadata store, so the schedule and `icelog status --tables`
-survive restarts. A failing round is logged and recorded; it never touches the topic's archive state.
+`maintenance_orphan_age_ms` (a first round always checks). The decision reads table metadata only
+(snapshot summary, snapshot list, manifest list). Rounds are recorded in the metadata store, so the
+schedule and `icelog status --tables` survive restarts. A failing round is logged and
+recorded; it never touches the topic's archive state.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def due_reason(
         reasons.append("snapshots to expire")
     if state.manifests > policy.max_manifests:
         reasons.append(f"{state.manifests} manifests")
-    if last is None or now_ms - last.orphans_checked_ms >= policy.orphan_age_ms:
+    # (A table never maintained is not due for orphans alone: its first round, due for other work, checks.)
+    if last is not None and now_ms - last.orphans_checked_ms >= policy.orphan_age_ms:
         reasons.append("orphan check")
     return ", ".join(reasons)
 
