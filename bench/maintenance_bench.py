@@ -7,7 +7,8 @@ Two phases on one broker, each with `icelog archive` running continuously on its
 `--minutes` to a 4-partition topic, once with `icelog.table.auto.maintenance=true` and once `false`. The
 maintenance interval is `--interval-s` (`archive.maintenance_interval_ms`; the default 300 s would give a
 short run no round). At the end of each phase:
-  - the table's data-file count;
+  - the table's data-file count when the stream ends and, with maintenance, once the round that follows
+    has finished (the table at rest; the scan is measured then);
   - a full-table Spark scan (every value read; median of 3) against the baseline: the same rows written
     once, as one file set (an identical table filled by one Spark append), measured in the same run;
     target with maintenance: scan <= 1.2 x baseline;
@@ -38,6 +39,7 @@ from conftest import BrokerProcess  # noqa: E402
 from icelog.config import load_settings  # noqa: E402
 from icelog.lake.iceberg_java import load_table  # noqa: E402
 from icelog.lake.layout import archive_table_ddl, quote_identifier  # noqa: E402
+from icelog.lake.table_stats import open_catalog, table_stats  # noqa: E402
 from icelog.meta.store import open_store  # noqa: E402
 from icelog.pipeline.maintenance import table_state  # noqa: E402
 from icelog.pipeline.reconcile import OFFSETS_PROPERTY, decode_offsets  # noqa: E402
@@ -82,12 +84,31 @@ def run_phase(broker: BrokerProcess, settings: Any, topic: str, maintenance: boo
             if time.monotonic() > deadline:
                 raise RuntimeError("archiver did not catch up:\n" + log_path.read_text()[-3000:])
             time.sleep(0.2)
-        rounds = sum(1 for line in log_path.read_text().splitlines() if "maintained icelog." in line)
+        stream_end = stats(settings, topic)
+        rounds = [line.split(": ", 1)[1] for line in log_path.read_text().splitlines() if "maintained icelog." in line]
+        if maintenance:  # let the round that follows the stream finish (bounded): the table at rest
+            ended_ms = time.time() * 1000
+            deadline = time.monotonic() + args.interval_s + 300
+            while time.monotonic() < deadline:
+                record = store.maintenance_records().get(f"icelog.{topic}")
+                if record is not None and record.finished_ms > ended_ms:
+                    break
+                time.sleep(1)
+            rounds = [
+                line.split(": ", 1)[1] for line in log_path.read_text().splitlines() if "maintained icelog." in line
+            ]
     finally:
         archiver.terminate()
         archiver.wait(60)
         store.close()
-    return {"sent": sent, "elapsed": elapsed, "maintenance_rounds": rounds}
+    return {"sent": sent, "elapsed": elapsed, "maintenance_rounds": rounds, "at_stream_end": stream_end}
+
+
+def stats(settings: Any, topic: str) -> dict[str, int]:
+    """Data files and snapshots from the table's metadata (pyiceberg, while the archiver runs)."""
+    found = table_stats(open_catalog(settings), "icelog", topic)
+    assert found is not None
+    return {"data_files": found.data_files, "avg_file_bytes": found.average_file_bytes, "snapshots": found.snapshots}
 
 
 def freshness(table: Any, sent: dict[int, Any], elapsed: float) -> dict[str, Any]:
@@ -136,6 +157,7 @@ def measure(spark: Any, settings: Any, topic: str, phase: dict[str, Any]) -> dic
     scan_s, base_s = scan_seconds(spark, name), scan_seconds(spark, baseline)
     return {
         "maintenance_rounds": phase["maintenance_rounds"],
+        "at_stream_end": phase["at_stream_end"],
         "data_files": state.data_files,
         "avg_file_bytes": state.bytes // max(1, state.data_files),
         "snapshots": state.snapshots,
