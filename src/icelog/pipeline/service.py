@@ -52,9 +52,11 @@ class ArchiverLock:
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     handle.close()
-                    raise IcelogError(
-                        f"another process holds {self.path}; run one archiver per data directory"
-                    ) from None
+                    hint = (
+                        "run one archiver per data directory" if self.path.name == "archiver.lock"
+                        else "a maintenance round is running there; try again when it ends"
+                    )
+                    raise IcelogError(f"another process holds {self.path}; {hint}") from None
                 time.sleep(0.2)
         handle.seek(0)
         handle.truncate()
