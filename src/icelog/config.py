@@ -98,6 +98,38 @@ class ArchiveSettings(BaseModel):
         ge=-1,
         description="Default icelog.intake.retention.ms: drop archived intake older than this (-1: off).",
     )
+    maintenance_interval_ms: int = Field(
+        300_000, gt=0, description="Least time between two automatic maintenance rounds of one table."
+    )
+    maintenance_min_new_files: int = Field(
+        50, ge=1, description="Data files added since the last round that make a table due for compaction."
+    )
+    maintenance_small_file_bytes: int = Field(
+        32 * 1024 * 1024, gt=0, description="Data files below this size are compacted (min-file-size-bytes)."
+    )
+    maintenance_group_bytes: int = Field(
+        512 * 1024 * 1024, gt=0, description="Most bytes one compaction commit rewrites (max-file-group-size-bytes)."
+    )
+    maintenance_min_input_files: int = Field(
+        2, ge=2, description="Fewest small files of one partition worth rewriting (min-input-files)."
+    )
+    maintenance_delete_ratio: float = Field(
+        0.3, gt=0, le=1, description="Rewrite a data file once deletes cover this share of its rows."
+    )
+    maintenance_snapshot_age_ms: int = Field(
+        3_600_000, gt=0, description="history.expire.max-snapshot-age-ms of tables that do not set it."
+    )
+    maintenance_min_snapshots: int = Field(
+        10, ge=1, description="history.expire.min-snapshots-to-keep of tables that do not set it."
+    )
+    maintenance_orphan_age_ms: int = Field(
+        86_400_000,
+        ge=3_600_000,
+        description="Only files unreferenced and older than this are removed as orphans (at least 1 h).",
+    )
+    maintenance_max_manifests: int = Field(
+        32, ge=2, description="Rewrite a table's manifests once its current snapshot has more than this many."
+    )
 
 
 class Settings(BaseSettings):

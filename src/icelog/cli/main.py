@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=cmd_serve)
 
-    from icelog.cli import archive, sql, status, topic
+    from icelog.cli import archive, maintain, sql, status, topic
 
     topic.add_parser(sub)
     from icelog.cli import group
@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_parser(sub)
     status.add_parser(sub)
     archive.add_parser(sub)
+    maintain.add_parser(sub)
     sql.add_parser(sub)
     return parser
 

@@ -34,6 +34,10 @@ def _archive_cells(progress: ArchiveProgress | None) -> tuple[str, ...]:
 def add_parser(sub: Any) -> None:
     status = sub.add_parser("status", help="log start, high watermark and intake size of every partition")
     status.add_argument("--data-dir", help="the broker's data directory (default ./icelog-data)")
+    status.add_argument(
+        "--tables", action="store_true",
+        help="per archive table: data files, average file size, delete files, snapshots, last maintenance",
+    )
     status.set_defaults(func=cmd_status)
 
 
@@ -43,6 +47,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         # Opening the default SQLite store would create it: a mistyped --data-dir must not look like an
         # empty broker.
         raise IcelogError(f"no icelog data in {settings.data_dir} (no meta.db); pass the broker's --data-dir")
+    if args.tables:
+        from icelog.cli.status_tables import print_tables
+
+        return print_tables(settings)
     store = open_store(settings.metadata_url)
     try:
         progress = archive_progress(settings, store)

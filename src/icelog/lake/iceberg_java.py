@@ -26,6 +26,8 @@ class JavaSnapshot(Protocol):
     def parentId(self) -> int | None: ...
     def timestampMillis(self) -> int: ...
     def summary(self) -> Mapping[str, str]: ...
+    def operation(self) -> str | None: ...
+    def allManifests(self, io: Any) -> Any: ...
 
 
 class JavaTableMetadata(Protocol):
@@ -64,6 +66,10 @@ class JavaTable(Protocol):
     def updateProperties(self) -> JavaUpdateProperties: ...
     def operations(self) -> JavaTableOperations: ...
     def refresh(self) -> None: ...
+    def location(self) -> str: ...
+    def schema(self) -> JavaSchema: ...
+    def sortOrder(self) -> Any: ...
+    def io(self) -> Any: ...
 
 
 def _jvm(spark: Any) -> Any:
@@ -124,3 +130,77 @@ def set_table_properties(table: JavaTable, properties: Mapping[str, str], remove
     for key in remove:
         update = update.remove(key)
     update.commit()
+
+
+# -- maintenance actions (Iceberg's Spark actions: org.apache.iceberg.spark.actions.SparkActions) -----------
+class JavaRewriteDataFilesResult(Protocol):
+    """org.apache.iceberg.actions.RewriteDataFiles.Result."""
+
+    def rewrittenDataFilesCount(self) -> int: ...
+    def addedDataFilesCount(self) -> int: ...
+    def rewrittenBytesCount(self) -> int: ...
+    def failedDataFilesCount(self) -> int: ...
+    def removedDeleteFilesCount(self) -> int: ...
+
+
+class JavaExpireSnapshotsResult(Protocol):
+    """org.apache.iceberg.actions.ExpireSnapshots.Result."""
+
+    def deletedDataFilesCount(self) -> int: ...
+    def deletedManifestsCount(self) -> int: ...
+    def deletedManifestListsCount(self) -> int: ...
+
+
+class JavaRewriteManifestsResult(Protocol):
+    """org.apache.iceberg.actions.RewriteManifests.Result."""
+
+    def rewrittenManifests(self) -> Iterable[Any]: ...
+    def addedManifests(self) -> Iterable[Any]: ...
+
+
+def _actions(spark: Any) -> Any:
+    # The actions run Spark jobs from Iceberg's own thread pool, which inherits the calling thread's active
+    # session; a Python thread other than the one that built the session has none (py4j gives it a fresh
+    # JVM thread), and the rewrite's reads then miss the catalog Iceberg registers for them.
+    _jvm(spark).org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+    return _jvm(spark).org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession)
+
+
+def rewrite_data_files(
+    spark: Any, table: JavaTable, options: Mapping[str, str], sort_column: str
+) -> JavaRewriteDataFilesResult:
+    """Compact data files with the sort strategy: the table's sort order, or `sort_column` ASC NULLS LAST."""
+    jvm = _jvm(spark)
+    action = _actions(spark).rewriteDataFiles(table)
+    order = table.sortOrder()
+    if order.isSorted():
+        action = action.sort()
+    else:
+        builder = jvm.org.apache.iceberg.SortOrder.builderFor(table.schema())
+        action = action.sort(builder.asc(sort_column, jvm.org.apache.iceberg.NullOrder.NULLS_LAST).build())
+    for key, value in options.items():
+        action = action.option(key, value)
+    return cast(JavaRewriteDataFilesResult, action.execute())
+
+
+def expire_snapshots(spark: Any, table: JavaTable, older_than_ms: int, retain_last: int) -> JavaExpireSnapshotsResult:
+    """Expire snapshots older than `older_than_ms`, keeping the `retain_last` newest ancestors of the current one."""
+    action = _actions(spark).expireSnapshots(table).expireOlderThan(older_than_ms).retainLast(retain_last)
+    return cast(JavaExpireSnapshotsResult, action.execute())
+
+
+def rewrite_manifests(spark: Any, table: JavaTable) -> JavaRewriteManifestsResult:
+    """Rewrite the current snapshot's manifests into few, partition-clustered ones."""
+    return cast(JavaRewriteManifestsResult, _actions(spark).rewriteManifests(table).execute())
+
+
+def manifest_count(table: JavaTable) -> int:
+    """Manifests (data and delete) of the current snapshot (0 without one)."""
+    snapshot = table.currentSnapshot()
+    if snapshot is None:
+        return 0
+    return int(snapshot.allManifests(table.io()).size())
+
+
+def table_location(table: JavaTable) -> str:
+    return str(table.location())

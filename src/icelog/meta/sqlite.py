@@ -20,6 +20,7 @@ from icelog.meta.store import (
     IntakeChunk,
     IntakeRangeSummary,
     IntakeTail,
+    MaintenanceRecord,
     MetadataStore,
     PartitionRecord,
     ProducerSnapshot,
@@ -111,6 +112,15 @@ CREATE TABLE IF NOT EXISTS table_columns (
     signature TEXT NOT NULL,
     deleted INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (table_name, path)
+);
+CREATE TABLE IF NOT EXISTS table_maintenance (
+    table_name TEXT PRIMARY KEY,
+    finished_ms INTEGER NOT NULL,
+    duration_ms INTEGER NOT NULL,
+    outcome TEXT NOT NULL,
+    summary TEXT NOT NULL,
+    data_files_after INTEGER NOT NULL,
+    orphans_checked_ms INTEGER NOT NULL DEFAULT -1
 );
 """
 
@@ -527,6 +537,24 @@ class SqliteStore(SqliteRegistry, MetadataStore):
                 "INSERT INTO table_columns (table_name, path, field_id, signature, deleted) VALUES (?, ?, ?, ?, ?)",
                 [(table, c.path, c.field_id, c.signature, int(c.deleted)) for c in columns],
             )
+
+    # -- table maintenance ---------------------------------------------------------------------------
+    def record_maintenance(self, record: MaintenanceRecord) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO table_maintenance (table_name, finished_ms, duration_ms, outcome, summary, "
+                "data_files_after, orphans_checked_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (record.table, record.finished_ms, record.duration_ms, record.outcome, record.summary,
+                 record.data_files_after, record.orphans_checked_ms),
+            )
+
+    def maintenance_records(self) -> dict[str, MaintenanceRecord]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT table_name, finished_ms, duration_ms, outcome, summary, data_files_after, orphans_checked_ms "
+                "FROM table_maintenance"
+            ).fetchall()
+        return {row[0]: MaintenanceRecord(*row) for row in rows}
 
     # -- producers and transactions ----------------------------------------------------------------
     def allocate_producer_ids(self, count: int) -> int:

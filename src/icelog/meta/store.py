@@ -142,6 +142,24 @@ class TableColumn:
     deleted: bool = False
 
 
+@dataclass(frozen=True)
+class MaintenanceRecord:
+    """The last maintenance round of one archive table ("namespace.table").
+
+    `outcome`: ok | nothing-to-do | lost-race | failed; `summary` is a one-line account for `status`;
+    `data_files_after` lets the scheduler count files added since (its small-file trigger);
+    `orphans_checked_ms` is when orphan files were last looked for.
+    """
+
+    table: str
+    finished_ms: int
+    duration_ms: int
+    outcome: str
+    summary: str
+    data_files_after: int
+    orphans_checked_ms: int = -1
+
+
 class MetadataStore(RegistryStore, ABC):
     """Durable metadata shared by every layer. Each method commits atomically or raises StoreError.
 
@@ -295,6 +313,15 @@ class MetadataStore(RegistryStore, ABC):
     @abstractmethod
     def save_table_columns(self, table: str, columns: Iterable[TableColumn]) -> None:
         """Replace the column records of an archive table."""
+
+    # -- table maintenance ---------------------------------------------------------------------------
+    @abstractmethod
+    def record_maintenance(self, record: MaintenanceRecord) -> None:
+        """Keep the last maintenance round of a table (replaces the previous one)."""
+
+    @abstractmethod
+    def maintenance_records(self) -> dict[str, MaintenanceRecord]:
+        """The last maintenance round of every table that had one, by table name."""
 
     # -- producers and transactions ----------------------------------------------------------------
     @abstractmethod

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from icelog.config import Settings
 from icelog.errors import IcelogError
@@ -23,16 +23,22 @@ from icelog.meta.store import MetadataStore, open_store
 from icelog.pipeline.archiver import Archiver, TopicPassResult, first_line
 from icelog.topic_configs.archive import archive_config
 
+if TYPE_CHECKING:
+    from icelog.pipeline.maintenance_schedule import MaintenanceScheduler
+
 log = logging.getLogger(__name__)
 
 SETTINGS_ENV = "ICELOG_ARCHIVER_SETTINGS"  # the parent broker's Settings as JSON
 
 
 class ArchiverLock:
-    """An exclusive lock on <data_dir>/archiver.lock: two archivers would append the same records twice."""
+    """An exclusive lock on <data_dir>/archiver.lock: two archivers would append the same records twice.
 
-    def __init__(self, data_dir: Path) -> None:
-        self.path = Path(data_dir) / "archiver.lock"
+    (Also <data_dir>/maintenance.lock: one maintenance round at a time, the archiver's or `icelog maintain`'s.)
+    """
+
+    def __init__(self, data_dir: Path, name: str = "archiver.lock") -> None:
+        self.path = Path(data_dir) / name
         self._handle: IO[str] | None = None
 
     def acquire(self, wait_s: float = 0.0) -> None:
@@ -46,9 +52,11 @@ class ArchiverLock:
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     handle.close()
-                    raise IcelogError(
-                        f"another archiver holds {self.path}; run one archiver per data directory"
-                    ) from None
+                    hint = (
+                        "run one archiver per data directory" if self.path.name == "archiver.lock"
+                        else "a maintenance round is running there; try again when it ends"
+                    )
+                    raise IcelogError(f"another process holds {self.path}; {hint}") from None
                 time.sleep(0.2)
         handle.seek(0)
         handle.truncate()
@@ -94,6 +102,7 @@ class ArchiveService:
         self._spark = spark
         self._owns_spark = spark is None
         self._archiver: Archiver | None = None
+        self._maintenance: MaintenanceScheduler | None = None
         self.stop_event = threading.Event()
 
     def archiver(self) -> Archiver:
@@ -106,6 +115,14 @@ class ArchiveService:
                 self._spark = create_session(self.settings, "icelog-archiver")
             self._archiver = Archiver(self.settings, self._spark, self.store)
         return self._archiver
+
+    def maintenance(self) -> MaintenanceScheduler:
+        """The automatic table maintenance (started with the archiver's Spark session, on its own thread)."""
+        if self._maintenance is None:
+            from icelog.pipeline.maintenance_schedule import MaintenanceScheduler
+
+            self._maintenance = MaintenanceScheduler(self.settings, self.archiver().spark, self.store)
+        return self._maintenance
 
     def run_once(self, force: bool = True, topics: list[str] | None = None) -> list[TopicPassResult]:
         if not archived_topics_exist(self.settings, self.store):
@@ -131,6 +148,7 @@ class ArchiveService:
             try:
                 if archived_topics_exist(self.settings, self.store):
                     topic_failed = any(r.error and not r.skipped for r in self.archiver().run_pass(force=False))
+                    self.maintenance().poll()  # starts a due round on its own thread; never waits for one
             except Exception:
                 log.exception("archive pass failed")
                 failed = True
@@ -152,6 +170,8 @@ class ArchiveService:
             return False
 
     def close(self) -> None:
+        if self._maintenance is not None:
+            self._maintenance.close()
         if self._archiver is not None:
             self._archiver.close()
         if self._spark is not None and self._owns_spark:

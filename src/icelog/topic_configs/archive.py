@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from icelog.topic_configs.checks import check_long
+from icelog.topic_configs.checks import check_long, one_of
 
 if TYPE_CHECKING:
     from icelog.config import ArchiveSettings
@@ -22,6 +22,7 @@ ARCHIVE_COMPLETE_DELAY_MAX_MS = "icelog.archive.complete.delay.max.ms"
 ARCHIVE_IDLE_MAX_MS = "icelog.archive.idle.max.ms"
 INTAKE_RETENTION_MS = "icelog.intake.retention.ms"
 ARCHIVE_MAX_LAG_BYTES = "icelog.archive.max.lag.bytes"
+TABLE_AUTO_MAINTENANCE = "icelog.table.auto.maintenance"  # true: the archiver compacts/expires the table
 
 KIND_ICEBERG = "iceberg"
 KIND_NONE = "none"
@@ -47,6 +48,7 @@ CHECKS = {
     ARCHIVE_IDLE_MAX_MS: check_long(0),
     INTAKE_RETENTION_MS: check_long(-1),
     ARCHIVE_MAX_LAG_BYTES: check_long(1),
+    TABLE_AUTO_MAINTENANCE: one_of("true", "false"),
 }
 
 
@@ -62,6 +64,7 @@ class ArchiveTopicConfig:
     idle_max_ms: int
     intake_retention_ms: int  # -1: intake follows Kafka's retention.ms / retention.bytes only
     max_lag_bytes: int = 4 * 1024 * 1024 * 1024  # unarchived intake bytes of the topic before produce is refused
+    auto_maintenance: bool = True  # the archiver maintains the table (compaction, expiry, orphans, manifests)
 
     @property
     def enabled(self) -> bool:
@@ -97,4 +100,5 @@ def archive_config(
         idle_max_ms=int(get(ARCHIVE_IDLE_MAX_MS, settings.idle_max_ms)),
         intake_retention_ms=int(get(INTAKE_RETENTION_MS, settings.intake_retention_ms)),
         max_lag_bytes=int(get(ARCHIVE_MAX_LAG_BYTES, settings.max_lag_bytes)),
+        auto_maintenance=get(TABLE_AUTO_MAINTENANCE, "true") == "true",
     )

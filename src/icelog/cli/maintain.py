@@ -1,0 +1,103 @@
+"""`icelog maintain [--topic T] [--dry-run]`: one maintenance round of archive tables now (a Spark job)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from typing import Any
+
+from icelog.config import load_settings
+
+
+def add_parser(sub: Any) -> None:
+    maintain = sub.add_parser(
+        "maintain", help="compact, expire snapshots, remove orphan files of archive tables now (a Spark job)"
+    )
+    maintain.add_argument("--topic", action="append", dest="topics", metavar="NAME",
+                          help="only this topic's table (repeatable; default: every archived topic)")
+    maintain.add_argument("--dry-run", action="store_true", help="print what would be done; change nothing")
+    maintain.add_argument("--data-dir", help="the broker's data directory (default ./icelog-data)")
+    maintain.add_argument("--spark-master", help="spark.master (default from config: local[*])")
+    maintain.set_defaults(func=cmd_maintain)
+
+
+def cmd_maintain(args: argparse.Namespace) -> int:
+    from icelog.errors import IcelogError
+    from icelog.lake.layout import quote_identifier
+    from icelog.meta.store import open_store
+    from icelog.pipeline.maintenance import MaintenancePolicy, maintain_table
+    from icelog.pipeline.maintenance_schedule import MAINTENANCE_LOCK, record_of, table_key
+    from icelog.pipeline.service import ArchiverLock
+    from icelog.topic_configs.archive import archive_config
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = load_settings(args.config, data_dir=args.data_dir)
+    if args.spark_master:
+        settings.archive.spark_master = args.spark_master
+    if settings.meta_url is None and not (settings.data_dir / "meta.db").exists():
+        raise IcelogError(f"no icelog data in {settings.data_dir} (no meta.db); pass the broker's --data-dir")
+    store = open_store(settings.metadata_url)
+    lock = ArchiverLock(settings.data_dir, MAINTENANCE_LOCK)
+    try:
+        topics = {t.name: t for t in store.list_topics()}
+        unknown = sorted(set(args.topics or ()) - set(topics))
+        if unknown:
+            raise IcelogError(f"no topic {', '.join(unknown)}; `icelog topic list` shows the topics")
+        configs = [
+            archive_config(t.name, t.configs, settings.topic_defaults, settings.archive)
+            for name, t in sorted(topics.items())
+            if args.topics is None or name in args.topics
+        ]
+        configs = [c for c in configs if c.enabled]
+        if not configs:
+            print("(no archived topics)")
+            return 0
+        progress(f"waiting for {lock.path} (an automatic round of the archiver may be running)")
+        lock.acquire(wait_s=600)
+        from icelog.lake.spark import create_session
+
+        progress("starting Spark")
+        spark = create_session(settings, "icelog-maintain")
+        policy = MaintenancePolicy.from_settings(settings.archive)
+        failed = 0
+        try:
+            for config in configs:
+                name = quote_identifier(settings.archive.catalog_name, config.namespace, config.table)
+                key = table_key(config.namespace, config.table)
+                if not spark.catalog.tableExists(name):
+                    print(f"{key}: no table yet (nothing archived)")
+                    continue
+                try:
+                    result = maintain_table(spark, name, policy, dry_run=args.dry_run, progress=Steps(key))
+                except Exception as exc:
+                    from icelog.pipeline.archiver import first_line
+
+                    failed += 1
+                    print(f"{key}: failed: {type(exc).__name__}: {first_line(exc)}")
+                    continue
+                if not args.dry_run:
+                    store.record_maintenance(record_of(key, result, int(time.time() * 1000)))
+                print(f"{key}: {'dry run: ' if args.dry_run else ''}{result.summary()}")
+        finally:
+            spark.stop()
+        return 1 if failed else 0
+    finally:
+        lock.release()
+        store.close()
+
+
+class Steps:
+    """The progress line of one table's round: its step and the time since the round started."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.started = time.monotonic()
+
+    def __call__(self, step: str) -> None:
+        progress(f"{self.key}: {step} ({time.monotonic() - self.started:.0f} s)")
+
+
+def progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

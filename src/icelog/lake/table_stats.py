@@ -1,0 +1,62 @@
+"""Archive table sizes from Iceberg metadata with pyiceberg: no Spark, no data file read (`icelog status --tables`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from icelog.config import Settings
+from icelog.errors import ConfigError
+from icelog.lake.catalog import sqlite_catalog_path
+
+
+@dataclass(frozen=True)
+class TableStats:
+    """A table's current snapshot in numbers."""
+
+    data_files: int
+    delete_files: int
+    data_bytes: int
+    records: int
+    snapshots: int
+
+    @property
+    def average_file_bytes(self) -> int:
+        return self.data_bytes // self.data_files if self.data_files else 0
+
+
+def open_catalog(settings: Settings) -> Any:
+    """A pyiceberg catalog on the archiver's catalog (the embedded SQLite JDBC one, or REST)."""
+    path = sqlite_catalog_path(settings)
+    if path is not None:
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        return SqlCatalog(settings.archive.catalog_name, uri=f"sqlite:///{path}", warehouse=settings.warehouse)
+    if settings.archive.catalog_type == "rest":
+        from pyiceberg.catalog.rest import RestCatalog
+
+        return RestCatalog(settings.archive.catalog_name, uri=settings.catalog_uri, warehouse=settings.warehouse)
+    raise ConfigError(
+        f"table statistics read the catalog with pyiceberg, which supports the SQLite JDBC and REST catalogs, "
+        f"not {settings.archive.catalog_type} {settings.catalog_uri}; use `icelog sql` on the table's metadata tables"
+    )
+
+
+def table_stats(catalog: Any, namespace: str, table: str) -> TableStats | None:
+    """The table's numbers (None if it does not exist yet)."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        loaded = catalog.load_table((namespace, table))
+    except NoSuchTableError:
+        return None
+    snapshot = loaded.metadata.current_snapshot()
+    summary = {} if snapshot is None or snapshot.summary is None else dict(snapshot.summary.additional_properties)
+    data_bytes = int(summary.get("total-files-size", 0))
+    return TableStats(
+        data_files=int(summary.get("total-data-files", 0)),
+        delete_files=int(summary.get("total-delete-files", 0)),
+        data_bytes=data_bytes,
+        records=int(summary.get("total-records", 0)),
+        snapshots=len(loaded.metadata.snapshots),
+    )

@@ -1,0 +1,307 @@
+"""Table maintenance (issue 11): compaction, snapshot expiry, orphan removal, with archiving going on.
+
+Real broker, confluent-kafka producers, the shared Spark session and Iceberg JDBC catalog of
+tests/archive_fixtures.py; rows are read back with Spark SQL, pyiceberg and DuckDB.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from archive_fixtures import (
+    ARCHIVE_ENV,
+    as_produced,
+    check_offsets_contiguous,
+    create_topic,
+    duckdb_counts,
+    partition_counts,
+    produce,
+    spark_rows,
+    table,
+)
+from conftest import BrokerProcess
+
+from icelog.config import Settings
+from icelog.lake.iceberg_java import load_table
+from icelog.pipeline.archiver import Archiver
+from icelog.pipeline.maintenance import MaintenancePolicy, maintain_table, table_state
+from icelog.pipeline.maintenance_schedule import MaintenanceScheduler
+from icelog.pipeline.reconcile import table_offsets
+from icelog.topic_configs.archive import TABLE_AUTO_MAINTENANCE
+
+pytestmark = pytest.mark.slow
+
+POLICY = MaintenancePolicy()
+
+
+def spark_name(topic: str) -> str:
+    return f"lake.icelog.`{topic}`"
+
+
+def archive_in_rounds(
+    broker: BrokerProcess, archiver: Archiver, topic: str, rounds: int, per_round: int
+) -> list[Any]:
+    """`rounds` produce + archive passes: every pass adds one small data file per partition."""
+    produced: list[Any] = []
+    for i in range(rounds):
+        produced += produce(broker, topic, per_round, tag=f"r{i}-")
+        [result] = archiver.run_pass(force=True, topics=[topic])
+        assert not result.error, result.error
+    return sorted(produced, key=lambda r: (r[0], r[1]))
+
+
+def pyiceberg_table(settings: Settings, topic: str) -> Any:
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog("lake", uri=f"sqlite:///{settings.data_dir / 'catalog.db'}", warehouse=settings.warehouse)
+    return catalog.load_table(("icelog", topic))
+
+
+def live_files(spark: Any, topic: str) -> list[str]:
+    return [r.file_path for r in spark.sql(f"SELECT file_path FROM {table(topic)}.files WHERE content = 0").collect()]
+
+
+def local(path: str) -> Path:
+    return Path(path.removeprefix("file:").replace("///", "/", 1))
+
+
+def assert_exact(spark: Any, settings: Settings, topic: str, expected: list[Any]) -> None:
+    """The table holds exactly `expected` (Spark SQL), and pyiceberg and DuckDB agree."""
+    assert as_produced(spark_rows(spark, topic)) == expected
+    iceberg = pyiceberg_table(settings, topic)
+    arrow = iceberg.scan().to_arrow()
+    got = sorted(zip(arrow["kafka"].combine_chunks().field("partition").to_pylist(),
+                     arrow["kafka"].combine_chunks().field("offset").to_pylist(), strict=True))
+    assert got == [(r[0], r[1]) for r in expected]
+    assert duckdb_counts(iceberg.metadata_location) == sorted(partition_counts(expected).items())
+
+
+def set_properties(spark: Any, topic: str, **props: str) -> None:
+    pairs = ", ".join(f"'{k.replace('_', '.')}'='{v}'" for k, v in props.items())
+    spark.sql(f"ALTER TABLE {table(topic)} SET TBLPROPERTIES ({pairs})")
+
+
+def test_compaction_makes_fewer_sorted_files_and_archiving_goes_on(
+    lake_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any, lake_archiver: Archiver
+) -> None:
+    topic = "maint-compact"
+    create_topic(lake_broker, topic)
+    produced = archive_in_rounds(lake_broker, lake_archiver, topic, rounds=6, per_round=300)
+    before = table_state(load_table(lake_spark, spark_name(topic)))
+    assert before.data_files >= 18  # 6 passes x 3 partitions
+
+    result = maintain_table(lake_spark, spark_name(topic), POLICY)
+
+    assert result.rewritten_files == before.data_files
+    assert result.after.data_files < before.data_files
+    assert result.after.data_files == len(live_files(lake_spark, topic)) <= 3 * 2  # per partition (and day)
+    assert_exact(lake_spark, lake_settings, topic, produced)
+    for path in live_files(lake_spark, topic):  # rows of every file in offset order
+        offsets = pq.read_table(local(path), columns=["kafka"])["kafka"].combine_chunks().field("offset").to_pylist()
+        assert offsets == sorted(offsets) and len(offsets) > 300 // 3
+    found = table_offsets(lake_spark, spark_name(topic))
+    assert found.source == "ancestor"  # the current snapshot is the rewrite; the map is one step back
+    assert found.offsets == partition_counts(produced)
+
+    more = archive_in_rounds(lake_broker, lake_archiver, topic, rounds=2, per_round=150)
+    rows = spark_rows(lake_spark, topic)
+    assert as_produced(rows) == sorted(produced + more, key=lambda r: (r[0], r[1]))
+    check_offsets_contiguous(rows, partition_counts(produced + more))
+
+
+def test_expiry_keeps_the_offsets_and_orphan_removal_only_takes_old_unreferenced_files(
+    lake_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any, lake_archiver: Archiver
+) -> None:
+    topic = "maint-expire"
+    create_topic(lake_broker, topic)
+    produced = archive_in_rounds(lake_broker, lake_archiver, topic, rounds=4, per_round=120)
+    # Expire everything the table allows: any age, one snapshot kept (icelog keeps the offsets' one too).
+    set_properties(lake_spark, topic, **{"history_expire_max-snapshot-age-ms": "1",
+                                         "history_expire_min-snapshots-to-keep": "1"})
+    data_dir = local(live_files(lake_spark, topic)[0]).parent
+    old_orphan, young_orphan = data_dir / "orphan-old.parquet", data_dir / "orphan-young.parquet"
+    for orphan in (old_orphan, young_orphan):
+        orphan.write_bytes(b"PAR1 written by a pass that died before its commit")
+    two_days_ago = time.time() - 2 * 86400
+    os.utime(old_orphan, (two_days_ago, two_days_ago))
+    time.sleep(0.01)
+
+    result = maintain_table(lake_spark, spark_name(topic), POLICY)
+
+    # Left: the newest archive snapshot (it records the offsets) and the compaction's commits after it
+    # (partial progress: one or more); the three older archive snapshots are gone.
+    assert result.rewritten_files == 12 and result.snapshots_expired == result.before.snapshots - 1 == 3
+    operations = [
+        r.operation
+        for r in lake_spark.sql(f"SELECT operation FROM {table(topic)}.snapshots ORDER BY committed_at").collect()
+    ]
+    assert operations[0] == "append" and set(operations[1:]) == {"replace"}
+    assert len(operations) == result.after.snapshots
+    assert result.orphans_removed == 1
+    assert not old_orphan.exists() and young_orphan.exists()
+    assert all(local(p).exists() for p in live_files(lake_spark, topic))
+    assert_exact(lake_spark, lake_settings, topic, produced)
+    found = table_offsets(lake_spark, spark_name(topic))
+    assert found.source in ("snapshot", "ancestor") and found.offsets == partition_counts(produced)
+
+    more = archive_in_rounds(lake_broker, lake_archiver, topic, rounds=2, per_round=90)
+    rows = spark_rows(lake_spark, topic)
+    assert as_produced(rows) == sorted(produced + more, key=lambda r: (r[0], r[1]))
+    check_offsets_contiguous(rows, partition_counts(produced + more))
+    young_orphan.unlink()
+
+
+def test_maintenance_while_archiving_loses_nothing_and_fails_no_pass(
+    lake_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any, lake_archiver: Archiver
+) -> None:
+    topic = "maint-concurrent"
+    create_topic(lake_broker, topic)
+    produced = archive_in_rounds(lake_broker, lake_archiver, topic, rounds=4, per_round=150)
+    stop = threading.Event()
+    rounds: list[tuple[float, float, Any]] = []
+    errors: list[BaseException] = []
+
+    def maintain_meanwhile() -> None:
+        lake_spark.sparkContext.setLocalProperty("spark.scheduler.pool", "maintenance")
+        while not stop.is_set():
+            started = time.time() * 1000
+            try:
+                result = maintain_table(lake_spark, spark_name(topic), POLICY, remove_orphans=False)
+            except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+                errors.append(exc)
+                return
+            rounds.append((started, time.time() * 1000, result))
+
+    thread = threading.Thread(target=maintain_meanwhile)
+    thread.start()
+    try:
+        for i in range(8):  # passes commit while rewrites plan and commit
+            batch = produce(lake_broker, topic, 120, tag=f"c{i}-")
+            [result] = lake_archiver.run_pass(force=True, topics=[topic])
+            assert not result.error and not result.skipped, result
+            produced += batch
+    finally:
+        stop.set()
+        thread.join(600)
+    assert not errors, errors
+    rewrites = [(start, end) for start, end, r in rounds if r.rewritten_files]
+    assert rewrites and not any(r.lost_race for _s, _e, r in rounds)
+    # Some archive commit landed while a rewrite was between its plan and its commit.
+    appends = [
+        row.ms for row in lake_spark.sql(
+            f"SELECT unix_millis(committed_at) AS ms FROM {table(topic)}.snapshots WHERE operation = 'append'"
+        ).collect()
+    ]
+    assert any(start < ms < end for start, end in rewrites for ms in appends)
+    produced.sort(key=lambda r: (r[0], r[1]))
+    rows = spark_rows(lake_spark, topic)
+    assert as_produced(rows) == produced
+    check_offsets_contiguous(rows, partition_counts(produced))
+    assert table_offsets(lake_spark, spark_name(topic)).offsets == partition_counts(produced)
+
+
+def test_compaction_applies_deletion_vectors_of_a_v3_merge_on_read_table(
+    lake_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any, lake_archiver: Archiver
+) -> None:
+    topic = "maint-dv"
+    create_topic(lake_broker, topic)
+    produced = archive_in_rounds(lake_broker, lake_archiver, topic, rounds=3, per_round=300)
+    set_properties(lake_spark, topic, **{"format-version": "3", "write_delete_mode": "merge-on-read"})
+    lake_spark.sql(f"DELETE FROM {table(topic)} WHERE kafka.offset % 3 != 0")  # deletion vectors: 2/3 of rows
+    kept = [r for r in produced if r[1] % 3 == 0]
+    before = table_state(load_table(lake_spark, spark_name(topic)))
+    assert before.delete_files > 0 and before.data_files == 9
+    assert_exact(lake_spark, lake_settings, topic, kept)
+
+    result = maintain_table(lake_spark, spark_name(topic), POLICY)
+
+    assert result.rewritten_files == 9 and result.after.delete_files == 0
+    assert result.after.records == len(kept)  # the deleted rows are gone from the files, not just masked
+    assert_exact(lake_spark, lake_settings, topic, kept)
+
+    more = archive_in_rounds(lake_broker, lake_archiver, topic, rounds=2, per_round=150)
+    lake_spark.sql(f"DELETE FROM {table(topic)} WHERE kafka.offset % 5 = 1")
+    expected = sorted((r for r in kept + more if r[1] % 5 != 1), key=lambda r: (r[0], r[1]))
+    assert_exact(lake_spark, lake_settings, topic, expected)
+    maintain_table(lake_spark, spark_name(topic), POLICY)
+    assert_exact(lake_spark, lake_settings, topic, expected)
+    next_offsets = {p: n for p, n in partition_counts(produced + more).items()}
+    assert table_offsets(lake_spark, spark_name(topic)).offsets == next_offsets
+
+
+def run_icelog(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **ARCHIVE_ENV, "ICELOG_REGISTRY_LISTEN": settings.registry_listen}
+    return subprocess.run(
+        [sys.executable, "-m", "icelog", *args, "--data-dir", str(settings.data_dir)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+
+
+def test_maintain_cli_dry_run_changes_nothing_and_a_round_reports_counts(
+    lake_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any, lake_archiver: Archiver
+) -> None:
+    topic = "maint-cli"
+    create_topic(lake_broker, topic)
+    produced = archive_in_rounds(lake_broker, lake_archiver, topic, rounds=4, per_round=150)
+    current = load_table(lake_spark, spark_name(topic)).currentSnapshot()
+    assert current is not None
+    files = len(live_files(lake_spark, topic))
+
+    dry = run_icelog(lake_settings, "maintain", "--topic", topic, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert f"icelog.{topic}: dry run: would compact {files} small of {files} data files" in dry.stdout
+    after_dry = load_table(lake_spark, spark_name(topic)).currentSnapshot()
+    assert after_dry is not None and after_dry.snapshotId() == current.snapshotId()
+    assert len(live_files(lake_spark, topic)) == files
+
+    done = run_icelog(lake_settings, "maintain", "--topic", topic)
+    assert done.returncode == 0, done.stderr
+    compacted = len(live_files(lake_spark, topic))
+    assert compacted < files
+    assert f"icelog.{topic}: data files {files} -> {compacted} ({files} rewritten into {compacted})" in done.stdout
+    assert "compacting small files" in done.stderr  # the progress line
+    assert_exact(lake_spark, lake_settings, topic, produced)
+
+    status = run_icelog(lake_settings, "status", "--tables")
+    assert status.returncode == 0, status.stderr
+    [line] = [x for x in status.stdout.splitlines() if x.startswith(f"icelog.{topic} ")]
+    cells = line.split()
+    assert cells[1:3] == ["on", str(compacted)] and f"ok: data files {files} -> {compacted}" in line
+
+    missing = run_icelog(lake_settings, "maintain", "--topic", "no-such-topic")
+    assert missing.returncode == 2 and "no topic no-such-topic" in missing.stderr
+
+
+def test_the_archiver_maintains_due_tables_and_leaves_opted_out_ones_alone(
+    lake_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any, lake_store: Any, lake_archiver: Archiver
+) -> None:
+    on, off = "maint-auto-on", "maint-auto-off"
+    create_topic(lake_broker, on, configs={TABLE_AUTO_MAINTENANCE: "true"})
+    create_topic(lake_broker, off, configs={TABLE_AUTO_MAINTENANCE: "false"})
+    produced = archive_in_rounds(lake_broker, lake_archiver, on, rounds=3, per_round=90)
+    archive_in_rounds(lake_broker, lake_archiver, off, rounds=3, per_round=90)
+    settings = lake_settings.model_copy(deep=True)
+    settings.archive.maintenance_min_new_files = 5
+    # Other tests' tables stay as they are: only topics that ask for it explicitly.
+    settings.topic_defaults = {**settings.topic_defaults, TABLE_AUTO_MAINTENANCE: "false"}
+    scheduler = MaintenanceScheduler(settings, lake_spark, lake_store)
+    try:
+        [result] = scheduler.run_due()
+        assert result.rewritten_files == 9 and result.after.data_files <= 6
+        record = lake_store.maintenance_records()[f"icelog.{on}"]
+        assert record.outcome == "ok" and record.data_files_after == result.after.data_files
+        assert f"data files 9 -> {result.after.data_files}" in record.summary and record.orphans_checked_ms > 0
+        assert f"icelog.{off}" not in lake_store.maintenance_records()
+        assert len(live_files(lake_spark, off)) == 9
+        assert scheduler.run_due() == []  # within the interval: not due again
+    finally:
+        scheduler.close()
+    assert_exact(lake_spark, lake_settings, on, produced)
