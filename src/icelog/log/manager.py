@@ -20,7 +20,7 @@ from icelog.faults import fault_point
 from icelog.log import intake_file, pressure
 from icelog.log.batch import assign_offsets, parse_produced_batches, set_log_append_time
 from icelog.log.intake import IntakeFiles, IntakeWriter
-from icelog.log.partition import PartitionLog
+from icelog.log.partition import OffsetRangeSource, PartitionLog
 from icelog.log.producers import iter_stored_headers
 from icelog.log.snapshots import decode_state, encode_state
 from icelog.log.transactions import encode_marker_batch, marker_type
@@ -72,6 +72,9 @@ class LogManager:
         # epoch) is in an Ongoing transaction it opened (None: no verification, e.g. tools and tests).
         self.txn_verifier: Callable[[str, int, int, int], None] | None = None
         self.free_bytes: int | None = None  # of the data directory; refreshed by apply_pressure
+        # Set by the broker: the older offset range sources (the Iceberg table, readback/) of a partition
+        # of a topic, plugged into each PartitionLog; None or [] means the intake is the whole log.
+        self.older_sources: Callable[[TopicRecord, EffectiveConfig, int], list[OffsetRangeSource]] | None = None
 
     # -- life cycle ----------------------------------------------------------------------------
     def open(self) -> None:
@@ -178,6 +181,9 @@ class LogManager:
             logs.append(
                 PartitionLog(record.topic_id, part.partition, part.log_start_offset, part.high_watermark, self.files)
             )
+        if self.older_sources is not None:
+            for part_log in logs:
+                part_log.older_sources = self.older_sources(record, config, part_log.partition)
         archive = archive_config(record.name, record.configs, self.settings.topic_defaults, self.settings.archive)
         state = TopicState(record, config, logs, archive.max_lag_bytes if archive.enabled else None)
         if old is not None and old.record.topic_id == record.topic_id:
@@ -379,7 +385,8 @@ class LogManager:
                     if archived is not None:
                         if chunk.end_offset > archived.get(part.partition, 0):
                             break
-                        intake_ms = archive.intake_retention_ms
+                        # Only when consumers can read the table instead (read-back on): else keep it.
+                        intake_ms = archive.intake_retention_ms if part.older_sources else -1
                         too_old = too_old or (intake_ms >= 0 and chunk.max_timestamp < now_ms - intake_ms)
                     if not (too_old or too_big):
                         break

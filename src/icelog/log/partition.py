@@ -29,11 +29,20 @@ class ChunkReader(Protocol):
 
 
 class OffsetRangeSource(Protocol):
-    """A source of record batches for a range of offsets below the intake (e.g. an Iceberg archive)."""
+    """A source of record batches for offsets below the intake (the Iceberg table, readback/source.py).
+
+    `start_offset`/`end_offset` answer from memory (the event loop asks them); `read` and
+    `offset_for_timestamp` may do I/O and run on worker threads. `read` returns whole batches from the
+    one holding `offset` (or the next one present), at least one if any, and [] past its end.
+    """
 
     def start_offset(self) -> int | None: ...
 
+    def end_offset(self) -> int | None: ...
+
     def read(self, offset: int, max_bytes: int) -> list[bytes]: ...
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None: ...
 
 
 class PartitionLog:
@@ -128,12 +137,25 @@ class PartitionLog:
         bases, chunks = self._bases, self.chunks  # one consistent view (see the class docstring)
         return chunks[max(bisect.bisect_right(bases, offset) - 1, 0) :]
 
+    @property
+    def visible_start_offset(self) -> int:
+        """The log start consumers see: the first offset an older source (the table) holds, else the intake's.
+
+        `log_start_offset` stays the intake's own start (what retention trimmed the intake to).
+        """
+        start = self.log_start_offset
+        for source in self.older_sources:
+            first = source.start_offset()
+            if first is not None and first < start:
+                start = first
+        return start
+
     def check_fetch_offset(self, offset: int) -> None:
-        """Raise OFFSET_OUT_OF_RANGE unless log start <= offset <= high watermark."""
-        if offset < self.log_start_offset or offset > self.high_watermark:
+        """Raise OFFSET_OUT_OF_RANGE unless visible log start <= offset <= high watermark."""
+        start = self.visible_start_offset
+        if offset < start or offset > self.high_watermark:
             raise KafkaApiError(
-                ErrorCode.OFFSET_OUT_OF_RANGE,
-                f"offset {offset} is outside [{self.log_start_offset}, {self.high_watermark}]",
+                ErrorCode.OFFSET_OUT_OF_RANGE, f"offset {offset} is outside [{start}, {self.high_watermark}]"
             )
 
     def read(self, offset: int, max_bytes: int, upper_offset: int | None = None) -> list[bytes]:
@@ -143,6 +165,12 @@ class PartitionLog:
         Only the bytes returned are read from disk: a chunk's batch positions are indexed on first use.
         """
         self.check_fetch_offset(offset)
+        if offset < self.log_start_offset:
+            for source in self.older_sources:  # below the intake: the table holds these offsets
+                batches = source.read(offset, max_bytes)
+                if batches:
+                    return batches
+            offset = self.log_start_offset  # none left there (deleted rows): the intake goes on
         limit = self.high_watermark if upper_offset is None else upper_offset
         out: list[bytes] = []
         size = 0
@@ -188,7 +216,14 @@ class PartitionLog:
         return cached
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record with a timestamp >= timestamp_ms, or None."""
+        """(offset, timestamp) of the first record with a timestamp >= timestamp_ms, or None.
+
+        Older sources (the table) first, then the intake; may read files, so call it off the event loop.
+        """
+        for source in self.older_sources:
+            found = source.offset_for_timestamp(timestamp_ms)
+            if found is not None:
+                return found
         for chunk in self.chunks:
             if chunk.max_timestamp < timestamp_ms or chunk.end_offset <= self.log_start_offset:
                 continue

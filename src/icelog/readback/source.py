@@ -1,0 +1,319 @@
+"""One archived partition as an offset range source of the log: plan with pyiceberg, read with pyarrow, build batches.
+
+Planning: the partition's data files come from pyiceberg's scan planning (the identity partition on
+kafka.partition prunes manifests; delete files and deletion vectors ride along with each file), ordered
+by the file's kafka.offset lower bound. The plan is cached per table snapshot. Reading: a file's rows for
+the partition (pyiceberg's ArrowScan applies deletes and projects evolved schemas by field id), in
+offset order, become record batches grouped by `kafka.batch_start`; a file's batches are cached (an LRU
+bounded by bytes, shared by every partition) keyed by the data file and its delete files, which never
+change, so compaction and snapshot expiry simply make other files current.
+
+Everything here runs on worker threads (Fetch reads off the event loop) or in the broker's background
+refresh; `start_offset`/`end_offset` only read the cached plan, so the event loop can ask them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from icelog.errors import ErrorCode, KafkaApiError
+from icelog.readback.batches import Header, Row, encode_batch
+from icelog.readback.lake import LakeTables
+from icelog.schema.archive.iceberg_types import RAW
+from icelog.schema.archive.rebuild import Rebuilder, Schemas, rebuild_headers
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class FileSlice:
+    """One data file of the partition: its scan task and the kafka.offset / event time bounds of its rows."""
+
+    task: Any
+    lower: int
+    upper: int
+    max_timestamp_ms: int  # upper bound of kafka.event_timestamp (ms); large when unknown
+    size: int
+
+    @property
+    def key(self) -> tuple[str, frozenset[str]]:
+        return (self.task.file.file_path, frozenset(d.file_path for d in self.task.delete_files))
+
+
+@dataclass
+class BuiltFile:
+    """A file's rows as record batches: (base, last offset, bytes) each, plus (offset, timestamp) of each row."""
+
+    bases: list[int] = field(default_factory=list)
+    lasts: list[int] = field(default_factory=list)
+    batches: list[bytes] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    timestamps: list[int] = field(default_factory=list)
+    size: int = 0
+
+
+class BatchCache:
+    """Built files, least recently used first out, bounded by their bytes; shared by all partitions."""
+
+    def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._files: OrderedDict[Any, BuiltFile] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> BuiltFile | None:
+        with self._lock:
+            built = self._files.get(key)
+            if built is not None:
+                self._files.move_to_end(key)
+            return built
+
+    def put(self, key: Any, built: BuiltFile) -> None:
+        with self._lock:
+            if key in self._files:
+                return
+            self._files[key] = built
+            self._bytes += built.size
+            while self._bytes > self.max_bytes and len(self._files) > 1:
+                _, old = self._files.popitem(last=False)
+                self._bytes -= old.size
+
+
+@dataclass(frozen=True)
+class _Plan:
+    snapshot_id: int | None
+    slices: list[FileSlice]
+    lowers: list[int]
+
+    @property
+    def start(self) -> int | None:
+        return self.slices[0].lower if self.slices else None
+
+    @property
+    def end(self) -> int | None:
+        return max(s.upper for s in self.slices) + 1 if self.slices else None
+
+
+_EMPTY = _Plan(None, [], [])
+
+
+class TableSource:
+    """The archived offsets of one topic-partition (implements log.partition.OffsetRangeSource)."""
+
+    def __init__(
+        self, tables: LakeTables, identifier: tuple[str, str], partition: int, schemas: Schemas,
+        cache: BatchCache, log_append_time: bool = False,
+    ) -> None:
+        self.tables = tables
+        self.identifier = identifier
+        self.partition = partition
+        self.log_append_time = log_append_time
+        self._cache = cache
+        self._keys = Rebuilder(schemas)
+        self._values = Rebuilder(schemas)
+        self._plan = _EMPTY
+        self._lock = threading.Lock()
+
+    # -- the plan ------------------------------------------------------------------------------
+    def refresh(self, fresh: bool = False) -> None:
+        """Re-plan if the table has a new snapshot (worker thread / background)."""
+        table = self.tables.table(self.identifier, fresh)
+        snapshot = None if table is None else table.current_snapshot()
+        snapshot_id = None if snapshot is None else snapshot.snapshot_id
+        with self._lock:
+            if snapshot_id == self._plan.snapshot_id and (snapshot_id is not None or not self._plan.slices):
+                return
+        plan = _EMPTY if snapshot is None else _plan_partition(table, snapshot_id, self.partition)
+        with self._lock:
+            self._plan = plan
+
+    def start_offset(self) -> int | None:
+        """The first offset the table holds for the partition (cached plan; None: nothing archived)."""
+        return self._plan.start
+
+    def end_offset(self) -> int | None:
+        """One past the last offset the table holds (cached plan)."""
+        return self._plan.end
+
+    def table_bytes(self) -> int:
+        """Bytes of the partition's data files (Parquet, compressed)."""
+        return sum(s.size for s in self._plan.slices)
+
+    def _current(self, offset: int) -> _Plan:
+        self.refresh()
+        plan = self._plan
+        if plan.end is None or offset >= plan.end:
+            self.refresh(fresh=True)  # the archiver may just have committed what is asked for
+            plan = self._plan
+        return plan
+
+    # -- reads ---------------------------------------------------------------------------------
+    def read(self, offset: int, max_bytes: int) -> list[bytes]:
+        """Batches from the one holding `offset` (or the next present), about max_bytes (at least one).
+
+        A table that cannot be read answers KAFKA_STORAGE_ERROR, which consumers retry.
+        """
+        try:
+            return self._read(offset, max_bytes)
+        except KafkaApiError:
+            raise
+        except Exception as exc:
+            log.exception("read-back of %s partition %d at offset %d failed", ".".join(self.identifier),
+                          self.partition, offset)
+            raise KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, f"reading the archive table failed: {exc}") from exc
+
+    def _read(self, offset: int, max_bytes: int) -> list[bytes]:
+        plan = self._current(offset)
+        out: list[bytes] = []
+        size = 0
+        for index in _slices_from(plan, offset):
+            built = self._built(plan.slices[index])
+            start = bisect.bisect_left(built.lasts, offset)
+            for i in range(start, len(built.batches)):
+                batch = built.batches[i]
+                if out and size + len(batch) > max_bytes:
+                    return out
+                out.append(batch)
+                size += len(batch)
+            if size >= max_bytes:
+                break
+            if out:
+                offset = max(offset, built.lasts[-1] + 1)
+        return out
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first archived record whose timestamp is >= timestamp_ms."""
+        try:
+            plan = self._current(0)
+        except Exception:
+            log.exception("read-back: planning %s partition %d failed", ".".join(self.identifier), self.partition)
+            plan = self._plan
+        for index, file_slice in enumerate(plan.slices):
+            if file_slice.max_timestamp_ms < timestamp_ms:
+                continue
+            built = self._built(plan.slices[index])
+            for offset, ts in zip(built.offsets, built.timestamps, strict=True):
+                if ts >= timestamp_ms:
+                    return offset, ts
+        return None
+
+    def _built(self, file_slice: FileSlice) -> BuiltFile:
+        key = (file_slice.key, self.partition, self.log_append_time)
+        built = self._cache.get(key)
+        if built is None:
+            table = self.tables.table(self.identifier)
+            built = build_file(self._read_rows(table, file_slice), self.log_append_time)
+            self._cache.put(key, built)
+        return built
+
+    def _read_rows(
+        self, table: Any, file_slice: FileSlice
+    ) -> list[tuple[int, int, bytes | None, bytes | None, Sequence[Header], int]]:
+        from pyiceberg.expressions.parser import parse
+        from pyiceberg.io.pyarrow import ArrowScan
+
+        scan = ArrowScan(table.metadata, table.io, table.schema(), parse(f"kafka.partition = {self.partition}"))
+        return self._rows(_sorted(scan.to_table([file_slice.task])))
+
+    def _rows(self, arrow: Any) -> list[tuple[int, int, bytes | None, bytes | None, Sequence[Header], int]]:
+        """(offset, timestamp ms, key, value, headers) of each row, the payloads rebuilt as produced."""
+        import pyarrow.compute as pc
+
+        kafka = arrow.column("kafka")
+        offsets = pc.struct_field(kafka, "offset").to_pylist()
+        event = pc.struct_field(kafka, "event_timestamp").cast("int64")
+        timestamps = pc.floor(pc.divide(event, 1000)).cast("int64").to_pylist() if len(arrow) else []
+        starts = pc.struct_field(kafka, "batch_start").to_pylist()
+        keys = _payloads(arrow.column("key"), self._keys)
+        values = _payloads(arrow.column("value"), self._values)
+        headers = [rebuild_headers(h) if h else () for h in arrow.column("headers").to_pylist()]
+        return list(zip(offsets, timestamps, keys, values, headers, starts, strict=True))
+
+
+def _sorted(arrow: Any) -> Any:
+    """Rows in kafka.offset order (a compacted file may hold several archives in any order)."""
+    import pyarrow.compute as pc
+
+    if len(arrow) == 0:
+        return arrow
+    order = pc.sort_indices(pc.struct_field(arrow.column("kafka"), "offset"))
+    return arrow.take(order)
+
+
+def _payloads(column: Any, rebuilder: Rebuilder) -> list[bytes | None]:
+    """A side's bytes per row: straight from `__raw__` when the struct holds nothing else, else rebuilt."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = column.type
+    if isinstance(kind, pa.StructType) and kind.num_fields == 1 and kind.field(0).name == RAW:
+        raw = pc.struct_field(column, RAW)
+        valid = column.is_valid()
+        if valid.false_count:
+            raw = pc.if_else(valid, raw, pa.scalar(None, raw.type))
+        return raw.to_pylist()
+    return [rebuilder.payload(side) for side in column.to_pylist()]
+
+
+def build_file(rows: Sequence[tuple[int, int, bytes | None, bytes | None, Sequence[Header], int]],
+               log_append_time: bool) -> BuiltFile:
+    """Record batches of one file's rows (offset order): one per run of rows sharing kafka.batch_start."""
+    built = BuiltFile()
+    i = 0
+    while i < len(rows):
+        start = rows[i][5]
+        j = i + 1
+        while j < len(rows) and rows[j][5] == start:
+            j += 1
+        group: list[Row] = [(r[0], r[1], r[2], r[3], r[4]) for r in rows[i:j]]
+        base = min(start, group[0][0])
+        batch = encode_batch(base, group, log_append_time)
+        built.bases.append(base)
+        built.lasts.append(group[-1][0])
+        built.batches.append(batch)
+        built.size += len(batch)
+        i = j
+    built.offsets = [r[0] for r in rows]
+    built.timestamps = [r[1] for r in rows]
+    built.size += 16 * len(rows)
+    return built
+
+
+def _slices_from(plan: _Plan, offset: int) -> list[int]:
+    """Indexes of the slices holding offsets >= `offset`, in offset order."""
+    first = max(bisect.bisect_right(plan.lowers, offset) - 1, 0)
+    return [i for i in range(first, len(plan.slices)) if plan.slices[i].upper >= offset]
+
+
+def _plan_partition(table: Any, snapshot_id: int, partition: int) -> _Plan:
+    """The partition's data files in offset order (pyiceberg planning: partition pruning, delete files)."""
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.types import LongType, TimestamptzType
+
+    schema = table.schema()
+    offset_id = schema.find_field("kafka.offset").field_id
+    event_id = schema.find_field("kafka.event_timestamp").field_id
+    slices = []
+    for task in table.scan(row_filter=f"kafka.partition = {partition}", snapshot_id=snapshot_id).plan_files():
+        data = task.file
+        lower = data.lower_bounds.get(offset_id) if data.lower_bounds else None
+        upper = data.upper_bounds.get(offset_id) if data.upper_bounds else None
+        event = data.upper_bounds.get(event_id) if data.upper_bounds else None
+        slices.append(FileSlice(
+            task,
+            0 if lower is None else int(from_bytes(LongType(), lower)),
+            2**62 if upper is None else int(from_bytes(LongType(), upper)),
+            2**62 if event is None else int(from_bytes(TimestamptzType(), event)) // 1000,
+            int(data.file_size_in_bytes),
+        ))
+    slices.sort(key=lambda s: (s.lower, s.upper))
+    return _Plan(snapshot_id, slices, [s.lower for s in slices])
+
