@@ -379,14 +379,16 @@ class LogManager:
             for part in state.partitions:
                 new_start = part.log_start_offset
                 remaining = part.intake_bytes
+                readable_end = max((s.end_offset() or 0 for s in part.older_sources), default=0)
                 for chunk in part.chunks:
                     too_old = retention_ms >= 0 and chunk.max_timestamp < now_ms - retention_ms
                     too_big = retention_bytes >= 0 and remaining - chunk.length >= retention_bytes
                     if archived is not None:
                         if chunk.end_offset > archived.get(part.partition, 0):
                             break
-                        # Only when consumers can read the table instead (read-back on): else keep it.
-                        intake_ms = archive.intake_retention_ms if part.older_sources else -1
+                        # Only what consumers can read from the table instead (read-back on, and the
+                        # broker's plan of the table already holds it): else keep it.
+                        intake_ms = archive.intake_retention_ms if chunk.end_offset <= readable_end else -1
                         too_old = too_old or (intake_ms >= 0 and chunk.max_timestamp < now_ms - intake_ms)
                     if not (too_old or too_big):
                         break

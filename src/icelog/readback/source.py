@@ -131,7 +131,7 @@ class TableSource:
         with self._lock:
             if snapshot_id == self._plan.snapshot_id and (snapshot_id is not None or not self._plan.slices):
                 return
-        plan = _EMPTY if snapshot is None else _plan_partition(table, snapshot_id, self.partition)
+        plan = _EMPTY if snapshot is None else _plan_partition(table, snapshot.snapshot_id, self.partition)
         with self._lock:
             self._plan = plan
 
@@ -255,10 +255,10 @@ def _payloads(column: Any, rebuilder: Rebuilder) -> list[bytes | None]:
 
     kind = column.type
     if isinstance(kind, pa.StructType) and kind.num_fields == 1 and kind.field(0).name == RAW:
+        column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
         raw = pc.struct_field(column, RAW)
-        valid = column.is_valid()
-        if valid.false_count:
-            raw = pc.if_else(valid, raw, pa.scalar(None, raw.type))
+        if column.null_count:  # a null side (no key at all) is a null payload whatever its child holds
+            raw = pc.if_else(column.is_valid(), raw, pa.scalar(None, raw.type))
         return raw.to_pylist()
     return [rebuilder.payload(side) for side in column.to_pylist()]
 
