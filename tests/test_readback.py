@@ -75,3 +75,126 @@ def test_every_client_reads_a_trimmed_topic_from_the_table(
     for name in CLIENTS:
         got = read_back(name, lake_broker, topic, [0, 1], len(expected))
         assert comparable(got) == comparable(expected), name
+
+
+def consume_group(broker: BrokerProcess, topic: str, group: str, count: int, commit_at: int | None = None) -> list[Rec]:
+    """A confluent-kafka group member reading `count` records; commits `commit_at` (sync) before closing."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "enable.auto.commit": False,
+                         "auto.offset.reset": "earliest", "session.timeout.ms": 6000})
+    consumer.subscribe([topic])
+    out: list[Rec] = []
+    try:
+        while len(out) < count:
+            msg = consumer.poll(30)
+            assert msg is not None, f"group {group} got {len(out)} of {count} records"
+            assert msg.error() is None, msg.error()
+            out.append(Rec(msg.partition(), msg.key(), msg.value(), tuple(msg.headers() or ()), msg.timestamp()[1],
+                           msg.offset()))
+        if commit_at is not None:
+            consumer.commit(offsets=[TopicPartition(topic, 0, commit_at)], asynchronous=False)
+    finally:
+        consumer.close()
+    return out
+
+
+def test_group_resumes_in_the_table_range_after_a_restart(
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_store: MetadataStore
+) -> None:
+    topic = "rb-group"
+    create_topic(lake_broker.bootstrap, topic, partitions=1, configs=TRIM)
+    expected = produce_codecs(lake_broker, topic, 12, 1)
+    archive_and_trim(lake_archiver, lake_store, topic, expected)
+    assert ConfluentClient().watermarks(lake_broker.bootstrap, topic, 0) == (0, len(expected))
+
+    first = consume_group(lake_broker, topic, "rb-g", 25, commit_at=25)
+    assert comparable(first) == comparable(expected[:25])
+    lake_broker.restart()
+    rest = consume_group(lake_broker, topic, "rb-g", len(expected) - 25)
+    assert comparable(rest) == comparable(expected[25:])  # exactly from the committed offset, from the table
+    assert ConfluentClient().watermarks(lake_broker.bootstrap, topic, 0) == (0, len(expected))
+
+
+def test_reads_stay_right_after_compaction_expiry_and_deletes(
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_store: MetadataStore, lake_spark: Any
+) -> None:
+    topic = "rbmaint"
+    create_topic(lake_broker.bootstrap, topic, partitions=2, configs=TRIM)
+    expected = produce_codecs(lake_broker, topic, 10, 2)
+    archive_and_trim(lake_archiver, lake_store, topic, expected)
+    more = produce_codecs(lake_broker, topic, 10, 2)  # a second archive per partition
+    expected = sorted(expected + more, key=lambda r: (r.partition, r.offset))
+    archive_and_trim(lake_archiver, lake_store, topic, expected)
+    name = f"lake.icelog.`{topic}`"
+    files = lake_spark.sql(f"SELECT count(*) AS n FROM {name}.files").collect()[0].n
+    assert files >= 4  # two archives per partition
+
+    def read_all(count: int, clients: tuple[str, ...] = ("confluent",)) -> None:
+        for client in clients:
+            got = read_back(client, lake_broker, topic, [0, 1], count)
+            assert comparable(got) == comparable(expected), (client, len(got))
+
+    read_all(len(expected))
+    lake_spark.sql(f"CALL lake.system.rewrite_data_files(table => 'icelog.{topic}', "
+                   "options => map('min-input-files', '2'))").collect()
+    assert lake_spark.sql(f"SELECT count(*) AS n FROM {name}.files").collect()[0].n < files
+    read_all(len(expected))
+    lake_spark.sql(f"CALL lake.system.expire_snapshots(table => 'icelog.{topic}', "
+                   "older_than => TIMESTAMP '2999-01-01 00:00:00', retain_last => 1)").collect()
+    read_all(len(expected))
+
+    # An analyst's erasure: the records are gone for consumers too, their offsets skipped.
+    last0 = max(r.offset for r in expected if r.partition == 0)
+    erased = {(0, 0), (0, 3), (0, 4), (0, last0), (1, 7)}
+    lake_spark.sql(f"DELETE FROM {name} WHERE (kafka.partition = 0 AND kafka.offset IN (0, 3, 4, {last0})) "
+                   "OR (kafka.partition = 1 AND kafka.offset = 7)").collect()
+    expected = [r for r in expected if (r.partition, r.offset) not in erased]
+    # The broker re-plans a table about once a second: the erasure reaches consumers within that.
+    wait_for(lambda: comparable(read_back("confluent", lake_broker, topic, [0, 1], len(expected) + 1))
+             == comparable(expected), 30)
+    read_all(len(expected), tuple(CLIENTS))
+
+
+def test_list_offsets_by_timestamp_spans_table_and_intake(
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_store: MetadataStore
+) -> None:
+    topic = "rb-times"
+    create_topic(lake_broker.bootstrap, topic, partitions=1, configs={"icelog.intake.retention.ms": "0"})
+    records = sample_records(40, 1, seed=7)
+    offsets = ConfluentClient().produce(lake_broker.bootstrap, topic, records, codec="zstd")
+    table_part = [replace(r, offset=o) for r, o in zip(records, offsets, strict=True)]
+    archive_and_trim(lake_archiver, lake_store, topic, table_part)
+    later = sample_records(10, 1, seed=8, base_ts=max(r.timestamp or 0 for r in table_part) + 100_000)
+    offsets = ConfluentClient().produce(lake_broker.bootstrap, topic, later, codec="none")
+    produced = table_part + [replace(r, offset=o) for r, o in zip(later, offsets, strict=True)]
+
+    def first_at_or_after(t: int) -> int | None:
+        hits = [r.offset for r in produced if (r.timestamp or 0) >= t]
+        return min(hits) if hits else None
+
+    stamps = sorted({r.timestamp or 0 for r in produced})
+    queries = [stamps[0] - 1, stamps[3], stamps[3] + 1, stamps[len(stamps) // 2], stamps[-12], stamps[-1],
+               stamps[-1] + 1]
+    wanted = [first_at_or_after(t) for t in queries]
+    assert any(w is not None and w < 40 for w in wanted) and any(w is not None and w >= 40 for w in wanted)
+    for client in ("confluent", "kafka-python"):
+        assert CLIENTS[client].offsets_for_times(lake_broker.bootstrap, topic, 0, queries) == wanted, client
+
+
+def test_log_append_time_comes_back_as_log_append_time(
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_store: MetadataStore
+) -> None:
+    """The table stores the record's timestamp; its type comes from the topic's message.timestamp.type."""
+    topic = "rb-append-time"
+    create_topic(lake_broker.bootstrap, topic, partitions=1,
+                 configs={**TRIM, "message.timestamp.type": "LogAppendTime"})
+    records = sample_records(20, 1, seed=9)
+    ConfluentClient().produce(lake_broker.bootstrap, topic, records, codec="gzip")
+    from_intake = {name: CLIENTS[name].consume(lake_broker.bootstrap, topic, [0], "earliest", 20)
+                   for name in ("confluent", "kafka-python")}
+    assert all(r.log_append_time for r in from_intake["confluent"])
+    archive_and_trim(lake_archiver, lake_store, topic, [replace(r, offset=i) for i, r in enumerate(records)])
+    for name, before in from_intake.items():
+        after = CLIENTS[name].consume(lake_broker.bootstrap, topic, [0], "earliest", 20)
+        assert after == before, name  # timestamps, their type, offsets and payloads

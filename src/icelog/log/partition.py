@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.log.batch import batch_max_timestamp, first_record_at_or_after, iter_stored_batches
+from icelog.log.batch import batch_max_timestamp, empty_batch, first_record_at_or_after, iter_stored_batches
 from icelog.log.producers import ProducerStateTable
 from icelog.log.transactions import AbortedRange, TxnIndex
 from icelog.meta.store import IntakeChunk
@@ -170,10 +170,15 @@ class PartitionLog:
                 batches = source.read(offset, max_bytes)
                 if batches:
                     return batches
-            offset = self.log_start_offset  # none left there (deleted rows): the intake goes on
+            # No record left there (rows deleted from the table): an empty batch moves the consumer on
+            # to where the intake goes on.
+            gap = empty_batch(offset, self.log_start_offset - 1)
+            offset = self.log_start_offset
+        else:
+            gap = b""
         limit = self.high_watermark if upper_offset is None else upper_offset
-        out: list[bytes] = []
-        size = 0
+        out: list[bytes] = [gap] if gap else []
+        size = len(gap)
         for chunk in self.chunks_from(offset):
             if chunk.base_offset >= limit or size >= max_bytes:
                 break

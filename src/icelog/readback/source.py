@@ -162,7 +162,12 @@ class TableSource:
         A table that cannot be read answers KAFKA_STORAGE_ERROR, which consumers retry.
         """
         try:
-            return self._read(offset, max_bytes)
+            try:
+                return self._read(offset, max_bytes)
+            except OSError:
+                # A file of a plan up to a second old may be gone (snapshot expiry after a compaction).
+                self.refresh(fresh=True)
+                return self._read(offset, max_bytes)
         except KafkaApiError:
             raise
         except Exception as exc:
