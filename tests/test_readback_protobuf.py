@@ -7,19 +7,18 @@ after the schema evolves (a field added: the table gains a column, old rows keep
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
-from types import ModuleType
 from typing import Any
 
 import pytest
 from clients_util import CLIENTS, create_topic
-from conftest import BrokerProcess
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from conftest import BrokerProcess
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from test_readback import archive_and_trim
 
 from icelog.meta.store import MetadataStore
@@ -35,17 +34,18 @@ message Reading { int64 id = 1; string sensor = 2; double value = 3; repeated st
 V2 = V1.replace("bytes blob = 5; }", "bytes blob = 5; int32 level = 6; }")
 
 
-def compile_proto(tmp: Any, name: str, text: str) -> ModuleType:
+def compile_proto(tmp: Any, name: str, text: str) -> Any:
+    """The message class of `text`'s Reading, in a pool of its own (so two versions of rb.Reading coexist)."""
     out = tmp / name
     out.mkdir()
-    (out / f"{name}.proto").write_text(text)
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{out}", f"--python_out={out}", f"{name}.proto"],
-                   check=True)
-    sys.path.insert(0, str(out))
-    try:
-        return importlib.import_module(f"{name}_pb2")
-    finally:
-        sys.path.remove(str(out))
+    (out / "rb.proto").write_text(text)
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{out}", f"--descriptor_set_out={out}/rb.pb",
+                    "rb.proto"], check=True)
+    fds = descriptor_pb2.FileDescriptorSet.FromString((out / "rb.pb").read_bytes())
+    pool = descriptor_pool.DescriptorPool()
+    for file in fds.file:
+        pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("rb.Reading"))
 
 
 def produce(broker: BrokerProcess, topic: str, messages: list[Any], registry: SchemaRegistryClient) -> None:
@@ -66,7 +66,7 @@ def test_protobuf_rows_rebuild_what_was_produced_before_and_after_evolution(
     v1, v2 = compile_proto(tmp_path, "rb_v1", V1), compile_proto(tmp_path, "rb_v2", V2)
     registry = SchemaRegistryClient({"url": lake_broker.registry_url})
     create_topic(lake_broker.bootstrap, topic, 1, {"icelog.intake.retention.ms": "0"})
-    produce(lake_broker, topic, [v1.Reading(id=i, sensor=f"s{i} ü", value=i / 3, tags=[f"t{j}" for j in range(i % 3)],
+    produce(lake_broker, topic, [v1(id=i, sensor=f"s{i} ü", value=i / 3, tags=[f"t{j}" for j in range(i % 3)],
                                             blob=bytes([i, 0, 255])) for i in range(30)], registry)
     before = CLIENTS["confluent"].consume(lake_broker.bootstrap, topic, [0], "earliest", 30)
     assert len(before) == 30
@@ -78,7 +78,7 @@ def test_protobuf_rows_rebuild_what_was_produced_before_and_after_evolution(
         assert CLIENTS[name].consume(lake_broker.bootstrap, topic, [0], "earliest", 30) == before, name
 
     # The schema evolves: a new field, a new column; old rows rebuild as before, new ones with the field.
-    produce(lake_broker, topic, [v2.Reading(id=100 + i, sensor="new", value=1.5, level=i + 1) for i in range(10)],
+    produce(lake_broker, topic, [v2(id=100 + i, sensor="new", value=1.5, level=i + 1) for i in range(10)],
             registry)
     before = CLIENTS["confluent"].consume(lake_broker.bootstrap, topic, [0], "earliest", 40)
     archive_and_trim(lake_archiver, lake_store, topic, before)
