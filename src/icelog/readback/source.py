@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -214,14 +215,27 @@ class TableSource:
         key = (file_slice.key, self.partition, self.log_append_time)
         built = self._cache.get(key)
         if built is None:
-            table = self.tables.table(self.identifier)
-            built = build_file(self._read_rows(table, file_slice), self.log_append_time)
+            started = time.perf_counter()
+            rows = self._read_rows(self.tables.table(self.identifier), file_slice)
+            read_s = time.perf_counter() - started
+            built = build_file(rows, self.log_append_time)
             self._cache.put(key, built)
+            log.info("read-back: %s partition %d: %d rows of %s in %d batches (read %.2fs, built %.2fs)",
+                     ".".join(self.identifier), self.partition, len(rows), file_slice.task.file.file_path,
+                     len(built.batches), read_s, time.perf_counter() - started - read_s)
         return built
 
     def _read_rows(
         self, table: Any, file_slice: FileSlice
     ) -> list[tuple[int, int, bytes | None, bytes | None, Sequence[Header], int]]:
+        if not file_slice.task.delete_files and _raw_layout(table.schema()):
+            # Nothing to apply and no evolved columns: read the file's columns straight with pyarrow (the
+            # identity partition puts one Kafka partition in a file), skipping pyiceberg's projection.
+            import pyarrow.parquet as pq
+
+            with table.io.new_input(file_slice.task.file.file_path).open() as stream:
+                arrow = pq.read_table(stream, columns=list(_RAW_COLUMNS))
+            return self._rows(_sorted(arrow))
         from pyiceberg.expressions.parser import parse
         from pyiceberg.io.pyarrow import ArrowScan
 
@@ -239,18 +253,42 @@ class TableSource:
         starts = pc.struct_field(kafka, "batch_start").to_pylist()
         keys = _payloads(arrow.column("key"), self._keys)
         values = _payloads(arrow.column("value"), self._values)
-        headers = [rebuild_headers(h) if h else () for h in arrow.column("headers").to_pylist()]
+        headers = _headers(arrow.column("headers"))
         return list(zip(offsets, timestamps, keys, values, headers, starts, strict=True))
+
+
+_RAW_COLUMNS = ("key", "value", "headers", "kafka")
+
+
+def _raw_layout(schema: Any) -> bool:
+    """Whether key and value hold only `__raw__` (the layout of topics without a schema, lake/layout.py)."""
+    return all(
+        [f.name for f in schema.find_field(side).field_type.fields] == [RAW] for side in ("key", "value")
+    )
 
 
 def _sorted(arrow: Any) -> Any:
     """Rows in kafka.offset order (a compacted file may hold several archives in any order)."""
     import pyarrow.compute as pc
 
-    if len(arrow) == 0:
+    if len(arrow) < 2:
         return arrow
-    order = pc.sort_indices(pc.struct_field(arrow.column("kafka"), "offset"))
-    return arrow.take(order)
+    offsets = pc.struct_field(arrow.column("kafka"), "offset")
+    if pc.all(pc.greater(offsets[1:], offsets[:-1])).as_py():
+        return arrow  # an archive's file is written in offset order: no copy
+    return arrow.take(pc.sort_indices(offsets))
+
+
+def _headers(column: Any) -> list[Sequence[Header]]:
+    """Each row's headers; only rows that have any are converted (most records carry none)."""
+    import pyarrow.compute as pc
+
+    lengths = pc.fill_null(pc.list_value_length(column), 0)
+    out: list[Sequence[Header]] = [()] * len(column)
+    if pc.max(lengths).as_py():
+        for index in pc.indices_nonzero(lengths).to_pylist():
+            out[index] = rebuild_headers(column[index].as_py())
+    return out
 
 
 def _payloads(column: Any, rebuilder: Rebuilder) -> list[bytes | None]:
