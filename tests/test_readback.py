@@ -8,13 +8,16 @@ produced, byte for byte, for every codec.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 from dataclasses import replace
 from typing import Any
 
 import pytest
-from archive_fixtures import wait_for
-from clients_util import CLIENTS, CODECS, ConfluentClient, Rec, comparable, create_topic, sample_records
+from archive_fixtures import ARCHIVE_ENV, wait_for
+from clients_util import CLIENTS, CODECS, ConfluentClient, Rec, comparable, create_topic, now_ms, sample_records
 from conftest import BrokerProcess
 
 from icelog.meta.store import MetadataStore
@@ -75,6 +78,20 @@ def test_every_client_reads_a_trimmed_topic_from_the_table(
     for name in CLIENTS:
         got = read_back(name, lake_broker, topic, [0, 1], len(expected))
         assert comparable(got) == comparable(expected), name
+
+    # `icelog status`: where the table range ends and the intake begins, and what each holds.
+    status = subprocess.run([sys.executable, "-m", "icelog", "status", "--data-dir", str(lake_broker.data_dir)],
+                            capture_output=True, text=True, timeout=120, env={**os.environ, **ARCHIVE_ENV})
+    assert status.returncode == 0, status.stderr
+    header = status.stdout.splitlines()[0].split()
+    rows = [dict(zip(header, line.split(), strict=True)) for line in status.stdout.splitlines()[1:]
+            if line.split()[0] == topic]
+    for row in rows:
+        end = max(r.offset for r in expected if r.partition == int(row["PARTITION"])) + 1
+        assert (row["LOG-START"], row["TABLE-OFFSETS"], row["INTAKE-START"], row["HIGH-WATERMARK"]) == (
+            "0", f"0-{end - 1}", str(end), str(end)
+        )
+        assert int(row["TABLE-BYTES"]) > 0 and row["INTAKE-BYTES"] == "0"
 
 
 def consume_group(broker: BrokerProcess, topic: str, group: str, count: int, commit_at: int | None = None) -> list[Rec]:
@@ -198,3 +215,40 @@ def test_log_append_time_comes_back_as_log_append_time(
     for name, before in from_intake.items():
         after = CLIENTS[name].consume(lake_broker.bootstrap, topic, [0], "earliest", 20)
         assert after == before, name  # timestamps, their type, offsets and payloads
+
+
+def test_kafka_retention_moves_the_visible_log_start_and_keeps_table_rows(
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_store: MetadataStore, lake_spark: Any
+) -> None:
+    """retention.ms drops whole table files from what consumers see (durably), never rows from the table."""
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    topic = "rb-retention"
+    create_topic(lake_broker.bootstrap, topic, partitions=1, configs=TRIM)
+    old = sample_records(15, 1, seed=11, base_ts=now_ms() - 3 * 3600_000)  # three hours old
+    offsets = ConfluentClient().produce(lake_broker.bootstrap, topic, old, codec="lz4")
+    archive_and_trim(lake_archiver, lake_store, topic,
+                     [replace(r, offset=o) for r, o in zip(old, offsets, strict=True)])
+    new = sample_records(15, 1, seed=12)
+    offsets = ConfluentClient().produce(lake_broker.bootstrap, topic, new, codec="lz4")
+    recent = [replace(r, offset=o) for r, o in zip(new, offsets, strict=True)]
+    archive_and_trim(lake_archiver, lake_store, topic, recent)
+    assert ConfluentClient().watermarks(lake_broker.bootstrap, topic, 0) == (0, 30)
+
+    admin = AdminClient({"bootstrap.servers": lake_broker.bootstrap})
+
+    def set_retention(value: str) -> None:
+        resource = ConfigResource("topic", topic, set_config={"retention.ms": value})
+        admin.alter_configs([resource])[resource].result(30)
+
+    set_retention("3600000")  # one hour: the first archive's file holds only older records
+    wait_for(lambda: ConfluentClient().watermarks(lake_broker.bootstrap, topic, 0) == (15, 30), 30)
+    assert comparable(read_back("confluent", lake_broker, topic, [0], 15)) == comparable(recent)
+
+    # Unlimited again, and a restart: the log start consumers see never moves back (it is stored) ...
+    set_retention("-1")
+    lake_broker.restart()
+    assert ConfluentClient().watermarks(lake_broker.bootstrap, topic, 0) == (15, 30)
+    assert comparable(read_back("kafka-python", lake_broker, topic, [0], 15)) == comparable(recent)
+    # ... and the table still holds every row: table rows are removed only explicitly (DELETE FROM).
+    assert lake_spark.sql(f"SELECT count(*) AS n FROM lake.icelog.`{topic}`").collect()[0].n == 30

@@ -181,6 +181,7 @@ class LogManager:
             logs.append(
                 PartitionLog(record.topic_id, part.partition, part.log_start_offset, part.high_watermark, self.files)
             )
+            logs[-1].retention_start_offset = part.retention_start_offset
         if self.older_sources is not None:
             for part_log in logs:
                 part_log.older_sources = self.older_sources(record, config, part_log.partition)
@@ -377,6 +378,8 @@ class LogManager:
                 states = self.store.archive_states(state.record.topic_id)
                 archived = {a.partition: a.archived_offset for a in states}
             for part in state.partitions:
+                if archived is not None:
+                    self._move_retention_start(state.name, part, retention_ms, retention_bytes, now_ms)
                 new_start = part.log_start_offset
                 remaining = part.intake_bytes
                 readable_end = max((s.end_offset() or 0 for s in part.older_sources), default=0)
@@ -403,6 +406,21 @@ class LogManager:
         if dropped:
             self._delete_unreferenced_files()
         return dropped
+
+    def _move_retention_start(
+        self, topic: str, part: PartitionLog, retention_ms: int, retention_bytes: int, now_ms: int
+    ) -> None:
+        """Kafka retention of an archived partition read back from its table: move the visible log start.
+
+        Table rows are never deleted here; only the offsets consumers may read move (durably, forward).
+        """
+        for source in part.older_sources:
+            kept = source.retention_start(retention_ms, retention_bytes, now_ms)
+            if kept is not None and kept > part.retention_start_offset:
+                self.store.move_retention_start(part.topic_id, part.partition, kept)
+                part.retention_start_offset = kept
+                log.info("retention: %s-%d log start consumers see is now %d (table rows are kept)",
+                         topic, part.partition, kept)
 
     def _release_chunk(self, chunk: IntakeChunk) -> None:
         self._file_refs[chunk.file_id] -= 1

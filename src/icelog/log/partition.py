@@ -42,7 +42,11 @@ class OffsetRangeSource(Protocol):
 
     def read(self, offset: int, max_bytes: int) -> list[bytes]: ...
 
-    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None: ...
+    def offset_for_timestamp(self, timestamp_ms: int, min_offset: int) -> tuple[int, int] | None: ...
+
+    def retention_start(self, retention_ms: int, retention_bytes: int, now_ms: int) -> int | None:
+        """The first offset Kafka retention keeps of what the source holds (its cached plan), or None."""
+        ...
 
 
 class PartitionLog:
@@ -74,6 +78,8 @@ class PartitionLog:
         self._cache_lock = threading.Lock()  # readers on several worker threads share the cache
         # Older offsets served from elsewhere (the Iceberg archive) plug in here, checked in order.
         self.older_sources: list[OffsetRangeSource] = []
+        # Where Kafka retention moved the log start consumers see over the older sources (stored; 0: never).
+        self.retention_start_offset = 0
         # Idempotent-producer sequences and transaction state (rebuilt from the intake at start-up).
         self.producers = ProducerStateTable()
         self.txn_index = TxnIndex()
@@ -147,7 +153,7 @@ class PartitionLog:
         for source in self.older_sources:
             first = source.start_offset()
             if first is not None and first < start:
-                start = first
+                start = max(first, self.retention_start_offset)
         return start
 
     def check_fetch_offset(self, offset: int) -> None:
@@ -226,7 +232,7 @@ class PartitionLog:
         Older sources (the table) first, then the intake; may read files, so call it off the event loop.
         """
         for source in self.older_sources:
-            found = source.offset_for_timestamp(timestamp_ms)
+            found = source.offset_for_timestamp(timestamp_ms, self.visible_start_offset)
             if found is not None:
                 return found
         for chunk in self.chunks:

@@ -195,19 +195,37 @@ class TableSource:
                 offset = max(offset, built.lasts[-1] + 1)
         return out
 
-    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first archived record whose timestamp is >= timestamp_ms."""
+    def retention_start(self, retention_ms: int, retention_bytes: int, now_ms: int) -> int | None:
+        """The first offset Kafka retention keeps, by whole data files as Kafka does by segments (cached plan).
+
+        A file goes once all its records are older than retention.ms, or while the files after it still
+        hold retention.bytes. None: nothing is archived.
+        """
+        slices = self._plan.slices
+        if not slices:
+            return None
+        remaining = sum(s.size for s in slices)
+        for file_slice in slices:
+            too_old = retention_ms >= 0 and file_slice.max_timestamp_ms < now_ms - retention_ms
+            too_big = retention_bytes >= 0 and remaining - file_slice.size >= retention_bytes
+            if not (too_old or too_big):
+                return file_slice.lower
+            remaining -= file_slice.size
+        return self._plan.end
+
+    def offset_for_timestamp(self, timestamp_ms: int, min_offset: int = 0) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first archived record at or past min_offset whose timestamp is >= timestamp_ms."""
         try:
             plan = self._current(0)
         except Exception:
             log.exception("read-back: planning %s partition %d failed", ".".join(self.identifier), self.partition)
             plan = self._plan
-        for index, file_slice in enumerate(plan.slices):
-            if file_slice.max_timestamp_ms < timestamp_ms:
+        for file_slice in plan.slices:
+            if file_slice.max_timestamp_ms < timestamp_ms or file_slice.upper < min_offset:
                 continue
-            built = self._built(plan.slices[index])
+            built = self._built(file_slice)
             for offset, ts in zip(built.offsets, built.timestamps, strict=True):
-                if ts >= timestamp_ms:
+                if ts >= timestamp_ms and offset >= min_offset:
                     return offset, ts
         return None
 
@@ -336,27 +354,47 @@ def _slices_from(plan: _Plan, offset: int) -> list[int]:
     return [i for i in range(first, len(plan.slices)) if plan.slices[i].upper >= offset]
 
 
-def _plan_partition(table: Any, snapshot_id: int, partition: int) -> _Plan:
-    """The partition's data files in offset order (pyiceberg planning: partition pruning, delete files)."""
+def _slices(table: Any, snapshot_id: int, row_filter: str | None) -> list[tuple[int, FileSlice]]:
+    """(Kafka partition, slice) of each data file the scan plans (pyiceberg: partition pruning, delete files)."""
     from pyiceberg.conversions import from_bytes
-    from pyiceberg.types import LongType, TimestamptzType
+    from pyiceberg.types import IntegerType, LongType, TimestamptzType
 
     schema = table.schema()
-    offset_id = schema.find_field("kafka.offset").field_id
-    event_id = schema.find_field("kafka.event_timestamp").field_id
-    slices = []
-    for task in table.scan(row_filter=f"kafka.partition = {partition}", snapshot_id=snapshot_id).plan_files():
+    ids = {name: schema.find_field(f"kafka.{name}").field_id for name in ("partition", "offset", "event_timestamp")}
+
+    def bound(bounds: Any, name: str, kind: Any, default: int) -> int:
+        raw = bounds.get(ids[name]) if bounds else None
+        return default if raw is None else int(from_bytes(kind, raw))
+
+    out = []
+    from pyiceberg.expressions import AlwaysTrue
+
+    for task in table.scan(row_filter=row_filter or AlwaysTrue(), snapshot_id=snapshot_id).plan_files():
         data = task.file
-        lower = data.lower_bounds.get(offset_id) if data.lower_bounds else None
-        upper = data.upper_bounds.get(offset_id) if data.upper_bounds else None
-        event = data.upper_bounds.get(event_id) if data.upper_bounds else None
-        slices.append(FileSlice(
+        out.append((bound(data.lower_bounds, "partition", IntegerType(), -1), FileSlice(
             task,
-            0 if lower is None else int(from_bytes(LongType(), lower)),
-            2**62 if upper is None else int(from_bytes(LongType(), upper)),
-            2**62 if event is None else int(from_bytes(TimestamptzType(), event)) // 1000,
+            bound(data.lower_bounds, "offset", LongType(), 0),
+            bound(data.upper_bounds, "offset", LongType(), 2**62),
+            bound(data.upper_bounds, "event_timestamp", TimestamptzType(), 2**62 * 1000) // 1000,
             int(data.file_size_in_bytes),
-        ))
-    slices.sort(key=lambda s: (s.lower, s.upper))
+        )))
+    return out
+
+
+def _plan_partition(table: Any, snapshot_id: int, partition: int) -> _Plan:
+    """The partition's data files in offset order."""
+    slices = sorted((s for _, s in _slices(table, snapshot_id, f"kafka.partition = {partition}")),
+                    key=lambda s: (s.lower, s.upper))
     return _Plan(snapshot_id, slices, [s.lower for s in slices])
 
+
+def partition_ranges(table: Any) -> dict[int, tuple[int, int, int]]:
+    """Per Kafka partition: (first offset, one past the last, data file bytes), from one scan plan (status)."""
+    snapshot = table.current_snapshot()
+    out: dict[int, tuple[int, int, int]] = {}
+    if snapshot is None:
+        return out
+    for partition, file_slice in _slices(table, snapshot.snapshot_id, None):
+        first, end, size = out.get(partition, (2**62, 0, 0))
+        out[partition] = (min(first, file_slice.lower), max(end, file_slice.upper + 1), size + file_slice.size)
+    return out
