@@ -30,7 +30,8 @@ def _varint(value: int) -> bytes:
     return _VARINTS[value + 1] if -1 <= value < _SMALL else encode_varint(value)
 
 
-def _header_bytes(headers: Sequence[Header]) -> bytes:
+def header_section(headers: Sequence[Header]) -> bytes:
+    """A record's headers as stored: the count, then each key and value, length-prefixed."""
     out = [_varint(len(headers))]
     for hkey, hvalue in headers:
         raw = hkey.encode()
@@ -58,7 +59,7 @@ def encode_batch(base_offset: int, rows: Sequence[Row], log_append_time: bool = 
             varints[delta + 1] if delta < small else encode_varint(delta),
             b"\x01" if key is None else _varint(len(key)) + key,
             b"\x01" if value is None else _varint(len(value)) + value,
-            _header_bytes(headers) if headers else b"\x00",
+            header_section(headers) if headers else b"\x00",
         ))
         size = len(record)
         append(varints[size + 1] if size < small else encode_varint(size))

@@ -19,12 +19,14 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.readback.batches import Header, Row, encode_batch
+from icelog.readback.batches import header_section
+from icelog.readback.columnar import as_binary, encode_batches
 from icelog.readback.lake import LakeTables
 from icelog.schema.archive.iceberg_types import RAW
 from icelog.schema.archive.rebuild import Rebuilder, Schemas, rebuild_headers
@@ -56,8 +58,8 @@ class BuiltFile:
     bases: list[int] = field(default_factory=list)
     lasts: list[int] = field(default_factory=list)
     batches: list[bytes] = field(default_factory=list)
-    offsets: list[int] = field(default_factory=list)
-    timestamps: list[int] = field(default_factory=list)
+    offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    timestamps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     size: int = 0
 
 
@@ -224,9 +226,9 @@ class TableSource:
             if file_slice.max_timestamp_ms < timestamp_ms or file_slice.upper < min_offset:
                 continue
             built = self._built(file_slice)
-            for offset, ts in zip(built.offsets, built.timestamps, strict=True):
-                if ts >= timestamp_ms and offset >= min_offset:
-                    return offset, ts
+            hits = np.flatnonzero((built.timestamps >= timestamp_ms) & (built.offsets >= min_offset))
+            if len(hits):
+                return int(built.offsets[hits[0]]), int(built.timestamps[hits[0]])
         return None
 
     def _built(self, file_slice: FileSlice) -> BuiltFile:
@@ -239,13 +241,11 @@ class TableSource:
             built = build_file(rows, self.log_append_time)
             self._cache.put(key, built)
             log.info("read-back: %s partition %d: %d rows of %s in %d batches (read %.2fs, built %.2fs)",
-                     ".".join(self.identifier), self.partition, len(rows), file_slice.task.file.file_path,
+                     ".".join(self.identifier), self.partition, len(rows.offsets), file_slice.task.file.file_path,
                      len(built.batches), read_s, time.perf_counter() - started - read_s)
         return built
 
-    def _read_rows(
-        self, table: Any, file_slice: FileSlice
-    ) -> list[tuple[int, int, bytes | None, bytes | None, Sequence[Header], int]]:
+    def _read_rows(self, table: Any, file_slice: FileSlice) -> Columns:
         if not file_slice.task.delete_files and _raw_layout(table.schema()):
             # Nothing to apply and no evolved columns: read the file's columns straight with pyarrow (the
             # identity partition puts one Kafka partition in a file), skipping pyiceberg's projection.
@@ -253,26 +253,47 @@ class TableSource:
 
             with table.io.new_input(file_slice.task.file.file_path).open() as stream:
                 arrow = pq.read_table(stream, columns=list(_RAW_COLUMNS))
-            return self._rows(_sorted(arrow))
+            return self._columns(_sorted(arrow))
         from pyiceberg.expressions.parser import parse
         from pyiceberg.io.pyarrow import ArrowScan
 
         scan = ArrowScan(table.metadata, table.io, table.schema(), parse(f"kafka.partition = {self.partition}"))
-        return self._rows(_sorted(scan.to_table([file_slice.task])))
+        return self._columns(_sorted(scan.to_table([file_slice.task])))
 
-    def _rows(self, arrow: Any) -> list[tuple[int, int, bytes | None, bytes | None, Sequence[Header], int]]:
-        """(offset, timestamp ms, key, value, headers) of each row, the payloads rebuilt as produced."""
+    def _columns(self, arrow: Any) -> Columns:
+        """The file's rows as columns, payloads as produced (`__raw__`, or rebuilt from decoded columns)."""
         import pyarrow.compute as pc
 
         kafka = arrow.column("kafka")
-        offsets = pc.struct_field(kafka, "offset").to_pylist()
-        event = pc.struct_field(kafka, "event_timestamp").cast("int64")
-        timestamps = pc.floor(pc.divide(event, 1000)).cast("int64").to_pylist() if len(arrow) else []
-        starts = pc.struct_field(kafka, "batch_start").to_pylist()
-        keys = _payloads(arrow.column("key"), self._keys)
-        values = _payloads(arrow.column("value"), self._values)
-        headers = _headers(arrow.column("headers"))
-        return list(zip(offsets, timestamps, keys, values, headers, starts, strict=True))
+        if len(arrow) == 0:
+            return Columns.empty()
+
+        def ints(values: Any) -> np.ndarray:
+            return np.asarray(values.to_numpy(zero_copy_only=False), np.int64)
+
+        event_us = ints(pc.struct_field(kafka, "event_timestamp").cast("int64"))
+        return Columns(
+            ints(pc.struct_field(kafka, "offset")), event_us // 1000, ints(pc.struct_field(kafka, "batch_start")),
+            _payloads(arrow.column("key"), self._keys), _payloads(arrow.column("value"), self._values),
+            _headers(arrow.column("headers")),
+        )
+
+
+@dataclass(frozen=True)
+class Columns:
+    """A data file's rows (offset order): offsets, timestamps (ms), batch starts, keys, values, headers."""
+
+    offsets: np.ndarray
+    timestamps: np.ndarray
+    starts: np.ndarray
+    keys: Any  # large_binary arrays
+    values: Any
+    headers: list[bytes] | None  # each row's encoded headers section; None: no row has any
+
+    @staticmethod
+    def empty() -> Columns:
+        none = np.zeros(0, np.int64)
+        return Columns(none, none, none, as_binary([]), as_binary([]), None)
 
 
 _RAW_COLUMNS = ("key", "value", "headers", "kafka")
@@ -297,54 +318,45 @@ def _sorted(arrow: Any) -> Any:
     return arrow.take(pc.sort_indices(offsets))
 
 
-def _headers(column: Any) -> list[Sequence[Header]]:
-    """Each row's headers; only rows that have any are converted (most records carry none)."""
+def _headers(column: Any) -> list[bytes] | None:
+    """Each row's encoded headers section, or None when no row has headers (most topics)."""
     import pyarrow.compute as pc
 
     lengths = pc.fill_null(pc.list_value_length(column), 0)
-    out: list[Sequence[Header]] = [()] * len(column)
-    if pc.max(lengths).as_py():
-        for index in pc.indices_nonzero(lengths).to_pylist():
-            out[index] = rebuild_headers(column[index].as_py())
+    if not pc.max(lengths).as_py():
+        return None
+    out = [b"\x00"] * len(column)
+    for index in pc.indices_nonzero(lengths).to_pylist():
+        out[index] = header_section(rebuild_headers(column[index].as_py()))
     return out
 
 
-def _payloads(column: Any, rebuilder: Rebuilder) -> list[bytes | None]:
-    """A side's bytes per row: straight from `__raw__` when the struct holds nothing else, else rebuilt."""
+def _payloads(column: Any, rebuilder: Rebuilder) -> Any:
+    """A side's bytes per row (large_binary): straight from `__raw__` when the struct holds nothing else."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     kind = column.type
     if isinstance(kind, pa.StructType) and kind.num_fields == 1 and kind.field(0).name == RAW:
-        column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
         raw = pc.struct_field(column, RAW)
         if column.null_count:  # a null side (no key at all) is a null payload whatever its child holds
             raw = pc.if_else(column.is_valid(), raw, pa.scalar(None, raw.type))
-        return raw.to_pylist()
-    return [rebuilder.payload(side) for side in column.to_pylist()]
+        return as_binary(raw)
+    return as_binary([rebuilder.payload(side) for side in column.to_pylist()])
 
 
-def build_file(rows: Sequence[tuple[int, int, bytes | None, bytes | None, Sequence[Header], int]],
-               log_append_time: bool) -> BuiltFile:
-    """Record batches of one file's rows (offset order): one per run of rows sharing kafka.batch_start."""
+def build_file(columns: Columns, log_append_time: bool) -> BuiltFile:
+    """Record batches of one file's rows: one per run of rows sharing kafka.batch_start (columnar.py)."""
     built = BuiltFile()
-    i = 0
-    while i < len(rows):
-        start = rows[i][5]
-        j = i + 1
-        while j < len(rows) and rows[j][5] == start:
-            j += 1
-        group: list[Row] = [(r[0], r[1], r[2], r[3], r[4]) for r in rows[i:j]]
-        base = min(start, group[0][0])
-        batch = encode_batch(base, group, log_append_time)
+    for base, last, batch in encode_batches(columns.offsets, columns.timestamps, columns.starts, columns.keys,
+                                            columns.values, columns.headers, log_append_time):
         built.bases.append(base)
-        built.lasts.append(group[-1][0])
+        built.lasts.append(last)
         built.batches.append(batch)
         built.size += len(batch)
-        i = j
-    built.offsets = [r[0] for r in rows]
-    built.timestamps = [r[1] for r in rows]
-    built.size += 16 * len(rows)
+    built.offsets, built.timestamps = columns.offsets, columns.timestamps
+    built.size += 16 * len(columns.offsets)
     return built
 
 
