@@ -252,3 +252,49 @@ def test_kafka_retention_moves_the_visible_log_start_and_keeps_table_rows(
     assert comparable(read_back("kafka-python", lake_broker, topic, [0], 15)) == comparable(recent)
     # ... and the table still holds every row: table rows are removed only explicitly (DELETE FROM).
     assert lake_spark.sql(f"SELECT count(*) AS n FROM lake.icelog.`{topic}`").collect()[0].n == 30
+
+
+def test_read_committed_consumers_see_nothing_aborted_from_the_table(
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_store: MetadataStore
+) -> None:
+    """Aborted records and markers are not rows: from the table, both isolation levels read committed records."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+    topic = "rb-txn"
+    create_topic(lake_broker.bootstrap, topic, partitions=1, configs=TRIM)
+    committer, aborter = (Producer({"bootstrap.servers": lake_broker.bootstrap, "transactional.id": f"rb-{name}"})
+                          for name in ("commit", "abort"))
+    for producer in (committer, aborter):
+        producer.init_transactions(30)
+        producer.begin_transaction()
+    for i in range(6):
+        committer.produce(topic, value=f"c{i}".encode(), partition=0)
+        aborter.produce(topic, value=f"a{i}".encode(), partition=0)
+        committer.flush(30)
+        aborter.flush(30)
+    committer.commit_transaction(30)
+    aborter.abort_transaction(30)
+    plain = Producer({"bootstrap.servers": lake_broker.bootstrap})
+    plain.produce(topic, value=b"after", partition=0)
+    assert plain.flush(30) == 0
+    high = lake_store.partitions(topic_id(lake_store, topic))[0].high_watermark
+    results = lake_archiver.run_pass(force=True, topics={topic})
+    assert [r.error for r in results] == [""], results
+    wait_trimmed(lake_store, topic, {0: high})
+
+    for isolation in ("read_committed", "read_uncommitted"):
+        consumer = Consumer({"bootstrap.servers": lake_broker.bootstrap, "group.id": f"rb-txn-{isolation}",
+                             "isolation.level": isolation, "enable.partition.eof": True})
+        # (From the log start: the table's first offset, which is 0 only if a committed record got offset 0.)
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        values = []
+        try:
+            while True:
+                msg = consumer.poll(30)
+                assert msg is not None, values
+                if msg.error():
+                    break  # end of partition
+                values.append(msg.value())
+        finally:
+            consumer.close()
+        assert values == [f"c{i}".encode() for i in range(6)] + [b"after"], isolation

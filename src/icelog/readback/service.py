@@ -51,11 +51,6 @@ class ReadBack:
             self._sources[key] = source
         return source
 
-    def forget_topic(self, topic_id: uuid.UUID) -> None:
-        with self._lock:
-            for key in [k for k in self._sources if k[0] == topic_id]:
-                del self._sources[key]
-
     def refresh_all(self) -> None:
         """Re-plan every source whose table has a new snapshot (a worker thread, about every second)."""
         with self._lock:

@@ -124,6 +124,8 @@ class TableSource:
         self._values = Rebuilder(schemas)
         self._plan = _EMPTY
         self._lock = threading.Lock()
+        self._groups: dict[str, list[tuple[int, int]]] = {}  # data file → kafka.offset range of each row group
+        self._raw = False  # the table has the raw layout (key and value are only `__raw__`)
 
     # -- the plan ------------------------------------------------------------------------------
     def refresh(self, fresh: bool = False) -> None:
@@ -137,6 +139,9 @@ class TableSource:
         plan = _EMPTY if snapshot is None else _plan_partition(table, snapshot.snapshot_id, self.partition)
         with self._lock:
             self._plan = plan
+            self._raw = table is not None and _raw_layout(table.schema())
+            current = {s.task.file.file_path for s in plan.slices}
+            self._groups = {path: groups for path, groups in self._groups.items() if path in current}
 
     def start_offset(self) -> int | None:
         """The first offset the table holds for the partition (cached plan; None: nothing archived)."""
@@ -183,19 +188,33 @@ class TableSource:
         out: list[bytes] = []
         size = 0
         for index in _slices_from(plan, offset):
-            built = self._built(plan.slices[index])
-            start = bisect.bisect_left(built.lasts, offset)
-            for i in range(start, len(built.batches)):
-                batch = built.batches[i]
-                if out and size + len(batch) > max_bytes:
+            for group in self._row_groups(plan.slices[index], offset):
+                built = self._built(plan.slices[index], group)
+                start = bisect.bisect_left(built.lasts, offset)
+                for i in range(start, len(built.batches)):
+                    batch = built.batches[i]
+                    if out and size + len(batch) > max_bytes:
+                        return out
+                    out.append(batch)
+                    size += len(batch)
+                if size >= max_bytes:
                     return out
-                out.append(batch)
-                size += len(batch)
-            if size >= max_bytes:
-                break
-            if out:
-                offset = max(offset, built.lasts[-1] + 1)
+                if out:
+                    offset = max(offset, built.lasts[-1] + 1)
         return out
+
+    def _row_groups(self, file_slice: FileSlice, offset: int) -> list[int | None]:
+        """The units a file is read in: its row groups holding offsets >= `offset` when it can be read
+        straight with pyarrow (so a seek decodes one row group, not the file), else the whole file (None)."""
+        if file_slice.task.delete_files or not self._raw:
+            return [None]
+        path = file_slice.task.file.file_path
+        groups = self._groups.get(path)
+        if groups is None:
+            groups = _offset_ranges(self.tables.table(self.identifier), path)
+            with self._lock:
+                self._groups[path] = groups
+        return [index for index, (_low, high) in enumerate(groups) if high >= offset]
 
     def retention_start(self, retention_ms: int, retention_bytes: int, now_ms: int) -> int | None:
         """The first offset Kafka retention keeps, by whole data files as Kafka does by segments (cached plan).
@@ -225,18 +244,19 @@ class TableSource:
         for file_slice in plan.slices:
             if file_slice.max_timestamp_ms < timestamp_ms or file_slice.upper < min_offset:
                 continue
-            built = self._built(file_slice)
-            hits = np.flatnonzero((built.timestamps >= timestamp_ms) & (built.offsets >= min_offset))
-            if len(hits):
-                return int(built.offsets[hits[0]]), int(built.timestamps[hits[0]])
+            for group in self._row_groups(file_slice, min_offset):
+                built = self._built(file_slice, group)
+                hits = np.flatnonzero((built.timestamps >= timestamp_ms) & (built.offsets >= min_offset))
+                if len(hits):
+                    return int(built.offsets[hits[0]]), int(built.timestamps[hits[0]])
         return None
 
-    def _built(self, file_slice: FileSlice) -> BuiltFile:
-        key = (file_slice.key, self.partition, self.log_append_time)
+    def _built(self, file_slice: FileSlice, group: int | None = None) -> BuiltFile:
+        key = (file_slice.key, group, self.partition, self.log_append_time)
         built = self._cache.get(key)
         if built is None:
             started = time.perf_counter()
-            rows = self._read_rows(self.tables.table(self.identifier), file_slice)
+            rows = self._read_rows(self.tables.table(self.identifier), file_slice, group)
             read_s = time.perf_counter() - started
             built = build_file(rows, self.log_append_time)
             self._cache.put(key, built)
@@ -245,14 +265,14 @@ class TableSource:
                      len(built.batches), read_s, time.perf_counter() - started - read_s)
         return built
 
-    def _read_rows(self, table: Any, file_slice: FileSlice) -> Columns:
-        if not file_slice.task.delete_files and _raw_layout(table.schema()):
-            # Nothing to apply and no evolved columns: read the file's columns straight with pyarrow (the
+    def _read_rows(self, table: Any, file_slice: FileSlice, group: int | None) -> Columns:
+        if group is not None:
+            # Nothing to apply and no evolved columns: read the row group straight with pyarrow (the
             # identity partition puts one Kafka partition in a file), skipping pyiceberg's projection.
             import pyarrow.parquet as pq
 
             with table.io.new_input(file_slice.task.file.file_path).open() as stream:
-                arrow = pq.read_table(stream, columns=list(_RAW_COLUMNS))
+                arrow = pq.ParquetFile(stream).read_row_group(group, columns=list(_RAW_COLUMNS))
             return self._columns(_sorted(arrow))
         from pyiceberg.expressions.parser import parse
         from pyiceberg.io.pyarrow import ArrowScan
@@ -297,6 +317,24 @@ class Columns:
 
 
 _RAW_COLUMNS = ("key", "value", "headers", "kafka")
+
+
+def _offset_ranges(table: Any, path: str) -> list[tuple[int, int]]:
+    """(min, max) kafka.offset of each row group of a data file, from its Parquet footer statistics."""
+    import pyarrow.parquet as pq
+
+    with table.io.new_input(path).open() as stream:
+        metadata = pq.ParquetFile(stream).metadata
+    out = []
+    for index in range(metadata.num_row_groups):
+        group = metadata.row_group(index)
+        low, high = 0, 2**62  # no statistics: the row group may hold any offset
+        for column in range(group.num_columns):
+            chunk = group.column(column)
+            if chunk.path_in_schema == "kafka.offset" and chunk.statistics is not None and chunk.statistics.has_min_max:
+                low, high = int(chunk.statistics.min), int(chunk.statistics.max)
+        out.append((low, high))
+    return out
 
 
 def _raw_layout(schema: Any) -> bool:
