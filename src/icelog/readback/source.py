@@ -151,10 +151,6 @@ class TableSource:
         """One past the last offset the table holds (cached plan)."""
         return self._plan.end
 
-    def table_bytes(self) -> int:
-        """Bytes of the partition's data files (Parquet, compressed)."""
-        return sum(s.size for s in self._plan.slices)
-
     def _current(self, offset: int) -> _Plan:
         self.refresh()
         plan = self._plan
