@@ -113,7 +113,10 @@ def main() -> None:
     }
     try:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-        admin.create_topics([NewTopic(TOPIC, 1, 1, config={"icelog.intake.retention.ms": "-1"})])[TOPIC].result(30)
+        admin.create_topics([NewTopic(TOPIC, 1, 1, config={
+            "icelog.intake.retention.ms": "-1",
+            "icelog.archive.max.lag.bytes": str(1 << 40),  # no archiver runs while producing: no back-pressure
+        })])[TOPIC].result(30)
         print(f"produced {args.records} records in {produce(broker.bootstrap, args.records):.1f}s", flush=True)
         if not args.seek_only:
             intake_s = kcat_read(broker.bootstrap, args.records)
