@@ -26,6 +26,7 @@ CONFIG = {"icelog.config", "icelog.topics", "icelog.topic_configs"} | ERRORS
 EVERYTHING_BUT_CLI = {
     "icelog.errors", "icelog.faults", "icelog.config", "icelog.topics", "icelog.topic_configs", "icelog.meta",
     "icelog.log", "icelog.coordinator", "icelog.schema", "icelog.lake", "icelog.pipeline", "icelog.wire",
+    "icelog.readback",
 }
 
 # module or package → the icelog modules/packages it may import (besides its own top-level package). Every
@@ -50,6 +51,10 @@ ALLOWED: dict[str, set[str]] = {
     "icelog.lake": CONFIG,
     # The archive job reads the intake's file format and batch headers (read-only) and writes the lake.
     "icelog.pipeline": CONFIG | {"icelog.meta", "icelog.log", "icelog.lake", "icelog.schema"},
+    # Read-back: Kafka record batches from the archive tables (pyiceberg, pyarrow). Knows the lake and how
+    # rows rebuild payloads (schema.archive), of the log only the batch layout and varints; never the wire.
+    "icelog.readback": CONFIG | {"icelog.lake", "icelog.schema.archive", "icelog.log.record_format",
+                                 "icelog.log.varint"},
     # The Kafka protocol: knows nothing of Iceberg or Spark; of schemas only produce-time enforcement.
     "icelog.wire": CONFIG | {"icelog.meta", "icelog.log", "icelog.coordinator", "icelog.schema.enforce"},
     # The broker process assembles the layers (the archiver is a child process it supervises).

@@ -253,6 +253,17 @@ def test_trim_to_high_watermark_empties_the_partition(store: MetadataStore) -> N
     assert offsets(store, tid) == [(9, 11)]
 
 
+def test_retention_start_only_moves_forward_and_survives_reopen(open_same_store: OpenStore) -> None:
+    store = open_same_store()
+    tid = store.create_topic("orders", 2, {}).topic_id
+    assert [p.retention_start_offset for p in store.partitions(tid)] == [0, 0]
+    store.move_retention_start(tid, 1, 40)
+    store.move_retention_start(tid, 1, 25)  # never back
+    store.close()
+    again = open_same_store()
+    assert [(p.retention_start_offset, p.log_start_offset) for p in again.partitions(tid)] == [(0, 0), (40, 0)]
+
+
 def test_reopen_keeps_everything(open_same_store: OpenStore) -> None:
     store = open_same_store()
     orders = store.create_topic("orders", 2, {"retention.ms": "1000"})
@@ -404,6 +415,7 @@ def test_every_write_a_client_is_answered_about_is_durable(
         "delete_offsets": lambda: store.delete_offsets("g", [("orders", 0)]),
         "save_transaction": lambda: store.save_transaction(TransactionRecord("t", 1, 0, 60000, "Ongoing")),
         "trim_intake (files are deleted next)": lambda: store.trim_intake(tid, 0, 5),
+        "move_retention_start (consumers are refused below it)": lambda: store.move_retention_start(tid, 0, 5),
         "registry_add_version": lambda: store.registry_add_version("s", "PROTOBUF", "x", [], "fp", None),
         "registry_set_compatibility": lambda: store.registry_set_compatibility("s", "NONE"),
         "registry_delete_versions": lambda: store.registry_delete_versions("s", [1], permanent=False),

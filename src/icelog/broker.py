@@ -13,11 +13,16 @@ from icelog.coordinator.groups import GroupCoordinator, GroupSettings
 from icelog.coordinator.transactions import TransactionCoordinator
 from icelog.log import pressure
 from icelog.log.manager import LogManager
-from icelog.meta.store import open_store
+from icelog.log.partition import OffsetRangeSource
+from icelog.meta.store import TopicRecord, open_store
 from icelog.pipeline.service import ArchiverProcess
+from icelog.readback.service import ReadBack
+from icelog.schema.archive.registry_source import HttpSchemaSource as HttpArchiveSchemas
+from icelog.schema.archive.registry_source import StoreSchemaSource
 from icelog.schema.enforce.enforcement import Enforcer, HttpSchemaSource, LocalSchemaSource, SchemaSource
 from icelog.schema.registry.server import RegistryServer
 from icelog.schema.registry.service import RegistryService
+from icelog.topics import EffectiveConfig
 from icelog.wire.context import BrokerState
 from icelog.wire.server import KafkaServer
 
@@ -51,10 +56,22 @@ class Broker:
         self.state.enforcer = Enforcer(self.schema_source, settings.registry_cache_ttl_ms, settings.topic_defaults)
         self._stopping = asyncio.Event()
         self.archiver: ArchiverProcess | None = None
+        # Read-back: partitions of archived topics serve offsets below the intake from the Iceberg table.
+        schemas = (HttpArchiveSchemas(settings.registry_url) if settings.registry_url
+                   else StoreSchemaSource(self.logs.store))
+        self.readback = ReadBack(settings, schemas)
+        if self.readback.enabled:
+            self.logs.older_sources = self._older_sources
+
+    def _older_sources(self, record: TopicRecord, config: EffectiveConfig, partition: int) -> list[OffsetRangeSource]:
+        source = self.readback.source(record.topic_id, record.name, record.configs, partition, config.log_append_time)
+        return [] if source is None else [source]
 
     async def run(self) -> None:
         """Recover, serve until SIGINT/SIGTERM, then shut down cleanly."""
         self.logs.open()
+        # Plan the tables before serving: the log start consumers see must be the table's from the start.
+        await asyncio.to_thread(self.readback.refresh_all)
         self.logs.start()
         self.groups.load()
         self.transactions.load()
@@ -79,6 +96,7 @@ class Broker:
             self.archiver = ArchiverProcess(self.settings)
             self.archiver.start()
         upkeep = asyncio.create_task(self._upkeep())
+        readback_task = asyncio.create_task(self._refresh_readback())
         pressure_task = asyncio.create_task(self._refresh_pressure())
         print(
             f"icelog serving Kafka on {self.state.advertised_host}:{self.state.advertised_port} "
@@ -92,6 +110,7 @@ class Broker:
         await asyncio.wait({stop_wait, writer_task}, return_when=asyncio.FIRST_COMPLETED)
         upkeep.cancel()
         pressure_task.cancel()
+        readback_task.cancel()
         if self.archiver is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.archiver.stop)
         await self.server.stop()
@@ -118,6 +137,12 @@ class Broker:
             except Exception:
                 log.exception("retention pass failed; will retry")
 
+
+    async def _refresh_readback(self) -> None:
+        """Keep each archived partition's table plan current (so the event loop reads start offsets from memory)."""
+        while self.readback.enabled:
+            await asyncio.sleep(1.0)
+            await asyncio.to_thread(self.readback.refresh_all)
 
     async def _refresh_pressure(self) -> None:
         """Keep the back-pressure counters current (log/pressure.py): store and disk reads off the event loop."""

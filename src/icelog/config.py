@@ -94,9 +94,13 @@ class ArchiveSettings(BaseModel):
         500, ge=0, description="Default icelog.archive.idle.max.ms: complete an archive idle this long."
     )
     intake_retention_ms: int = Field(
-        -1,
+        3600000,
         ge=-1,
-        description="Default icelog.intake.retention.ms: drop archived intake older than this (-1: off).",
+        description="Default icelog.intake.retention.ms: drop archived intake older than this once consumers "
+        "can read the table instead (-1: keep it).",
+    )
+    readback_cache_bytes: int = Field(
+        256 * 1024 * 1024, gt=0, description="Record batches built from archive tables kept in memory (LRU)."
     )
     maintenance_interval_ms: int = Field(
         300_000, gt=0, description="Least time between two automatic maintenance rounds of one table."

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,8 +32,36 @@ def _archive_cells(progress: ArchiveProgress | None) -> tuple[str, ...]:
     )
 
 
+def _table_ranges(settings: Any, store: Any) -> dict[str, dict[int, tuple[int, int, int]]]:
+    """Per archived topic (whose table the broker can read back): each partition's table offsets and bytes.
+
+    One scan plan per table (manifests only, no data file is opened); a table that cannot be read shows
+    as not read back ('-') with a note on stderr.
+    """
+    from icelog.readback.lake import LakeTables, catalog_opener
+    from icelog.readback.source import partition_ranges
+    from icelog.topic_configs.archive import archive_config
+
+    opener = catalog_opener(settings)
+    if opener is None:
+        return {}
+    tables = LakeTables(opener)
+    out: dict[str, dict[int, tuple[int, int, int]]] = {}
+    for topic in store.list_topics():
+        archive = archive_config(topic.name, topic.configs, settings.topic_defaults, settings.archive)
+        if not archive.enabled:
+            continue
+        try:
+            table = tables.table(archive.identifier)
+        except Exception as exc:
+            print(f"icelog status: cannot read table {'.'.join(archive.identifier)}: {exc}", file=sys.stderr)
+            continue
+        out[topic.name] = {} if table is None else partition_ranges(table)
+    return out
+
+
 def add_parser(sub: Any) -> None:
-    status = sub.add_parser("status", help="log start, high watermark and intake size of every partition")
+    status = sub.add_parser("status", help="table and intake ranges and sizes of every partition")
     status.add_argument("--data-dir", help="the broker's data directory (default ./icelog-data)")
     status.add_argument(
         "--tables", action="store_true",
@@ -54,16 +83,26 @@ def cmd_status(args: argparse.Namespace) -> int:
     store = open_store(settings.metadata_url)
     try:
         progress = archive_progress(settings, store)
+        tables = _table_ranges(settings, store)
         rows: list[tuple[str, ...]] = [
-            ("TOPIC", "PARTITION", "LOG-START", "HIGH-WATERMARK", "RECORDS", "INTAKE-CHUNKS", "INTAKE-BYTES",
-             *ARCHIVE_COLUMNS)
+            ("TOPIC", "PARTITION", "LOG-START", "HIGH-WATERMARK", "RECORDS", "TABLE-OFFSETS", "TABLE-BYTES",
+             "INTAKE-START", "INTAKE-CHUNKS", "INTAKE-BYTES", *ARCHIVE_COLUMNS)
         ]
         for topic in store.list_topics():
+            ranges = tables.get(topic.name)
             for part in store.partitions(topic.topic_id):
                 # Per-partition totals the store keeps as chunks are indexed and trimmed: no chunk row is read.
+                table_cells = ("-", "-")
+                start = part.log_start_offset  # the consumer-visible start: the table's when it is read back
+                if ranges is not None:
+                    first, end, table_bytes = ranges.get(part.partition, (0, 0, 0))
+                    table_cells = (f"{first}-{end - 1}" if end > first else "(empty)", str(table_bytes))
+                    if end > first and first < start:  # as PartitionLog.visible_start_offset
+                        start = max(first, part.retention_start_offset)
                 rows.append((
-                    topic.name, str(part.partition), str(part.log_start_offset), str(part.high_watermark),
-                    str(part.high_watermark - part.log_start_offset), str(part.intake_chunks), str(part.intake_bytes),
+                    topic.name, str(part.partition), str(start), str(part.high_watermark),
+                    str(part.high_watermark - start), *table_cells, str(part.log_start_offset),
+                    str(part.intake_chunks), str(part.intake_bytes),
                     *_archive_cells(progress.get((topic.topic_id, part.partition))),
                 ))
     finally:

@@ -176,3 +176,16 @@ def first_record_at_or_after(batch: bytes, timestamp_ms: int) -> tuple[int, int]
         if record.timestamp >= timestamp_ms:
             return record.offset, record.timestamp
     return None
+
+
+def empty_batch(first_offset: int, last_offset: int) -> bytes:
+    """A batch with no records spanning [first_offset, last_offset], as log compaction leaves them.
+
+    Consumers move their position past it (to lastOffset + 1), so offsets with no records left (rows
+    deleted from the archive table) do not hold them where nothing else is returned.
+    """
+    out = bytearray(HEADER_SIZE)
+    HEADER.pack_into(out, 0, first_offset, HEADER_SIZE - LOG_OVERHEAD, 0, 2, 0, 0, last_offset - first_offset,
+                     -1, -1, -1, -1, -1, 0)
+    UINT32.pack_into(out, CRC, crc32c.crc32c(memoryview(out)[CRC_START:]))
+    return bytes(out)

@@ -18,7 +18,7 @@ from icelog.faults import fault_point
 from icelog.log import intake_file, pressure
 from icelog.log.batch import assign_offsets, parse_produced_batches, set_log_append_time
 from icelog.log.intake import IntakeFiles, IntakeWriter
-from icelog.log.partition import PartitionLog
+from icelog.log.partition import OffsetRangeSource, PartitionLog
 from icelog.log.producers import iter_stored_headers
 from icelog.log.snapshots import decode_state, encode_state
 from icelog.log.transactions import encode_marker_batch, marker_type
@@ -77,6 +77,9 @@ class LogManager:
         # epoch) is in an Ongoing transaction it opened (None: no verification, e.g. tools and tests).
         self.txn_verifier: Callable[[str, int, int, int], None] | None = None
         self.free_bytes: int | None = None  # of the data directory; refreshed by apply_pressure
+        # Set by the broker: the older offset range sources (the Iceberg table, readback/) of a partition
+        # of a topic, plugged into each PartitionLog; None or [] means the intake is the whole log.
+        self.older_sources: Callable[[TopicRecord, EffectiveConfig, int], list[OffsetRangeSource]] | None = None
 
     # -- life cycle ----------------------------------------------------------------------------
     def open(self) -> None:
@@ -180,6 +183,10 @@ class LogManager:
                 record.topic_id, part.partition, part.log_start_offset, part.high_watermark, self.files, self.store,
                 part.intake_bytes, self.settings.intake.index_cache_chunks,
             ))
+            logs[-1].retention_start_offset = part.retention_start_offset
+        if self.older_sources is not None:
+            for part_log in logs:
+                part_log.older_sources = self.older_sources(record, config, part_log.partition)
         archive = archive_config(record.name, record.configs, self.settings.topic_defaults, self.settings.archive)
         state = TopicState(record, config, logs, archive.max_lag_bytes if archive.enabled else None)
         if old is not None and old.record.topic_id == record.topic_id:
@@ -388,10 +395,13 @@ class LogManager:
                 states = self.store.archive_states(state.record.topic_id)
                 archived = {a.partition: a.archived_offset for a in states}
             for part in state.partitions:
+                if archived is not None:
+                    self._move_retention_start(state.name, part, retention_ms, retention_bytes, now_ms)
                 if retention_ms < 0 and retention_bytes < 0 and (archived is None or archive.intake_retention_ms < 0):
                     continue  # nothing can expire: no walk at all
                 new_start = part.log_start_offset
                 remaining = part.intake_bytes
+                readable_end = max((s.end_offset() or 0 for s in part.older_sources), default=0)
                 # Oldest first, page by page from the store's index; stops at the first chunk kept.
                 for chunk in part.chunks_from(part.log_start_offset):
                     too_old = retention_ms >= 0 and chunk.max_timestamp < now_ms - retention_ms
@@ -399,7 +409,9 @@ class LogManager:
                     if archived is not None:
                         if chunk.end_offset > archived.get(part.partition, 0):
                             break
-                        intake_ms = archive.intake_retention_ms
+                        # Only what consumers can read from the table instead (read-back on, and the
+                        # broker's plan of the table already holds it): else keep it.
+                        intake_ms = archive.intake_retention_ms if chunk.end_offset <= readable_end else -1
                         too_old = too_old or (intake_ms >= 0 and chunk.max_timestamp < now_ms - intake_ms)
                     if not (too_old or too_big) or chunk.base_offset >= part.high_watermark:
                         break
@@ -414,6 +426,21 @@ class LogManager:
         if dropped:
             self._delete_unreferenced_files()
         return dropped
+
+    def _move_retention_start(
+        self, topic: str, part: PartitionLog, retention_ms: int, retention_bytes: int, now_ms: int
+    ) -> None:
+        """Kafka retention of an archived partition read back from its table: move the visible log start.
+
+        Table rows are never deleted here; only the offsets consumers may read move (durably, forward).
+        """
+        for source in part.older_sources:
+            kept = source.retention_start(retention_ms, retention_bytes, now_ms)
+            if kept is not None and kept > part.retention_start_offset:
+                self.store.move_retention_start(part.topic_id, part.partition, kept)
+                part.retention_start_offset = kept
+                log.info("retention: %s-%d log start consumers see is now %d (table rows are kept)",
+                         topic, part.partition, kept)
 
     def _delete_unreferenced_files(self) -> None:
         """Delete intake files older than the active one that no indexed chunk references (the store says)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.log.batch import batch_max_timestamp, first_record_at_or_after, iter_stored_batches
+from icelog.log.batch import batch_max_timestamp, empty_batch, first_record_at_or_after, iter_stored_batches
 from icelog.log.producers import ProducerStateTable
 from icelog.log.transactions import AbortedRange, TxnIndex
 from icelog.meta.store import IntakeChunk
@@ -54,11 +54,24 @@ class _Hot:
 
 
 class OffsetRangeSource(Protocol):
-    """A source of record batches for a range of offsets below the intake (e.g. an Iceberg archive)."""
+    """A source of record batches for offsets below the intake (the Iceberg table, readback/source.py).
+
+    `start_offset`/`end_offset` answer from memory (the event loop asks them); `read` and
+    `offset_for_timestamp` may do I/O and run on worker threads. `read` returns whole batches from the
+    one holding `offset` (or the next one present), at least one if any, and [] past its end.
+    """
 
     def start_offset(self) -> int | None: ...
 
+    def end_offset(self) -> int | None: ...
+
     def read(self, offset: int, max_bytes: int) -> list[bytes]: ...
+
+    def offset_for_timestamp(self, timestamp_ms: int, min_offset: int) -> tuple[int, int] | None: ...
+
+    def retention_start(self, retention_ms: int, retention_bytes: int, now_ms: int) -> int | None:
+        """The first offset Kafka retention keeps of what the source holds (its cached plan), or None."""
+        ...
 
 
 class PartitionLog:
@@ -103,6 +116,8 @@ class PartitionLog:
         self._cache_lock = threading.Lock()  # readers on several worker threads share the cache
         # Older offsets served from elsewhere (the Iceberg archive) plug in here, checked in order.
         self.older_sources: list[OffsetRangeSource] = []
+        # Where Kafka retention moved the log start consumers see over the older sources (stored; 0: never).
+        self.retention_start_offset = 0
         # Idempotent-producer sequences and transaction state (rebuilt from the intake at start-up).
         self.producers = ProducerStateTable()
         self.txn_index = TxnIndex()
@@ -216,12 +231,25 @@ class PartitionLog:
         with self._pages_lock:
             return len(self._hot.chunks) + sum(len(page) for page in self._pages.values())
 
+    @property
+    def visible_start_offset(self) -> int:
+        """The log start consumers see: the first offset an older source (the table) holds, else the intake's.
+
+        `log_start_offset` stays the intake's own start (what retention trimmed the intake to).
+        """
+        start = self.log_start_offset
+        for source in self.older_sources:
+            first = source.start_offset()
+            if first is not None and first < start:
+                start = max(first, self.retention_start_offset)
+        return start
+
     def check_fetch_offset(self, offset: int) -> None:
-        """Raise OFFSET_OUT_OF_RANGE unless log start <= offset <= high watermark."""
-        if offset < self.log_start_offset or offset > self.high_watermark:
+        """Raise OFFSET_OUT_OF_RANGE unless visible log start <= offset <= high watermark."""
+        start = self.visible_start_offset
+        if offset < start or offset > self.high_watermark:
             raise KafkaApiError(
-                ErrorCode.OFFSET_OUT_OF_RANGE,
-                f"offset {offset} is outside [{self.log_start_offset}, {self.high_watermark}]",
+                ErrorCode.OFFSET_OUT_OF_RANGE, f"offset {offset} is outside [{start}, {self.high_watermark}]"
             )
 
     def read(self, offset: int, max_bytes: int, upper_offset: int | None = None) -> list[bytes]:
@@ -231,9 +259,20 @@ class PartitionLog:
         Only the bytes returned are read from disk: a chunk's batch positions are indexed on first use.
         """
         self.check_fetch_offset(offset)
+        if offset < self.log_start_offset:
+            for source in self.older_sources:  # below the intake: the table holds these offsets
+                batches = source.read(offset, max_bytes)
+                if batches:
+                    return batches
+            # No record left there (rows deleted from the table): an empty batch moves the consumer on
+            # to where the intake goes on.
+            gap = empty_batch(offset, self.log_start_offset - 1)
+            offset = self.log_start_offset
+        else:
+            gap = b""
         limit = self.high_watermark if upper_offset is None else upper_offset
-        out: list[bytes] = []
-        size = 0
+        out: list[bytes] = [gap] if gap else []
+        size = len(gap)
         for chunk in self.chunks_from(offset):
             if chunk.base_offset >= limit or size >= max_bytes:
                 break
@@ -276,7 +315,14 @@ class PartitionLog:
         return cached
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record with a timestamp >= timestamp_ms, or None."""
+        """(offset, timestamp) of the first record with a timestamp >= timestamp_ms, or None.
+
+        Older sources (the table) first, then the intake; may read files, so call it off the event loop.
+        """
+        for source in self.older_sources:
+            found = source.offset_for_timestamp(timestamp_ms, self.visible_start_offset)
+            if found is not None:
+                return found
         offset = self.log_start_offset
         high_watermark = self.high_watermark
         while True:

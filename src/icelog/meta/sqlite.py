@@ -174,6 +174,11 @@ class SqliteStore(SqliteRegistry, MetadataStore):
         if "dead_letters" not in archive_columns:  # stores created before the dead-letter table
             with suppress(sqlite3.OperationalError):
                 self._conn.execute("ALTER TABLE archive_state ADD COLUMN dead_letters INTEGER NOT NULL DEFAULT 0")
+        if "retention_start_offset" not in {row[1] for row in self._conn.execute("PRAGMA table_info(partitions)")}:
+            with suppress(sqlite3.OperationalError):  # stores created before read-back
+                self._conn.execute(
+                    "ALTER TABLE partitions ADD COLUMN retention_start_offset INTEGER NOT NULL DEFAULT 0"
+                )
         columns = {row[1] for row in self._conn.execute("PRAGMA table_info(intake_chunks)")}
         if "ingest_timestamp" not in columns:  # stores created before the archiver
             # (suppress: another process, the archiver or the broker, may have added it just now)
@@ -305,11 +310,19 @@ class SqliteStore(SqliteRegistry, MetadataStore):
     def partitions(self, topic_id: uuid.UUID) -> list[PartitionRecord]:
         with self._lock:
             rows = self._conn.execute(
-                "SELECT partition, log_start_offset, high_watermark, intake_chunks, intake_bytes FROM partitions "
-                "WHERE topic_id = ? ORDER BY partition",
+                "SELECT partition, log_start_offset, high_watermark, intake_chunks, intake_bytes, "
+                "retention_start_offset FROM partitions WHERE topic_id = ? ORDER BY partition",
                 (str(topic_id),),
             ).fetchall()
         return [PartitionRecord(topic_id, *row) for row in rows]
+
+    def move_retention_start(self, topic_id: uuid.UUID, partition: int, offset: int) -> None:
+        with self._tx(durable=True) as conn:
+            conn.execute(
+                "UPDATE partitions SET retention_start_offset = MAX(retention_start_offset, ?) "
+                "WHERE topic_id = ? AND partition = ?",
+                (offset, str(topic_id), partition),
+            )
 
     # -- intake index --------------------------------------------------------------------------
     def commit_intake(self, chunks: Iterable[IntakeChunk], tail: IntakeTail) -> None:

@@ -31,6 +31,9 @@ class PartitionRecord:
     high_watermark: int
     intake_chunks: int = 0  # chunks indexed now (kept by the store as chunks are indexed and trimmed)
     intake_bytes: int = 0  # and their bytes
+    # Archived topics read back from the table: the log start consumers see, moved by Kafka retention
+    # (retention.ms / retention.bytes) over the table's files; never moves back. 0: not moved.
+    retention_start_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -263,6 +266,10 @@ class MetadataStore(RegistryStore, ABC):
 
         Callers delete intake files only after this returns (a file must never be gone while indexed).
         """
+
+    @abstractmethod
+    def move_retention_start(self, topic_id: uuid.UUID, partition: int, offset: int) -> None:
+        """Move the consumer-visible log start of an archived partition forward (never back); durable."""
 
     # -- archive state -------------------------------------------------------------------------
     @abstractmethod

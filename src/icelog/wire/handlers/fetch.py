@@ -87,7 +87,7 @@ def _plan(request: Any, logs: Any, read_committed: bool) -> list[_PartitionRead]
                 _, part = logs.partition(topic.topic, req.partition)
                 data.high_watermark = part.high_watermark
                 data.last_stable_offset = stable = part.last_stable_offset
-                data.log_start_offset = part.log_start_offset
+                data.log_start_offset = part.visible_start_offset
                 part.check_fetch_offset(req.fetch_offset)
             except KafkaApiError as exc:
                 item.error = data.error_code = int(exc.code)
@@ -160,11 +160,13 @@ async def list_offsets(ctx: RequestContext, request: Any) -> Any:
                 committed = ctx.api_version >= 2 and request.isolation_level == READ_COMMITTED
                 out.offset = part.last_stable_offset if committed else part.high_watermark
             elif req.timestamp == EARLIEST:
-                out.offset = part.log_start_offset
+                out.offset = part.visible_start_offset
             else:
-                found = part.max_timestamp_offset() if req.timestamp == MAX_TIMESTAMP else (
-                    part.offset_for_timestamp(req.timestamp)
-                )
+                # File (and table) reads: on a worker thread, never on the event loop.
+                if req.timestamp == MAX_TIMESTAMP:
+                    found = await asyncio.to_thread(part.max_timestamp_offset)
+                else:
+                    found = await asyncio.to_thread(part.offset_for_timestamp, req.timestamp)
                 if found is not None:
                     out.offset, out.timestamp = found
             if ctx.api_version == 0:

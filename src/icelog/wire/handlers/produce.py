@@ -39,7 +39,7 @@ async def produce(ctx: RequestContext, request: Any) -> Any:
                         ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT, "Produce v0-2 carries old message sets"
                     )
                 topic, partition = logs.partition(topic_data.name, data.index)
-                result.log_start_offset = partition.log_start_offset
+                result.log_start_offset = partition.visible_start_offset
                 throttle_ms = max(throttle_ms, logs.admission(topic))  # raises past a bound: nothing stored
                 records = data.records or b""
                 enforcer = ctx.broker.enforcer

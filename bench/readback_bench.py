@@ -1,0 +1,174 @@
+"""Read-back benchmark: kcat consuming from the Iceberg table against kcat consuming from the intake.
+
+Run: .venv/bin/python bench/readback_bench.py [--records 1000000] [--seeks 50]
+     .venv/bin/python bench/readback_bench.py --records 10000000 --seek-only   # seeks in a 10 M-record partition
+
+One run, one broker, one partition of `--records` records of 1 KiB (lz4 from confluent-kafka):
+  1. kcat reads them all from the intake (the topic keeps its intake: icelog.intake.retention.ms -1);
+  2. one archive pass writes the table (the real Spark archiver, default archive size), then the topic's
+     icelog.intake.retention.ms is set to 0 and the intake is trimmed;
+  3. kcat reads the same records from the table: cold (batches built from Parquet) and again (the LRU
+     of built batches, `archive.readback_cache_bytes`, holds what fits);
+  4. first-record latency of `--seeks` seeks to random offsets in the table range (a confluent-kafka
+     consumer assigned at the offset; time from assign to the first record), p50 / p95.
+Targets (issue 9): table >= 100 MB/s and >= 0.3 x intake; seek p50 <= 50 ms (on 10 M records).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka as ck
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from conftest import BrokerProcess  # noqa: E402
+
+from icelog.config import load_settings  # noqa: E402
+from icelog.meta.store import open_store  # noqa: E402
+from icelog.pipeline.archiver import Archiver  # noqa: E402
+
+RECORD_SIZE = 1024
+TOPIC = "bench-readback"
+
+
+def produce(bootstrap: str, records: int) -> float:
+    prod = ck.Producer({"bootstrap.servers": bootstrap, "acks": "all", "compression.type": "lz4", "linger.ms": 5,
+                        "batch.size": 1_000_000, "queue.buffering.max.kbytes": 1024 * 1024,
+                        "queue.buffering.max.messages": 2_000_000})
+    filler = bytes(RECORD_SIZE // 2)
+    start = time.perf_counter()
+    for i in range(records):
+        while True:
+            try:
+                prod.produce(TOPIC, value=os.urandom(RECORD_SIZE // 2) + filler, key=b"%d" % i, partition=0)
+                break
+            except BufferError:
+                prod.poll(0.05)
+        if i % 10000 == 0:
+            prod.poll(0)
+    assert prod.flush(300) == 0
+    return time.perf_counter() - start
+
+
+def kcat_read(bootstrap: str, records: int) -> float:
+    """Seconds for kcat to read `records` records of partition 0 from offset 0 (output to /dev/null)."""
+    start = time.perf_counter()
+    subprocess.run(["kcat", "-C", "-b", bootstrap, "-t", TOPIC, "-p", "0", "-o", "beginning", "-c", str(records),
+                    "-q", "-f", "%o\\n", "-X", "fetch.message.max.bytes=8388608"],
+                   check=True, stdout=subprocess.DEVNULL, timeout=1800)
+    return time.perf_counter() - start
+
+
+def seek_latencies(bootstrap: str, records: int, seeks: int) -> list[float]:
+    consumer = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-seek", "enable.auto.commit": False,
+                            "fetch.wait.max.ms": 100})
+    rnd = random.Random(1)
+    out = []
+    try:
+        for _ in range(seeks):
+            offset = rnd.randrange(records)
+            start = time.perf_counter()
+            consumer.assign([ck.TopicPartition(TOPIC, 0, offset)])
+            while True:
+                msg = consumer.poll(30)
+                assert msg is not None and msg.error() is None, msg and msg.error()
+                if msg.offset() >= offset:
+                    break
+            out.append(time.perf_counter() - start)
+            assert msg.offset() == offset, (msg.offset(), offset)
+            consumer.unassign()
+    finally:
+        consumer.close()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--seeks", type=int, default=50)
+    parser.add_argument("--keep", action="store_true", help="keep the broker's data directory and log")
+    parser.add_argument("--seek-only", action="store_true", help="skip the kcat reads (a large partition's seeks)")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="icelog-readback-bench-"))
+    broker = BrokerProcess(work / "data", env={"ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg",
+                                               "ICELOG_ARCHIVE__ENABLED": "false",
+                                               "ICELOG_RETENTION_CHECK_INTERVAL_MS": "200"}).start()
+    mb = args.records * RECORD_SIZE / 1e6
+    results: dict[str, Any] = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "records": args.records, "record_bytes": RECORD_SIZE,
+    }
+    try:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.create_topics([NewTopic(TOPIC, 1, 1, config={
+            "icelog.intake.retention.ms": "-1",
+            "icelog.archive.max.lag.bytes": str(1 << 40),  # no archiver runs while producing: no back-pressure
+        })])[TOPIC].result(30)
+        print(f"produced {args.records} records in {produce(broker.bootstrap, args.records):.1f}s", flush=True)
+        if not args.seek_only:
+            intake_s = kcat_read(broker.bootstrap, args.records)
+            results["intake_mb_s"] = round(mb / intake_s, 1)
+            print("intake", results["intake_mb_s"], "MB/s", flush=True)
+
+        settings = load_settings(data_dir=str(broker.data_dir), registry_listen=f"127.0.0.1:{broker.registry_port}")
+        store = open_store(settings.metadata_url)
+        from icelog.lake.spark import create_session
+
+        spark = create_session(settings, "icelog-readback-bench")
+        start = time.perf_counter()
+        assert [r.error for r in Archiver(settings, spark, store).run_pass(force=True, topics={TOPIC})] == [""]
+        results["archive_s"] = round(time.perf_counter() - start, 1)
+        files = spark.sql(f"SELECT count(*) AS n FROM lake.icelog.`{TOPIC}`.files").collect()[0].n
+        results["table_files"] = files
+        spark.stop()
+        resource = ConfigResource("topic", TOPIC, set_config={"icelog.intake.retention.ms": "0"})
+        admin.alter_configs([resource])[resource].result(30)
+        topic_id = store.get_topic(TOPIC).topic_id
+        deadline = time.monotonic() + 120
+        while store.partitions(topic_id)[0].log_start_offset < args.records:
+            assert time.monotonic() < deadline, "the intake was not trimmed"
+            time.sleep(0.2)
+        store.close()
+
+        if not args.seek_only:
+            cold = kcat_read(broker.bootstrap, args.records)
+            again = kcat_read(broker.bootstrap, args.records)
+            results["table_cold_mb_s"] = round(mb / cold, 1)
+            results["table_again_mb_s"] = round(mb / again, 1)
+            results["table_vs_intake"] = round(intake_s / cold, 2)
+            print("table", results["table_cold_mb_s"], results["table_again_mb_s"], "MB/s", flush=True)
+        lat = seek_latencies(broker.bootstrap, args.records, args.seeks)
+        results["seek_first_record_ms"] = {
+            "p50": round(statistics.median(lat) * 1000, 1),
+            "p95": round(sorted(lat)[int(len(lat) * 0.95) - 1] * 1000, 1),
+            "max": round(max(lat) * 1000, 1),
+        }
+        print("seek", results["seek_first_record_ms"], flush=True)
+    finally:
+        broker.stop()
+        if args.keep:
+            print("kept", work)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    out = Path(__file__).with_name("results")
+    out.mkdir(exist_ok=True)
+    name = "readback_bench_seek.json" if args.seek_only else "readback_bench.json"
+    (out / name).write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
