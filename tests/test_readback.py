@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from archive_fixtures import ARCHIVE_ENV, wait_for
 from clients_util import CLIENTS, CODECS, ConfluentClient, Rec, comparable, create_topic, now_ms, sample_records
+from confluent_kafka import Consumer, TopicPartition
 from conftest import BrokerProcess
 
 from icelog.meta.store import MetadataStore
@@ -171,6 +172,22 @@ def test_reads_stay_right_after_compaction_expiry_and_deletes(
     wait_for(lambda: comparable(read_back("confluent", lake_broker, topic, [0, 1], len(expected) + 1))
              == comparable(expected), 30)
     read_all(len(expected), tuple(CLIENTS))
+
+    # A consumer positioned on an erased offset (a committed offset, or "earliest" resolved before the erasure)
+    # is served from the next record, never refused: the log start does not follow the table's first row.
+    assert ConfluentClient().watermarks(lake_broker.bootstrap, topic, 0)[0] == 0
+    consumer = Consumer({"bootstrap.servers": lake_broker.bootstrap, "group.id": f"{topic}-at-0",
+                         "auto.offset.reset": "error", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    first = None
+    for _ in range(30):
+        msg = consumer.poll(1)
+        if msg is not None:
+            assert msg.error() is None, msg.error()
+            first = msg.offset()
+            break
+    consumer.close()
+    assert first == 1
 
 
 def test_list_offsets_by_timestamp_spans_table_and_intake(

@@ -41,6 +41,7 @@ def _table_ranges(settings: Any, store: Any) -> dict[str, dict[int, tuple[int, i
     from icelog.readback.lake import LakeTables, catalog_opener
     from icelog.readback.source import partition_ranges
     from icelog.topic_configs.archive import archive_config
+    from icelog.topic_configs.table import table_config
 
     opener = catalog_opener(settings)
     if opener is None:
@@ -52,11 +53,12 @@ def _table_ranges(settings: Any, store: Any) -> dict[str, dict[int, tuple[int, i
         if not archive.enabled:
             continue
         try:
+            if table_config(topic.configs, settings.topic_defaults).is_table:
+                continue  # table topics are not read back (yet): their intake is the log
             table = tables.table(archive.identifier)
+            out[topic.name] = {} if table is None else partition_ranges(table)
         except Exception as exc:
             print(f"icelog status: cannot read table {'.'.join(archive.identifier)}: {exc}", file=sys.stderr)
-            continue
-        out[topic.name] = {} if table is None else partition_ranges(table)
     return out
 
 
@@ -98,7 +100,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     first, end, table_bytes = ranges.get(part.partition, (0, 0, 0))
                     table_cells = (f"{first}-{end - 1}" if end > first else "(empty)", str(table_bytes))
                     if end > first and first < start:  # as PartitionLog.visible_start_offset
-                        start = max(first, part.retention_start_offset)
+                        start = min(start, part.retention_start_offset)
                 rows.append((
                     topic.name, str(part.partition), str(start), str(part.high_watermark),
                     str(part.high_watermark - start), *table_cells, str(part.log_start_offset),

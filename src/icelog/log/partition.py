@@ -233,15 +233,18 @@ class PartitionLog:
 
     @property
     def visible_start_offset(self) -> int:
-        """The log start consumers see: the first offset an older source (the table) holds, else the intake's.
+        """The log start consumers see: where Kafka retention left it once an older source (the table) holds
+        offsets below the intake, else the intake's start.
 
-        `log_start_offset` stays the intake's own start (what retention trimmed the intake to).
+        It never follows the table's first row: rows an analyst deletes (the first ones too) are skipped by
+        reads, as after Kafka log compaction, so a consumer at an offset with no row left is served from the
+        next one, never refused. `log_start_offset` stays the intake's own start.
         """
         start = self.log_start_offset
         for source in self.older_sources:
             first = source.start_offset()
             if first is not None and first < start:
-                start = max(first, self.retention_start_offset)
+                start = min(start, self.retention_start_offset)
         return start
 
     def check_fetch_offset(self, offset: int) -> None:

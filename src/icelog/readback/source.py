@@ -216,19 +216,20 @@ class TableSource:
         """The first offset Kafka retention keeps, by whole data files as Kafka does by segments (cached plan).
 
         A file goes once all its records are older than retention.ms, or while the files after it still
-        hold retention.bytes. None: nothing is archived.
+        hold retention.bytes; the start moves past the last file that goes (not to the next file's first
+        row: rows deleted from the table never move it). None: nothing goes (or nothing is archived).
         """
         slices = self._plan.slices
-        if not slices:
-            return None
         remaining = sum(s.size for s in slices)
+        moved: int | None = None
         for file_slice in slices:
             too_old = retention_ms >= 0 and file_slice.max_timestamp_ms < now_ms - retention_ms
             too_big = retention_bytes >= 0 and remaining - file_slice.size >= retention_bytes
             if not (too_old or too_big):
-                return file_slice.lower
+                break
+            moved = max(moved or 0, file_slice.upper + 1)
             remaining -= file_slice.size
-        return self._plan.end
+        return moved
 
     def offset_for_timestamp(self, timestamp_ms: int, min_offset: int = 0) -> tuple[int, int] | None:
         """(offset, timestamp) of the first archived record at or past min_offset whose timestamp is >= timestamp_ms."""
