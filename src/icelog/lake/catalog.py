@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from icelog.config import Settings
 from icelog.errors import ConfigError
@@ -105,4 +107,38 @@ def sqlite_catalog_path(settings: Settings) -> Path | None:
     uri = settings.catalog_uri
     if settings.archive.catalog_type == "jdbc" and uri.startswith("jdbc:sqlite:"):
         return Path(uri.removeprefix("jdbc:sqlite:"))
+    return None
+
+
+def pyiceberg_catalog_opener(settings: Settings) -> Callable[[], Any | None] | None:
+    """A function opening pyiceberg onto the archiver's catalog (it returns None while the embedded one does not
+    exist yet), or None for a catalog pyiceberg cannot open as Spark does (a JDBC one on PostgreSQL, Hadoop).
+
+    Only the embedded JDBC catalog on SQLite (pyiceberg's SqlCatalog reads the same `iceberg_tables` rows) and
+    REST qualify. Used by the broker's read-back and by `icelog status --tables`.
+    """
+    archive = settings.archive
+    path = sqlite_catalog_path(settings)
+    if path is not None:
+
+        def open_sqlite() -> Any | None:
+            # Only once the archiver created the file and Iceberg's V1 tables (prepare_sqlite_catalog):
+            # pyiceberg would otherwise create its own tables first.
+            if not path.exists():
+                return None
+            from pyiceberg.catalog.sql import SqlCatalog
+
+            return SqlCatalog(archive.catalog_name, uri=f"sqlite:///{path}", warehouse=settings.warehouse)
+
+        return open_sqlite
+    if archive.catalog_type == "rest" and archive.catalog_uri:
+        uri = archive.catalog_uri
+
+        def open_rest() -> Any | None:
+            from pyiceberg.catalog.rest import RestCatalog
+
+            return RestCatalog(archive.catalog_name, uri=uri, warehouse=settings.warehouse,
+                               **archive.catalog_properties)
+
+        return open_rest
     return None

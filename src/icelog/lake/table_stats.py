@@ -7,7 +7,7 @@ from typing import Any
 
 from icelog.config import Settings
 from icelog.errors import ConfigError
-from icelog.lake.catalog import sqlite_catalog_path
+from icelog.lake.catalog import pyiceberg_catalog_opener
 
 
 @dataclass(frozen=True)
@@ -25,27 +25,25 @@ class TableStats:
         return self.data_bytes // self.data_files if self.data_files else 0
 
 
-def open_catalog(settings: Settings) -> Any:
-    """A pyiceberg catalog on the archiver's catalog (the embedded SQLite JDBC one, or REST)."""
-    path = sqlite_catalog_path(settings)
-    if path is not None:
-        from pyiceberg.catalog.sql import SqlCatalog
-
-        return SqlCatalog(settings.archive.catalog_name, uri=f"sqlite:///{path}", warehouse=settings.warehouse)
-    if settings.archive.catalog_type == "rest":
-        from pyiceberg.catalog.rest import RestCatalog
-
-        return RestCatalog(settings.archive.catalog_name, uri=settings.catalog_uri, warehouse=settings.warehouse)
-    raise ConfigError(
-        f"table statistics read the catalog with pyiceberg, which supports the SQLite JDBC and REST catalogs, "
-        f"not {settings.archive.catalog_type} {settings.catalog_uri}; use `icelog sql` on the table's metadata tables"
-    )
+def open_catalog(settings: Settings) -> Any | None:
+    """A pyiceberg catalog on the archiver's catalog (the embedded SQLite JDBC one, or REST); None before the
+    embedded one exists."""
+    opener = pyiceberg_catalog_opener(settings)
+    if opener is None:
+        raise ConfigError(
+            f"table statistics read the catalog with pyiceberg, which supports the SQLite JDBC and REST catalogs, "
+            f"not {settings.archive.catalog_type} {settings.catalog_uri}; use `icelog sql` on the table's metadata "
+            "tables"
+        )
+    return opener()
 
 
-def table_stats(catalog: Any, namespace: str, table: str) -> TableStats | None:
-    """The table's numbers (None if it does not exist yet)."""
+def table_stats(catalog: Any | None, namespace: str, table: str) -> TableStats | None:
+    """The table's numbers (None if it, or the catalog, does not exist yet)."""
     from pyiceberg.exceptions import NoSuchTableError
 
+    if catalog is None:
+        return None
     try:
         loaded = catalog.load_table((namespace, table))
     except NoSuchTableError:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from icelog.config import Settings
-from icelog.lake.catalog import sqlite_catalog_path
+from icelog.lake.catalog import pyiceberg_catalog_opener
 
 log = logging.getLogger(__name__)
 
@@ -24,36 +24,14 @@ REFRESH_S = 1.0  # a table's snapshot is looked up again at most this often (unl
 
 def catalog_opener(settings: Settings) -> Callable[[], Any | None] | None:
     """A function opening a pyiceberg catalog onto the archiver's (None until it exists), or None: read-back off."""
-    archive = settings.archive
-    path = sqlite_catalog_path(settings)
-    if path is not None:
-
-        def open_sqlite() -> Any | None:
-            # Only once the archiver created the file and Spark's own `iceberg_tables` (V1, with its
-            # iceberg_type column): pyiceberg would otherwise create its own tables first.
-            if not path.exists():
-                return None
-            from pyiceberg.catalog.sql import SqlCatalog
-
-            return SqlCatalog(archive.catalog_name, uri=f"sqlite:///{path}", warehouse=settings.warehouse)
-
-        return open_sqlite
-    if archive.catalog_type == "rest" and archive.catalog_uri:
-        uri = archive.catalog_uri
-
-        def open_rest() -> Any | None:
-            from pyiceberg.catalog.rest import RestCatalog
-
-            return RestCatalog(archive.catalog_name, uri=uri, warehouse=settings.warehouse,
-                               **archive.catalog_properties)
-
-        return open_rest
-    log.warning(
-        "read-back is off: the %s catalog %s cannot be read by the broker (only the embedded SQLite JDBC "
-        "catalog and REST are); consumers read the intake only and archived intake is kept",
-        archive.catalog_type, settings.catalog_uri,
-    )
-    return None
+    opener = pyiceberg_catalog_opener(settings)
+    if opener is None:
+        log.warning(
+            "read-back is off: the %s catalog %s cannot be read by the broker (only the embedded SQLite JDBC "
+            "catalog and REST are); consumers read the intake only and archived intake is kept",
+            settings.archive.catalog_type, settings.catalog_uri,
+        )
+    return opener
 
 
 @dataclass
