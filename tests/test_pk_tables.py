@@ -6,6 +6,7 @@ pyiceberg and DuckDB, and its delete files are checked to be v3 deletion vectors
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from confluent_kafka import Producer
 from conftest import BrokerProcess
 
 from icelog.config import Settings
+from icelog.lake.pk_index import IndexEntry, PrimaryKeyIndex, encode_key
 from icelog.pipeline.archiver import Archiver
 
 pytestmark = pytest.mark.slow
@@ -113,6 +115,20 @@ def check_table(spark: Any, settings: Settings, topic: str, layout: str, expecte
     assert len(referenced) == len(set(referenced)), "a data file has more than one deletion vector"
 
 
+def check_index(spark: Any, settings: Settings, topic: str, layout: str) -> None:
+    """The primary-key index is at the table's current snapshot and names exactly each live row's file and position."""
+    metadata = catalog_table(settings, topic).metadata
+    index = PrimaryKeyIndex.for_table(settings.data_dir, str(metadata.table_uuid))
+    try:
+        assert index.snapshot_id() == metadata.current_snapshot_id
+        indexed = dict(index.items())
+    finally:
+        index.close()
+    k, _v, _p, o = COLUMNS[layout]
+    rows = spark.sql(f"SELECT {k} AS k, _file, _pos, {o} AS o FROM icelog.`{topic}`").collect()
+    assert indexed == {encode_key((r.k,)): IndexEntry(r._file, r._pos, r.o) for r in rows}
+
+
 def pass_ok(archiver: Archiver, topic: str) -> None:
     [result] = archiver.run_pass(force=True, topics=[topic])
     assert result.error == "", result.error
@@ -138,6 +154,7 @@ def test_upserts_and_tombstones_over_several_passes(
         produced += send(lake_broker, topic, batch)
         pass_ok(lake_archiver, topic)
         check_table(lake_spark, lake_settings, topic, layout, latest(produced))
+        check_index(lake_spark, lake_settings, topic, layout)
     iceberg_table = catalog_table(lake_settings, topic)
     assert iceberg_table.metadata.format_version == 3
     assert iceberg_table.properties["write.delete.mode"] == "merge-on-read"
@@ -165,10 +182,12 @@ def test_killed_job_then_next_pass_is_exact(
     produced += send(lake_broker, topic, third)
     pass_ok(lake_archiver, topic)
     check_table(lake_spark, lake_settings, topic, "table", latest(produced))
+    check_index(lake_spark, lake_settings, topic, "table")
 
 
 def test_index_deleted_or_table_compacted_between_passes(
-    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_spark: Any, lake_settings: Settings
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_spark: Any, lake_settings: Settings,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     topic = "pk_index_rebuild"
     create_topic(lake_broker, topic, 3, {"cleanup.policy": "compact", "icelog.archive.layout": "table"})
@@ -181,9 +200,12 @@ def test_index_deleted_or_table_compacted_between_passes(
 
     shutil.rmtree(index_root / table_uuid)  # deleted by hand: rebuilt from the table
     produced += send(lake_broker, topic, second)
-    pass_ok(lake_archiver, topic)
+    with caplog.at_level(logging.INFO, logger="icelog.pipeline.upsert"):
+        pass_ok(lake_archiver, topic)
+    assert "primary-key index rebuilt" in caplog.text
     check_table(lake_spark, lake_settings, topic, "table", latest(produced))
-    assert (index_root / table_uuid).is_dir()
+    check_index(lake_spark, lake_settings, topic, "table")
+    caplog.clear()
 
     # External compaction moves every row to new files (and drops the DVs it applied): a REPLACE snapshot.
     lake_spark.sql(
@@ -193,6 +215,11 @@ def test_index_deleted_or_table_compacted_between_passes(
         f"SELECT operation FROM lake.icelog.`{topic}`.snapshots ORDER BY committed_at DESC LIMIT 1"
     ).collect()[0].operation
     assert operation == "replace"
+    assert not lake_spark.sql(f"SELECT * FROM lake.icelog.`{topic}`.delete_files").collect()  # DVs applied
     produced += send(lake_broker, topic, third)
-    pass_ok(lake_archiver, topic)
+    with caplog.at_level(logging.INFO, logger="icelog.pipeline.upsert"):
+        pass_ok(lake_archiver, topic)
+    # The index followed the REPLACE snapshot (the moved rows only), no rebuild.
+    assert "follows REPLACE snapshot" in caplog.text and "rebuilt" not in caplog.text
     check_table(lake_spark, lake_settings, topic, "table", latest(produced))
+    check_index(lake_spark, lake_settings, topic, "table")

@@ -248,6 +248,16 @@ def staged_snapshot(table: JavaTable, wap_id: str) -> JavaSnapshot | None:
     return None
 
 
+def snapshots_since(table: JavaTable, snapshot_id: int) -> list[JavaSnapshot] | None:
+    """The current snapshot's ancestors committed after `snapshot_id`, oldest first (None: not an ancestor)."""
+    newer: list[JavaSnapshot] = []
+    for snapshot in ancestry(table):
+        if int(snapshot.snapshotId()) == snapshot_id:
+            return newer[::-1]
+        newer.append(snapshot)
+    return None
+
+
 def added_data_files(table: JavaTable, snapshot: JavaSnapshot) -> list[JavaDataFile]:
     """The data files a snapshot added."""
     return list(snapshot.addedDataFiles(table.io()))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,6 +110,17 @@ class PrimaryKeyIndex:
             if snapshot_id is not None:
                 txn.put(_SNAPSHOT_KEY, str(snapshot_id).encode(), db=self._meta)
         return count
+
+    def forget_snapshot(self) -> None:
+        """Mark the index as reflecting no snapshot: the next refresh rebuilds it."""
+        with self._env.begin(write=True) as txn:
+            txn.delete(_SNAPSHOT_KEY, db=self._meta)
+
+    def items(self) -> Iterator[tuple[bytes, IndexEntry]]:
+        """Every key and its row (a consistent read)."""
+        with self._env.begin(db=self._rows) as txn:
+            for key, raw in txn.cursor():
+                yield bytes(key), _unpack(raw)
 
     def __len__(self) -> int:
         with self._env.begin(db=self._rows) as txn:

@@ -139,6 +139,7 @@ def write_upserts(
             files = iceberg_java.live_data_files(table, base, positions)
             missing = sorted(set(positions) - set(files))
             if missing:
+                index.forget_snapshot()
                 raise IcelogError(
                     f"{table_name}: the primary-key index names data files the table no longer has ({missing[0]}"
                     f"{' and more' if len(missing) > 1 else ''}); it is rebuilt on the next pass"
@@ -162,13 +163,18 @@ def write_upserts(
 
 
 def refresh_index(spark: Any, table_name: str, spec: TableSpec, index: PrimaryKeyIndex, base: int | None) -> bool:
-    """Bring the index to the table's snapshot `base`: rebuilt from the table unless it reflects `base` already.
+    """Bring the index to the table's snapshot `base`; returns whether it had to be rebuilt.
 
-    A rebuild reads only the key, `_file`, `_pos` and offset columns of the live rows (deletion vectors
-    honoured). It also covers REPLACE snapshots of external compaction, which move rows to new files.
-    Returns whether it rebuilt.
+    When every snapshot since the index's is a REPLACE (external compaction: `rewrite_data_files`, or a
+    rewrite of delete files or manifests), the rows those snapshots moved are updated in place (Nobu's
+    mailbox, applied before the batch). Otherwise (no index, a crash before the index update, a foreign
+    append or DELETE) the index is rebuilt from the table, reading only the key, `_file`, `_pos` and offset
+    columns of the live rows (deletion vectors honoured).
     """
-    if index.snapshot_id() == base:
+    known = index.snapshot_id()
+    if known == base:
+        return False
+    if known is not None and base is not None and apply_replaces(spark, table_name, spec, index, known):
         return False
     if base is None:
         index.rebuild(None, ())
@@ -186,6 +192,32 @@ def refresh_index(spark: Any, table_name: str, spec: TableSpec, index: PrimaryKe
 
     count = index.rebuild(base, rows())
     log.info("%s: primary-key index rebuilt from snapshot %d (%d keys)", table_name, base, count)
+    return True
+
+
+def apply_replaces(spark: Any, table_name: str, spec: TableSpec, index: PrimaryKeyIndex, known: int) -> bool:
+    """Move the index's rows to where the REPLACE snapshots since `known` put them; False if some snapshot
+    since is not a REPLACE (or `known` is not an ancestor): the caller rebuilds instead.
+
+    A compaction writes only live rows (it applies the deletion vectors), every live row of a file it
+    rewrites goes to one of its new files, and a row keeps its offset: so a key whose index entry has the
+    offset of a row in a new file moved there, at that row's position.
+    """
+    table = iceberg_java.load_table(spark, table_name)
+    since = iceberg_java.snapshots_since(table, known)
+    if since is None or any(str(s.operation()) != "replace" for s in since):
+        return False
+    for snapshot in since:
+        moved: dict[bytes, IndexEntry] = {}
+        for data_file in iceberg_java.added_data_files(table, snapshot):
+            location = str(data_file.location())
+            for pos, (key, offset) in enumerate(_read_keys(location, spec)):
+                moved[key] = IndexEntry(location, pos, offset)
+        current = index.lookup(moved)
+        index.apply(int(snapshot.snapshotId()),
+                    {k: e for k, e in moved.items() if k in current and current[k].offset == e.offset}, ())
+        log.info("%s: primary-key index follows REPLACE snapshot %d (%d rows moved)", table_name,
+                 int(snapshot.snapshotId()), len(moved))
     return True
 
 
