@@ -224,6 +224,31 @@ def test_index_deleted_or_table_compacted_between_passes(
     check_table(lake_spark, lake_settings, topic, "table", latest(produced))
     check_index(lake_spark, lake_settings, topic, "table")
 
+    # A user's DELETE (merge-on-read: a DV on a file our next pass also marks): the index is rebuilt, the
+    # user's DV is merged into ours, the deleted key stays deleted until it is produced again.
+    lake_spark.sql(f"DELETE FROM icelog.`{topic}` WHERE __key IN (X'6b32', X'6b38')").collect()  # k2, k8
+    expected = {k: v for k, v in latest(produced).items() if k not in (b"k2", b"k8")}
+    fourth = send(lake_broker, topic, [(b"k8", b"d8"), (b"k4", b"d4"), (b"k11", b"d11"), (b"k17", None)])
+    expected.update({k: (v, p, o) for p, o, k, v in fourth if v is not None})
+    expected.pop(b"k17")
+    pass_ok(lake_archiver, topic)
+    check_table(lake_spark, lake_settings, topic, "table", expected)
+    check_index(lake_spark, lake_settings, topic, "table")
+
+    # Compaction, then every older snapshot expired: no snapshot left records offsets, so they come from the
+    # data (max(__offset) + 1 per __bucket), and the index (its snapshot gone) is rebuilt.
+    lake_spark.sql(
+        f"CALL lake.system.rewrite_data_files(table => 'icelog.{topic}', options => map('rewrite-all', 'true'))"
+    ).collect()
+    lake_spark.sql(f"CALL lake.system.expire_snapshots(table => 'icelog.{topic}', "
+                   "older_than => TIMESTAMP '2999-01-01 00:00:00', retain_last => 1)").collect()
+    fifth = send(lake_broker, topic, [(b"k4", b"e4"), (b"k12", None), (b"k13", b"e13")])
+    expected.update({k: (v, p, o) for p, o, k, v in fifth if v is not None})
+    expected.pop(b"k12")
+    pass_ok(lake_archiver, topic)
+    check_table(lake_spark, lake_settings, topic, "table", expected)
+    check_index(lake_spark, lake_settings, topic, "table")
+
 
 PROTO = """
 syntax = "proto3";
