@@ -302,3 +302,17 @@ def test_primary_key_on_value_columns_with_a_protobuf_schema(
             (region, account, balance) for (region, account), balance in expected.items())
     deletes = lake_spark.sql(f"SELECT content, file_format FROM lake.icelog.`{topic}`.delete_files").collect()
     assert deletes and all(d.content == 1 and d.file_format == "PUFFIN" for d in deletes)
+
+
+def test_compacted_record_layout_with_a_key_schema_is_refused_with_the_fix(
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_spark: Any
+) -> None:
+    """The record layout keeps no key bytes for decodable keys: the pass fails naming the fix; nothing is lost."""
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    topic = "pk_record_key_schema"
+    create_topic(lake_broker, topic, 1, {"cleanup.policy": "compact"})
+    SchemaRegistryClient({"url": lake_broker.registry_url}).register_schema(f"{topic}-key", Schema(PROTO, "PROTOBUF"))
+    send(lake_broker, topic, [(b"k1", b"v1")], partitions=1)
+    [result] = lake_archiver.run_pass(force=True, topics=[topic])
+    assert "needs icelog.archive.layout=table" in result.error and result.records == 0

@@ -97,6 +97,12 @@ def write_upserts(
             f"{found_key!r}); a primary key is fixed when a table is created: drop the table, or archive the topic "
             "into another with icelog.archive.iceberg.table"
         )
+    if spec.layout != LAYOUT_TABLE and list(frame.schema["key"].dataType.fieldNames()) != ["__raw__"]:
+        # The record layout keeps key.__raw__ only when the decoded fields cannot rebuild the key.
+        raise IcelogError(
+            f"{table_name}: a compacted topic whose key has a schema needs icelog.archive.layout=table (its __key "
+            "keeps every key's bytes); recreate the topic with it, or set icelog.schema.key=none"
+        )
     current = table.currentSnapshot()
     base = None if current is None else int(current.snapshotId())
     index = PrimaryKeyIndex.for_table(data_dir, iceberg_java.table_uuid(table))
