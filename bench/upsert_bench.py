@@ -16,6 +16,7 @@ Not measured yet: the same batch into a 1 M-row and a 10 M-row table (cost indep
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import platform
 import sys
@@ -62,6 +63,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100_000)
     parser.add_argument("--updates", type=float, default=0.1)
     args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("icelog.pipeline.upsert").setLevel(logging.INFO)  # where an upsert pass's time goes
     workdir = Path(tempfile.mkdtemp(prefix="upsert-bench-"))
     broker = BrokerProcess(workdir / "data", env=ENV).start()
     try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -107,7 +108,9 @@ def write_upserts(
     base = None if current is None else int(current.snapshotId())
     index = PrimaryKeyIndex.for_table(data_dir, iceberg_java.table_uuid(table))
     try:
+        stages = _Stages()
         rebuilt = refresh_index(spark, table_name, spec, index, base)
+        stages.done("index")
 
         keys = [F.col(quote_path(c)) for c in spec.primary_key]
         order = Window.partitionBy(*keys).orderBy(
@@ -123,7 +126,9 @@ def write_upserts(
             tombstoned = [
                 encode_key(tuple(row)) for row in latest.where(tombstone).select(*keys).toLocalIterator()
             ]
+            stages.done("dedup")
             staged = _stage(spark, table_name, latest.where(~tombstone))
+            stages.done("stage")
         finally:
             latest.unpersist()
 
@@ -134,7 +139,9 @@ def write_upserts(
             location = str(data_file.location())
             for pos, (key, offset) in enumerate(_read_keys(location, spec)):
                 new_rows[key] = IndexEntry(location, pos, offset)
+        stages.done("read-keys")
         old = index.lookup([*new_rows, *tombstoned])
+        stages.done("lookup")
         positions: dict[str, set[int]] = {}
         for entry in old.values():
             positions.setdefault(entry.file, set()).add(entry.pos)
@@ -155,17 +162,37 @@ def write_upserts(
                 for path, live in files.items()
                 if live.dv is not None
             }
+            stages.done("plan")
             dvs = iceberg_java.write_deletion_vectors(spark, table, positions, files, previous)
+            stages.done("dvs")
         fault("after-write")
         snapshot_id = iceberg_java.commit_row_delta(table, base, data_files, dvs, positions, summary)
+        stages.done("commit")
         fault("after-commit-before-index")
         index.apply(snapshot_id, new_rows, [k for k in tombstoned if k not in new_rows])
         replaced = sum(len(p) for p in positions.values())
-        log.info("upsert %s: %d rows written, %d tombstones, %d rows replaced (%d deletion vectors)",
-                 table_name, len(new_rows), len(tombstoned), replaced, len(dvs.added))
+        stages.done("index-update")
+        log.info("upsert %s: %d rows written, %d tombstones, %d rows replaced (%d deletion vectors); %s",
+                 table_name, len(new_rows), len(tombstoned), replaced, len(dvs.added), stages)
         return UpsertResult(snapshot_id, len(new_rows), len(tombstoned), replaced, rebuilt)
     finally:
         index.close()
+
+
+class _Stages:
+    """Seconds spent per stage of an upsert pass (logged, so a slow pass says where its time went)."""
+
+    def __init__(self) -> None:
+        self._last = time.perf_counter()
+        self._spent: list[tuple[str, float]] = []
+
+    def done(self, stage: str) -> None:
+        now = time.perf_counter()
+        self._spent.append((stage, now - self._last))
+        self._last = now
+
+    def __str__(self) -> str:
+        return " ".join(f"{stage} {seconds:.2f}s" for stage, seconds in self._spent)
 
 
 def refresh_index(spark: Any, table_name: str, spec: TableSpec, index: PrimaryKeyIndex, base: int | None) -> bool:
