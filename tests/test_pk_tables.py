@@ -316,3 +316,18 @@ def test_compacted_record_layout_with_a_key_schema_is_refused_with_the_fix(
     send(lake_broker, topic, [(b"k1", b"v1")], partitions=1)
     [result] = lake_archiver.run_pass(force=True, topics=[topic])
     assert "needs icelog.archive.layout=table" in result.error and result.records == 0
+
+
+def test_deletion_vector_blobs_read_back_by_iceberg(lake_spark: Any) -> None:
+    """dv_blob's bytes, deserialized by Iceberg's PositionDeleteIndex: sparse and dense (bitmap) containers,
+    several 64 K chunks, a position past 2^32."""
+    from icelog.lake.iceberg_java import position_index
+
+    spec = lake_spark.sparkContext._jvm.org.apache.iceberg.PartitionSpec.unpartitioned()
+    dense = list(range(70_000, 80_000))  # > 4096 in one 64 K chunk: a bitmap container
+    sparse = [0, 1, 7, 65_535, 65_536, 1_000_003, (1 << 32) + 5]
+    positions = dense + sparse
+    index = position_index(lake_spark, "file:/nowhere.parquet", positions, spec, None)
+    assert index.cardinality() == len(set(positions))
+    probes = [*sparse, 69_999, 70_000, 79_999, 80_000, 2, 65_534, 1 << 32, (1 << 32) + 4, (1 << 32) + 5]
+    assert [bool(index.isDeleted(p)) for p in probes] == [p in set(positions) for p in probes]

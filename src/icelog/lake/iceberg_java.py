@@ -9,10 +9,12 @@ module rather than scattering untyped calls. Tables are loaded fresh through Spa
 
 from __future__ import annotations
 
+import struct
 import threading
+import zlib
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, cast, overload
 
 
 class JavaSchema(Protocol):
@@ -111,6 +113,7 @@ class JavaPositionDeleteIndex(Protocol):
     """org.apache.iceberg.deletes.PositionDeleteIndex: a deletion vector's positions."""
 
     def cardinality(self) -> int: ...
+    def isDeleted(self, pos: int) -> bool: ...
 
 
 class JavaDeleteWriteResult(Protocol):
@@ -123,7 +126,12 @@ class JavaDeleteWriteResult(Protocol):
 class JavaDVFileWriter(Protocol):
     """org.apache.iceberg.deletes.BaseDVFileWriter: one Puffin file, one deletion vector per data file."""
 
+    @overload
     def delete(self, path: str, pos: int, spec: JavaPartitionSpec, partition: JavaStructLike) -> None: ...
+    @overload
+    def delete(
+        self, path: str, pos: JavaPositionDeleteIndex, spec: JavaPartitionSpec, partition: JavaStructLike
+    ) -> None: ...
     def close(self) -> None: ...
     def result(self) -> JavaDeleteWriteResult: ...
 
@@ -327,6 +335,73 @@ def read_deletion_vector(spark: Any, dv: JavaDeleteFile, blob: bytes) -> JavaPos
     return cast(JavaPositionDeleteIndex, index)
 
 
+_DV_MAGIC = 1681511377  # Iceberg's deletion-vector-v1 blob magic (written little-endian)
+_ROARING_NO_RUNS = 12346  # RoaringBitmap's portable format cookie without run containers
+
+
+def dv_blob(positions: list[int]) -> bytes:
+    """Sorted, distinct positions as a deletion-vector-v1 blob (Iceberg's Puffin spec).
+
+    Big-endian length of magic + bitmap, the magic, the 64-bit Roaring bitmap in its portable form (count of
+    32-bit bitmaps, then per high-32-bit key its key and a portable RoaringBitmap with array and bitmap
+    containers), big-endian CRC-32 of magic + bitmap. PositionDeleteIndex.deserialize checks length and CRC.
+    """
+    highs: dict[int, list[int]] = {}
+    for pos in positions:
+        highs.setdefault(pos >> 32, []).append(pos & 0xFFFFFFFF)
+    count = max(highs) + 1 if highs else 0
+    body = [struct.pack("<q", count)]
+    for key in range(count):  # Iceberg writes every key below the highest, empty bitmaps included
+        body += [struct.pack("<I", key), _roaring32(highs.get(key, []))]
+    data = struct.pack("<I", _DV_MAGIC) + b"".join(body)
+    return struct.pack(">i", len(data)) + data + struct.pack(">I", zlib.crc32(data))
+
+
+def _roaring32(values: list[int]) -> bytes:
+    containers: dict[int, list[int]] = {}
+    for value in values:
+        containers.setdefault(value >> 16, []).append(value & 0xFFFF)
+    keys = sorted(containers)
+    header = struct.pack("<II", _ROARING_NO_RUNS, len(keys))
+    header += b"".join(struct.pack("<HH", k, len(containers[k]) - 1) for k in keys)
+    payloads = []
+    for k in keys:
+        lows = containers[k]
+        if len(lows) <= 4096:
+            payloads.append(struct.pack(f"<{len(lows)}H", *lows))
+        else:
+            words = [0] * 1024
+            for low in lows:
+                words[low >> 6] |= 1 << (low & 63)
+            payloads.append(struct.pack("<1024Q", *words))
+    offset = len(header) + 4 * len(keys)
+    offsets = []
+    for payload in payloads:
+        offsets.append(struct.pack("<I", offset))
+        offset += len(payload)
+    return header + b"".join(offsets) + b"".join(payloads)
+
+
+def position_index(
+    spark: Any, path: str, positions: Iterable[int], spec: JavaPartitionSpec, partition: JavaStructLike | None
+) -> JavaPositionDeleteIndex:
+    """A data file's positions as a Java PositionDeleteIndex in a few py4j calls, whatever their number.
+
+    The blob is built here (dv_blob) and deserialized by Iceberg, which checks its length and CRC; the
+    DeleteFile it is read "from" only carries the blob's size (it is never written or committed).
+    """
+    jvm = _jvm(spark)
+    ordered = sorted(set(positions))
+    blob = dv_blob(ordered)
+    carrier = (
+        jvm.org.apache.iceberg.FileMetadata.deleteFileBuilder(spec).ofPositionDeletes()
+        .withFormat(jvm.org.apache.iceberg.FileFormat.PUFFIN).withPath(f"{path}.pending-dv")
+        .withPartition(partition).withFileSizeInBytes(len(blob)).withContentOffset(0)
+        .withContentSizeInBytes(len(blob)).withReferencedDataFile(path).withRecordCount(len(ordered)).build()
+    )
+    return read_deletion_vector(spark, cast(JavaDeleteFile, carrier), blob)
+
+
 @dataclass(frozen=True)
 class WrittenDVs:
     """Deletion vectors written (one per data file, old positions included) and the ones they replace."""
@@ -363,8 +438,7 @@ def write_deletion_vectors(
             data_file = files[path].file
             spec = specs[data_file.specId()]
             partition = data_file.partition()
-            for pos in sorted(poss):
-                writer.delete(path, pos, spec, partition)
+            writer.delete(path, position_index(spark, path, poss, spec, partition), spec, partition)
     finally:
         writer.close()
     result = writer.result()
