@@ -413,7 +413,7 @@ def test_create_topic_errors_confluent(broker: BrokerProcess, topic_name: str) -
         f"{topic_name}-rf": NewTopic(f"{topic_name}-rf", 1, 3),
         f"{topic_name}-key": NewTopic(f"{topic_name}-key", 1, 1, config={"no.such.key": "1"}),
         f"{topic_name}-val": NewTopic(f"{topic_name}-val", 1, 1, config={"retention.ms": "forever"}),
-        f"{topic_name}-enum": NewTopic(f"{topic_name}-enum", 1, 1, config={"cleanup.policy": "compact"}),
+        f"{topic_name}-enum": NewTopic(f"{topic_name}-enum", 1, 1, config={"message.timestamp.type": "Never"}),
     }
     futures = admin.create_topics(list(requests.values()))
 

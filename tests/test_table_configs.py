@@ -98,3 +98,30 @@ def test_partition_and_bucket_columns_are_checked() -> None:
     ):
         with pytest.raises(ValueError, match=why):
             check_spec_columns(columns, partition_by, bucket)
+
+
+def test_primary_key_configs() -> None:
+    """cleanup.policy=compact keys the table by the record key; primary.key names value columns (table layout)."""
+    assert table_config({"cleanup.policy": "compact"}).primary_key == ("key.__raw__",)
+    assert table_config({"cleanup.policy": "compact", "icelog.archive.layout": "table"}).primary_key == ("__key",)
+    assert table_config({"icelog.archive.layout": "table", "icelog.table.primary.key": "shop, user"}).primary_key == (
+        "shop", "user")
+    assert table_config({}).primary_key == () and table_config({"cleanup.policy": "delete"}).primary_key == ()
+    validate_topic_configs({"cleanup.policy": "compact"})
+    for key, value in (("cleanup.policy", "compact,delete"), ("icelog.table.primary.key", "a,a"),
+                       ("icelog.table.primary.key", " ")):
+        with pytest.raises(KafkaApiError) as info:
+            validate_topic_configs({key: value})
+        assert info.value.code.name == "INVALID_CONFIG"
+    with pytest.raises(KafkaApiError, match="need icelog.archive.layout=table"):
+        validate_table_configs({"icelog.table.primary.key": "id"}, {})
+    for fixed in ({"cleanup.policy": "compact"}, {"icelog.table.primary.key": "id"}):
+        with pytest.raises(KafkaApiError, match="fixed when the topic is created"):
+            validate_config_change({}, fixed, [])
+    upsert = table_spec(table_config({"cleanup.policy": "compact", "icelog.archive.layout": "table"}), 3)
+    statement = archive_table_ddl("lake", "ns", "t", "`a` INT", upsert).statements[1]
+    for prop in ("'format-version'='3'", "'write.delete.mode'='merge-on-read'", "'write.merge.mode'='merge-on-read'",
+                 "'write.update.mode'='merge-on-read'", "'icelog.primary-key'='__key'"):
+        assert prop in statement
+    plain = archive_table_ddl("lake", "ns", "t", "`a` INT", table_spec(table_config({}), 3)).statements[1]
+    assert "'format-version'='2'" in plain and "primary-key" not in plain

@@ -59,7 +59,9 @@ TOPIC_CONFIG_KEYS: dict[str, TopicConfigKey] = {
         TopicConfigKey(RETENTION_BYTES, "-1", check_long(-1), "Keep at most this many intake bytes per partition."),
         TopicConfigKey(MAX_MESSAGE_BYTES, "1048588", check_long(0), "Largest record batch accepted."),
         TopicConfigKey(TIMESTAMP_TYPE, "CreateTime", one_of("CreateTime", "LogAppendTime"), "Timestamp type."),
-        TopicConfigKey("cleanup.policy", "delete", one_of("delete"), "Only delete is supported."),
+        TopicConfigKey("cleanup.policy", "delete", one_of("delete", "compact"),
+                       "compact: the archive table keeps the latest record per key (a primary-key table); "
+                       "the intake itself is not compacted."),
         TopicConfigKey("compression.type", "producer", one_of("producer"), "Batches are stored as produced."),
         TopicConfigKey("min.insync.replicas", "1", check_long(1), "Accepted for compatibility; one durable copy."),
         TopicConfigKey("segment.bytes", "268435456", check_long(14), "Accepted for compatibility."),

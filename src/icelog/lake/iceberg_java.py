@@ -9,14 +9,51 @@ module rather than scattering untyped calls. Tables are loaded fresh through Spa
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Protocol, cast
+import struct
+import threading
+import zlib
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, cast, overload
 
 
 class JavaSchema(Protocol):
     """org.apache.iceberg.Schema (opaque here: converted to and from JSON with SchemaParser)."""
 
     def schemaId(self) -> int: ...
+
+
+class JavaFileIO(Protocol):
+    """org.apache.iceberg.io.FileIO (opaque: handed back to the Java API)."""
+
+
+class JavaStructLike(Protocol):
+    """org.apache.iceberg.StructLike: a data file's partition tuple (opaque here)."""
+
+
+class JavaPartitionSpec(Protocol):
+    """org.apache.iceberg.PartitionSpec (opaque here)."""
+
+    def specId(self) -> int: ...
+
+
+class JavaDataFile(Protocol):
+    """org.apache.iceberg.DataFile."""
+
+    def location(self) -> str: ...
+    def specId(self) -> int: ...
+    def partition(self) -> JavaStructLike: ...
+    def recordCount(self) -> int: ...
+
+
+class JavaDeleteFile(Protocol):
+    """org.apache.iceberg.DeleteFile: here always a deletion vector (a blob of a Puffin file)."""
+
+    def location(self) -> str: ...
+    def referencedDataFile(self) -> str | None: ...
+    def contentOffset(self) -> int | None: ...
+    def contentSizeInBytes(self) -> int | None: ...
+    def recordCount(self) -> int: ...
 
 
 class JavaSnapshot(Protocol):
@@ -28,6 +65,76 @@ class JavaSnapshot(Protocol):
     def summary(self) -> Mapping[str, str]: ...
     def operation(self) -> str | None: ...
     def allManifests(self, io: Any) -> Any: ...
+    def addedDataFiles(self, io: JavaFileIO) -> Iterable[JavaDataFile]: ...
+
+
+class JavaRowDelta(Protocol):
+    """org.apache.iceberg.RowDelta: data files and delete files added (and DVs replaced) in one snapshot."""
+
+    def addRows(self, data_file: JavaDataFile) -> JavaRowDelta: ...
+    def addDeletes(self, delete_file: JavaDeleteFile) -> JavaRowDelta: ...
+    def removeDeletes(self, delete_file: JavaDeleteFile) -> JavaRowDelta: ...
+    def validateFromSnapshot(self, snapshot_id: int) -> JavaRowDelta: ...
+    def validateDataFilesExist(self, paths: Iterable[str]) -> JavaRowDelta: ...
+    def validateDeletedFiles(self) -> JavaRowDelta: ...
+    def validateNoConflictingDeleteFiles(self) -> JavaRowDelta: ...
+    def set(self, key: str, value: str) -> JavaRowDelta: ...
+    def commit(self) -> None: ...
+
+
+class JavaFileScanTask(Protocol):
+    """org.apache.iceberg.FileScanTask: a data file and the delete files that apply to it."""
+
+    def file(self) -> JavaDataFile: ...
+    def deletes(self) -> Iterable[JavaDeleteFile]: ...
+
+
+class JavaTaskIterator(Protocol):
+    """java.util.Iterator<FileScanTask>."""
+
+    def hasNext(self) -> bool: ...
+    def next(self) -> JavaFileScanTask: ...
+
+
+class JavaScanTasks(Protocol):
+    """org.apache.iceberg.io.CloseableIterable<FileScanTask>."""
+
+    def iterator(self) -> JavaTaskIterator: ...
+    def close(self) -> None: ...
+
+
+class JavaTableScan(Protocol):
+    """org.apache.iceberg.TableScan."""
+
+    def useSnapshot(self, snapshot_id: int) -> JavaTableScan: ...
+    def planFiles(self) -> JavaScanTasks: ...
+
+
+class JavaPositionDeleteIndex(Protocol):
+    """org.apache.iceberg.deletes.PositionDeleteIndex: a deletion vector's positions."""
+
+    def cardinality(self) -> int: ...
+    def isDeleted(self, pos: int) -> bool: ...
+
+
+class JavaDeleteWriteResult(Protocol):
+    """org.apache.iceberg.io.DeleteWriteResult."""
+
+    def deleteFiles(self) -> Iterable[JavaDeleteFile]: ...
+    def rewrittenDeleteFiles(self) -> Iterable[JavaDeleteFile]: ...
+
+
+class JavaDVFileWriter(Protocol):
+    """org.apache.iceberg.deletes.BaseDVFileWriter: one Puffin file, one deletion vector per data file."""
+
+    @overload
+    def delete(self, path: str, pos: int, spec: JavaPartitionSpec, partition: JavaStructLike) -> None: ...
+    @overload
+    def delete(
+        self, path: str, pos: JavaPositionDeleteIndex, spec: JavaPartitionSpec, partition: JavaStructLike
+    ) -> None: ...
+    def close(self) -> None: ...
+    def result(self) -> JavaDeleteWriteResult: ...
 
 
 class JavaTableMetadata(Protocol):
@@ -37,6 +144,7 @@ class JavaTableMetadata(Protocol):
     def lastColumnId(self) -> int: ...
     def updateSchema(self, schema: JavaSchema) -> JavaTableMetadata: ...
     def properties(self) -> Mapping[str, str]: ...
+    def uuid(self) -> str: ...
 
 
 class JavaTableOperations(Protocol):
@@ -69,7 +177,10 @@ class JavaTable(Protocol):
     def location(self) -> str: ...
     def schema(self) -> JavaSchema: ...
     def sortOrder(self) -> Any: ...
-    def io(self) -> Any: ...
+    def newRowDelta(self) -> JavaRowDelta: ...
+    def newScan(self) -> JavaTableScan: ...
+    def io(self) -> JavaFileIO: ...
+    def specs(self) -> Mapping[int, JavaPartitionSpec]: ...
 
 
 def _jvm(spark: Any) -> Any:
@@ -204,3 +315,244 @@ def manifest_count(table: JavaTable) -> int:
 
 def table_location(table: JavaTable) -> str:
     return str(table.location())
+
+
+# -- upsert tables: staged data files, deletion vectors, row-delta commits ---------------------------------------
+WAP_ID_PROPERTY = "wap.id"  # Iceberg's summary property of a snapshot staged under spark.wap.id
+
+
+def table_uuid(table: JavaTable) -> str:
+    """The table's UUID (a table dropped and made again under the same name has another)."""
+    return str(table.operations().current().uuid())
+
+
+def staged_snapshot(table: JavaTable, wap_id: str) -> JavaSnapshot | None:
+    """The snapshot a Spark write staged under `spark.wap.id` = wap_id (not current, not published)."""
+    for snapshot in table.snapshots():
+        if snapshot.summary().get(WAP_ID_PROPERTY) == wap_id:
+            return snapshot
+    return None
+
+
+def snapshots_since(table: JavaTable, snapshot_id: int) -> list[JavaSnapshot] | None:
+    """The current snapshot's ancestors committed after `snapshot_id`, oldest first (None: not an ancestor)."""
+    newer: list[JavaSnapshot] = []
+    for snapshot in ancestry(table):
+        if int(snapshot.snapshotId()) == snapshot_id:
+            return newer[::-1]
+        newer.append(snapshot)
+    return None
+
+
+def added_data_files(table: JavaTable, snapshot: JavaSnapshot) -> list[JavaDataFile]:
+    """The data files a snapshot added."""
+    return list(snapshot.addedDataFiles(table.io()))
+
+
+@dataclass(frozen=True)
+class LiveDataFile:
+    """A data file of a snapshot and its deletion vector there (None: no row of it deleted)."""
+
+    file: JavaDataFile
+    dv: JavaDeleteFile | None
+
+
+def live_data_files(table: JavaTable, snapshot_id: int, paths: Collection[str]) -> dict[str, LiveDataFile]:
+    """The data files named, as the snapshot has them, each with its deletion vector.
+
+    Plans the snapshot's scan (manifests only, no data read); a path missing from the result is not live
+    (compaction replaced it, or a DELETE removed it).
+    """
+    wanted = set(paths)
+    found: dict[str, LiveDataFile] = {}
+    if not wanted:
+        return found
+    tasks = table.newScan().useSnapshot(snapshot_id).planFiles()
+    try:
+        iterator = tasks.iterator()
+        while iterator.hasNext():
+            task = iterator.next()
+            data_file = task.file()
+            location = str(data_file.location())
+            if location not in wanted:
+                continue
+            dvs = [d for d in task.deletes() if d.referencedDataFile() is not None]
+            found[location] = LiveDataFile(data_file, dvs[0] if dvs else None)
+    finally:
+        tasks.close()
+    return found
+
+
+class _PreviousDeletes:
+    """java.util.function.Function<String, PositionDeleteIndex> implemented in Python (py4j callback):
+    the positions a data file's current deletion vector already holds, which the DV writer merges."""
+
+    def __init__(self, indexes: Mapping[str, JavaPositionDeleteIndex]) -> None:
+        self.indexes = indexes
+
+    def apply(self, path: Any) -> JavaPositionDeleteIndex | None:
+        return self.indexes.get(str(path))
+
+    class Java:
+        implements = ["java.util.function.Function"]
+
+
+_CALLBACK_LOCK = threading.Lock()
+
+
+def _ensure_callback_server(spark: Any) -> None:
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    with _CALLBACK_LOCK:
+        ensure_callback_server_started(spark.sparkContext._gateway)
+
+
+def read_deletion_vector(spark: Any, dv: JavaDeleteFile, blob: bytes) -> JavaPositionDeleteIndex:
+    """A deletion vector's positions from its blob's bytes (read by the caller from dv's Puffin file)."""
+    index = _jvm(spark).org.apache.iceberg.deletes.PositionDeleteIndex.deserialize(blob, dv)
+    return cast(JavaPositionDeleteIndex, index)
+
+
+_DV_MAGIC = 1681511377  # Iceberg's deletion-vector-v1 blob magic (written little-endian)
+_ROARING_NO_RUNS = 12346  # RoaringBitmap's portable format cookie without run containers
+
+
+def dv_blob(positions: list[int]) -> bytes:
+    """Sorted, distinct positions as a deletion-vector-v1 blob (Iceberg's Puffin spec).
+
+    Big-endian length of magic + bitmap, the magic, the 64-bit Roaring bitmap in its portable form (count of
+    32-bit bitmaps, then per high-32-bit key its key and a portable RoaringBitmap with array and bitmap
+    containers), big-endian CRC-32 of magic + bitmap. PositionDeleteIndex.deserialize checks length and CRC.
+    """
+    highs: dict[int, list[int]] = {}
+    for pos in positions:
+        highs.setdefault(pos >> 32, []).append(pos & 0xFFFFFFFF)
+    count = max(highs) + 1 if highs else 0
+    body = [struct.pack("<q", count)]
+    for key in range(count):  # Iceberg writes every key below the highest, empty bitmaps included
+        body += [struct.pack("<I", key), _roaring32(highs.get(key, []))]
+    data = struct.pack("<I", _DV_MAGIC) + b"".join(body)
+    return struct.pack(">i", len(data)) + data + struct.pack(">I", zlib.crc32(data))
+
+
+def _roaring32(values: list[int]) -> bytes:
+    containers: dict[int, list[int]] = {}
+    for value in values:
+        containers.setdefault(value >> 16, []).append(value & 0xFFFF)
+    keys = sorted(containers)
+    header = struct.pack("<II", _ROARING_NO_RUNS, len(keys))
+    header += b"".join(struct.pack("<HH", k, len(containers[k]) - 1) for k in keys)
+    payloads = []
+    for k in keys:
+        lows = containers[k]
+        if len(lows) <= 4096:
+            payloads.append(struct.pack(f"<{len(lows)}H", *lows))
+        else:
+            words = [0] * 1024
+            for low in lows:
+                words[low >> 6] |= 1 << (low & 63)
+            payloads.append(struct.pack("<1024Q", *words))
+    offset = len(header) + 4 * len(keys)
+    offsets = []
+    for payload in payloads:
+        offsets.append(struct.pack("<I", offset))
+        offset += len(payload)
+    return header + b"".join(offsets) + b"".join(payloads)
+
+
+def position_index(
+    spark: Any, path: str, positions: Iterable[int], spec: JavaPartitionSpec, partition: JavaStructLike | None
+) -> JavaPositionDeleteIndex:
+    """A data file's positions as a Java PositionDeleteIndex in a few py4j calls, whatever their number.
+
+    The blob is built here (dv_blob) and deserialized by Iceberg, which checks its length and CRC; the
+    DeleteFile it is read "from" only carries the blob's size (it is never written or committed).
+    """
+    jvm = _jvm(spark)
+    ordered = sorted(set(positions))
+    blob = dv_blob(ordered)
+    carrier = (
+        jvm.org.apache.iceberg.FileMetadata.deleteFileBuilder(spec).ofPositionDeletes()
+        .withFormat(jvm.org.apache.iceberg.FileFormat.PUFFIN).withPath(f"{path}.pending-dv")
+        .withPartition(partition).withFileSizeInBytes(len(blob)).withContentOffset(0)
+        .withContentSizeInBytes(len(blob)).withReferencedDataFile(path).withRecordCount(len(ordered)).build()
+    )
+    return read_deletion_vector(spark, cast(JavaDeleteFile, carrier), blob)
+
+
+@dataclass(frozen=True)
+class WrittenDVs:
+    """Deletion vectors written (one per data file, old positions included) and the ones they replace."""
+
+    added: list[JavaDeleteFile]
+    replaced: list[JavaDeleteFile]
+
+
+def write_deletion_vectors(
+    spark: Any,
+    table: JavaTable,
+    positions: Mapping[str, Iterable[int]],
+    files: Mapping[str, LiveDataFile],
+    previous: Mapping[str, JavaPositionDeleteIndex],
+) -> WrittenDVs:
+    """Write one Puffin file with a deletion vector per data file in `positions` (BaseDVFileWriter).
+
+    `previous`: the positions of each file's current DV (read_deletion_vector); the writer merges them into
+    the new DV and reports the old DV as replaced, so a data file keeps exactly one DV.
+    """
+    jvm = _jvm(spark)
+    _ensure_callback_server(spark)
+    factory = (
+        jvm.org.apache.iceberg.io.OutputFileFactory.builderFor(table, 0, 0)
+        .format(jvm.org.apache.iceberg.FileFormat.PUFFIN)
+        .build()
+    )
+    writer = cast(
+        JavaDVFileWriter, jvm.org.apache.iceberg.deletes.BaseDVFileWriter(factory, _PreviousDeletes(previous))
+    )
+    specs = table.specs()
+    try:
+        for path, poss in positions.items():
+            data_file = files[path].file
+            spec = specs[data_file.specId()]
+            partition = data_file.partition()
+            writer.delete(path, position_index(spark, path, poss, spec, partition), spec, partition)
+    finally:
+        writer.close()
+    result = writer.result()
+    return WrittenDVs(list(result.deleteFiles()), list(result.rewrittenDeleteFiles()))
+
+
+def commit_row_delta(
+    table: JavaTable,
+    base_snapshot_id: int | None,
+    data_files: Iterable[JavaDataFile],
+    dvs: WrittenDVs,
+    referenced: Iterable[str],
+    summary: Mapping[str, str],
+) -> int:
+    """Commit data files and deletion vectors in one snapshot, checked against everything since the base.
+
+    Fails (and nothing is published) if since `base_snapshot_id` another commit removed a data file the DVs
+    reference (compaction, DELETE) or added deletes to one of them; the caller's pass fails and the next
+    one starts over from the table. Returns the new snapshot's id.
+    """
+    delta = table.newRowDelta()
+    for data_file in data_files:
+        delta = delta.addRows(data_file)
+    for dv in dvs.added:
+        delta = delta.addDeletes(dv)
+    for old in dvs.replaced:
+        delta = delta.removeDeletes(old)
+    paths = list(referenced)
+    if base_snapshot_id is not None:
+        delta = delta.validateFromSnapshot(base_snapshot_id)
+    if paths:
+        delta = delta.validateDataFilesExist(paths).validateDeletedFiles().validateNoConflictingDeleteFiles()
+    for key, value in summary.items():
+        delta = delta.set(key, value)
+    delta.commit()
+    table.refresh()
+    current = table.currentSnapshot()
+    assert current is not None
+    return int(current.snapshotId())

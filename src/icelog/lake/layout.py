@@ -14,8 +14,10 @@ monotonic per partition so a day never goes back.
 The `table` layout (icelog.archive.layout=table; columns in schema/archive/iceberg_types.py) follows the Fluss
 FIP: partition spec identity(__bucket), or identity(<partition.by columns>…) then identity(__bucket), or with a
 bucket key bucket(<col>, <Kafka partitions>) (the broker keeps each record in the partition equal to its bucket);
-sort order __offset ASC. A TableSpec carries what a layout decides about a table besides its columns; an upsert
-table (a later primary key) is one more field of it. The layout is recorded in the table property
+sort order __offset ASC. A TableSpec carries what a layout decides about a table besides its columns, including
+the primary key of an upsert table (either layout; pipeline/upsert.py): such a table is Iceberg format v3,
+merge-on-read, with write-audit-publish enabled (its data files are staged, then committed with their deletion
+vectors), and records its key in the table property `icelog.primary-key`. The layout is recorded in the table property
 `icelog.layout`, and a table keeps the layout it was created with.
 """
 
@@ -60,6 +62,16 @@ ARCHIVE_TABLE_PROPERTIES: dict[str, str] = {
     "icelog.layout": "archive-v1",
 }
 LAYOUT_PROPERTY = "icelog.layout"
+PRIMARY_KEY_PROPERTY = "icelog.primary-key"
+# An upsert table: deletion vectors need format v3; merge-on-read so that no engine rewrites data files to delete;
+# WAP so that the archiver's Spark write stages its data files for the commit that adds them with their DVs.
+UPSERT_TABLE_PROPERTIES: dict[str, str] = {
+    "format-version": "3",
+    "write.delete.mode": "merge-on-read",
+    "write.update.mode": "merge-on-read",
+    "write.merge.mode": "merge-on-read",
+    "write.wap.enabled": "true",
+}
 LAYOUT_PROPERTY_VALUES = {LAYOUT_RECORD: "archive-v1", LAYOUT_TABLE: "table-v1"}
 
 SPARK_SCHEMA_DDL = ", ".join(f"{name} {kind}" for name, kind in ARCHIVE_COLUMNS)
@@ -91,7 +103,7 @@ class TableSpec:
     sort_order: tuple[str, ...]
     properties: Mapping[str, str] = field(default_factory=dict)
     bucket_key: str | None = None  # the column whose Iceberg bucket is the Kafka partition
-    primary_key: tuple[str, ...] = ()  # upsert tables (issue 10, items 4-6): the columns that identify a row
+    primary_key: tuple[str, ...] = ()  # upsert tables: the column paths that identify a row (() appends)
 
 
 RECORD_SPEC = TableSpec(
@@ -102,17 +114,30 @@ RECORD_SPEC = TableSpec(
 )
 
 
+def upsert_properties(primary_key: tuple[str, ...]) -> dict[str, str]:
+    """The properties an upsert table is created with (none for an append table)."""
+    if not primary_key:
+        return {}
+    return {**UPSERT_TABLE_PROPERTIES, PRIMARY_KEY_PROPERTY: ",".join(primary_key)}
+
+
 def table_spec(config: TableTopicConfig, partitions: int) -> TableSpec:
-    """The spec of a topic's table: RECORD_SPEC, or Fluss's rules for the table layout."""
+    """The spec of a topic's table: RECORD_SPEC, or Fluss's rules for the table layout (either with a primary key)."""
     if not config.is_table:
-        return RECORD_SPEC
+        if not config.primary_key:
+            return RECORD_SPEC
+        return TableSpec(LAYOUT_RECORD, RECORD_SPEC.partition_fields, RECORD_SPEC.sort_order,
+                         {**ARCHIVE_TABLE_PROPERTIES, **upsert_properties(config.primary_key)},
+                         primary_key=config.primary_key)
     fields = [PartitionField("identity", column) for column in config.partition_by]
     if config.bucket_key is not None:
         fields.append(PartitionField("bucket", config.bucket_key, partitions))
     else:
         fields.append(PartitionField("identity", BUCKET))
-    properties = {**ARCHIVE_TABLE_PROPERTIES, LAYOUT_PROPERTY: LAYOUT_PROPERTY_VALUES[LAYOUT_TABLE]}
-    return TableSpec(LAYOUT_TABLE, tuple(fields), (OFFSET,), properties, bucket_key=config.bucket_key)
+    properties = {**ARCHIVE_TABLE_PROPERTIES, LAYOUT_PROPERTY: LAYOUT_PROPERTY_VALUES[LAYOUT_TABLE],
+                  **upsert_properties(config.primary_key)}
+    return TableSpec(LAYOUT_TABLE, tuple(fields), (OFFSET,), properties, bucket_key=config.bucket_key,
+                     primary_key=config.primary_key)
 
 
 def layout_of_properties(properties: Mapping[str, str]) -> str | None:

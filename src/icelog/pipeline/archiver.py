@@ -53,6 +53,7 @@ from icelog.pipeline.reconcile import (
 )
 from icelog.pipeline.table_schema import ArchiveSchema, TableSchemas
 from icelog.pipeline.transactions import TransactionTracker
+from icelog.pipeline.upsert import write_upserts
 from icelog.topic_configs.archive import ARCHIVE_TABLE, ArchiveTopicConfig, archive_config
 from icelog.topic_configs.table import (
     ARCHIVE_LAYOUT,
@@ -223,13 +224,15 @@ class Archiver:
         """Stop starting topics; a topic still running is abandoned (its next run reconciles from the table)."""
         self._workers.shutdown(wait=False, cancel_futures=True)
 
-    def ensure_table(self, config: ArchiveTopicConfig, properties: dict[str, str] | None = None) -> None:
+    def ensure_table(
+        self, config: ArchiveTopicConfig, properties: dict[str, str] | None = None, spec: TableSpec = RECORD_SPEC
+    ) -> None:
         """Create the record layout's raw table (namespace, partition spec, sort order) unless it exists."""
         if config.identifier in self._tables_ready:
             return
         if not self.spark.catalog.tableExists(self.table_name(config)):
             for statement in archive_table_ddl(
-                self.settings.archive.catalog_name, config.namespace, config.table, properties=properties
+                self.settings.archive.catalog_name, config.namespace, config.table, spec=spec, properties=properties
             ).statements:
                 self.spark.sql(statement)
         self._tables_ready.add(config.identifier)
@@ -249,7 +252,7 @@ class Archiver:
             log.warning("%s: table %s has the %s layout; %s=%s is not applied to it", topic.name,
                         self.table_name(config), existing, ARCHIVE_LAYOUT, wanted.layout)
             wanted = TableTopicConfig(existing)
-        return table_spec(wanted, topic.partitions) if wanted.layout == LAYOUT_TABLE else RECORD_SPEC
+        return table_spec(wanted, topic.partitions)
 
     def sync_properties(self, topic: TopicRecord, config: ArchiveTopicConfig, spec: TableSpec) -> None:
         """Make the table's forwarded properties follow the topic's configs (iceberg.<p> → p, k → icelog.k).
@@ -319,7 +322,7 @@ class Archiver:
         properties = creation_properties(topic.configs)
         schema = self.schemas.resolve(topic, config, self.table_name(config), due, spec, properties)
         if schema is None:
-            self.ensure_table(config, properties)
+            self.ensure_table(config, properties, spec)
         self.sync_properties(topic, config, spec)
         committed = self.reconcile(topic, config)
         self._last_reconcile_ms[topic.topic_id] = now_ms
@@ -338,7 +341,7 @@ class Archiver:
         new_offsets = dict(committed.offsets)
         for archive in archives:
             new_offsets[archive.partition] = max(new_offsets.get(archive.partition, 0), archive.end_offset)
-        result.dead_letters = self.write(topic, config, archives, new_offsets, schema)
+        result.dead_letters = self.write(topic, config, archives, new_offsets, schema, spec)
         fault_point("after-commit")
         self.store.record_archive(topic.topic_id, new_offsets, int(self.clock() * 1000))
         result.archives = len(archives)
@@ -387,6 +390,7 @@ class Archiver:
         archives: list[PlannedArchive],
         new_offsets: dict[int, int],
         schema: ArchiveSchema | None = None,
+        spec: TableSpec = RECORD_SPEC,
     ) -> int:
         """Decode the archives in Spark workers (one task and one file each) and append them in one commit.
 
@@ -395,7 +399,7 @@ class Archiver:
         archives again without them, their offsets counted as archived. Returns the dead letters written.
         """
         try:
-            self._append(topic, config, archives, new_offsets, schema)
+            self._append(topic, config, archives, new_offsets, schema, spec)
             return 0
         except Exception as exc:
             if not is_worker_failure(exc):
@@ -411,7 +415,7 @@ class Archiver:
             dataclasses.replace(a, dead_letters=a.dead_letters + tuple(d.base_offset for d in found[i]))
             for i, a in enumerate(archives)
         ]
-        self._append(topic, config, archives, new_offsets, schema)
+        self._append(topic, config, archives, new_offsets, schema, spec)
         self.store.record_dead_letters(topic.topic_id, dead_letter_counts(self.spark, dlq))
         return written
 
@@ -422,6 +426,7 @@ class Archiver:
         archives: list[PlannedArchive],
         new_offsets: dict[int, int],
         schema: ArchiveSchema | None,
+        spec: TableSpec = RECORD_SPEC,
     ) -> None:
         intake_dir = self.intake_dir
         planned = list(archives)
@@ -459,14 +464,22 @@ class Archiver:
                         yield from decode_archive_protobuf(intake_dir, planned[index], key, value, arrow, decoders)
 
         frame = self.spark.range(0, len(planned), 1, len(planned)).mapInArrow(decode, ddl)
+        summary = {
+            OFFSETS_PROPERTY: encode_offsets(new_offsets),
+            TOPIC_ID_PROPERTY: str(topic.topic_id),
+            COMMIT_USER_PROPERTY: COMMIT_USER,
+        }
+        if spec.primary_key:  # an upsert table: staged data files + deletion vectors in one row delta
+            write_upserts(self.spark, self.table_name(config), frame, spec, summary, str(self.settings.data_dir),
+                          fault_point)
+            return
         writer = (
             frame.writeTo(self.table_name(config))
             # Each task holds one partition's archive in offset order already: no shuffle, no re-sort.
             .option("use-table-distribution-and-ordering", "false")
-            .option(f"snapshot-property.{OFFSETS_PROPERTY}", encode_offsets(new_offsets))
-            .option(f"snapshot-property.{TOPIC_ID_PROPERTY}", str(topic.topic_id))
-            .option(f"snapshot-property.{COMMIT_USER_PROPERTY}", COMMIT_USER)
         )
+        for name, text in summary.items():
+            writer = writer.option(f"snapshot-property.{name}", text)
         if schema is not None and schema.layout == LAYOUT_TABLE:
             # An archive spans many values of a partition.by column: one open file per value in the task.
             writer = writer.option("fanout-enabled", "true")

@@ -6,7 +6,7 @@ Every archive commit writes, in its snapshot summary, the full map of next offse
 others (compaction, deletes) carry no map: walk the current snapshot's ancestry to the newest one
 that does; if none is left (expired), derive the map from the data (max(kafka.offset) + 1).
 Snapshots that are not ancestors of the current one (staged, or written by a job that died before
-its commit) are never looked at.
+its commit) are never looked at. (The table layout's columns are __bucket and __offset.)
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from icelog.lake.iceberg_java import ancestry, load_table
+from icelog.lake.iceberg_java import ancestry, load_table, table_properties
+from icelog.lake.layout import LAYOUT_PROPERTY, LAYOUT_PROPERTY_VALUES
+from icelog.topic_configs.table import LAYOUT_TABLE
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +72,10 @@ def table_offsets(spark: Any, name: str, max_ancestors: int = 1000) -> TableOffs
         name,
         OFFSETS_PROPERTY,
     )
-    rows = spark.sql(
-        f"SELECT kafka.partition AS p, max(kafka.offset) + 1 AS o FROM {name} GROUP BY 1"
-    ).collect()
+    # (An upsert table holds no row for a trailing tombstone: re-archiving it deletes nothing twice.)
+    partition, offset = (
+        ("__bucket", "__offset") if table_properties(table).get(LAYOUT_PROPERTY) == LAYOUT_PROPERTY_VALUES[LAYOUT_TABLE]
+        else ("kafka.partition", "kafka.offset")
+    )
+    rows = spark.sql(f"SELECT {partition} AS p, max({offset}) + 1 AS o FROM {name} GROUP BY 1").collect()
     return TableOffsets({int(r.p): int(r.o) for r in rows}, current_id, -1, "data")

@@ -8,6 +8,10 @@
   icelog.table.bucket.key      <col> (table layout): the spec is bucket(<col>, <partitions>) with Iceberg's bucket
                                function, and produce refuses a record whose partition is not its bucket. One column
                                only (Iceberg has no multi-argument bucket transform yet). Fixed at creation.
+  icelog.table.primary.key     <col>[,<col>] (table layout): value columns identifying a row; the table is an
+                               upsert table (the latest record per key; a null value deletes the key's row).
+  cleanup.policy=compact       an upsert table keyed by the record key (__key, or key.__raw__ in the record layout).
+                               Both fixed at creation (pipeline/upsert.py).
   iceberg.<name>               forwarded to the table as the property <name> (iceberg.write.target-file-size-bytes).
 Every other explicit topic config is recorded on the table as `icelog.<key>` (FORWARD_PREFIX).
 """
@@ -20,6 +24,8 @@ from dataclasses import dataclass
 ARCHIVE_LAYOUT = "icelog.archive.layout"
 PARTITION_BY = "icelog.table.partition.by"
 BUCKET_KEY = "icelog.table.bucket.key"
+PRIMARY_KEY = "icelog.table.primary.key"
+CLEANUP_POLICY = "cleanup.policy"
 ICEBERG_PREFIX = "iceberg."
 FORWARD_PREFIX = "icelog."  # a topic config `k` (not iceberg.*) becomes the table property `icelog.k`
 
@@ -35,7 +41,8 @@ SYSTEM_COLUMNS = (KEY_BYTES, KEY_ERR, VALUE_BYTES, VALUE_PREFIX, VALUE_ERR, HEAD
 LAYOUT_RECORD, LAYOUT_TABLE = "record", "table"
 LAYOUTS = (LAYOUT_RECORD, LAYOUT_TABLE)
 # Configs that shape the table (columns, spec): changing them on an existing topic is refused.
-FIXED_AT_CREATION = (ARCHIVE_LAYOUT, PARTITION_BY, BUCKET_KEY)
+FIXED_AT_CREATION = (ARCHIVE_LAYOUT, PARTITION_BY, BUCKET_KEY, PRIMARY_KEY, CLEANUP_POLICY)
+RECORD_KEY_PATH = "key.__raw__"  # the record layout's key bytes: the primary key of its compacted topics
 
 
 def _check_layout(value: str) -> None:
@@ -74,10 +81,19 @@ def check_iceberg_key(key: str) -> None:
         raise ValueError(f"{key!r} does not name an Iceberg table property (iceberg.<property>, not icelog.*)")
 
 
+def _check_primary_key(value: str) -> None:
+    names = column_list(value)
+    if not names:
+        raise ValueError("names no column (a comma-separated list of top-level value columns)")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{value!r} names a column twice")
+
+
 CHECKS = {
     ARCHIVE_LAYOUT: _check_layout,
     PARTITION_BY: _check_partition_by,
     BUCKET_KEY: _check_bucket_key,
+    PRIMARY_KEY: _check_primary_key,
 }
 
 
@@ -88,6 +104,7 @@ class TableTopicConfig:
     layout: str = LAYOUT_RECORD
     partition_by: tuple[str, ...] = ()
     bucket_key: str | None = None
+    primary_key: tuple[str, ...] = ()  # the columns (paths) identifying a row of an upsert table; () appends
 
     @property
     def is_table(self) -> bool:
@@ -104,7 +121,13 @@ def table_config(explicit: Mapping[str, str], broker_defaults: Mapping[str, str]
         raise ValueError(f"{PARTITION_BY} and {BUCKET_KEY} need {ARCHIVE_LAYOUT}=table")
     if bucket and bucket[0] in partition_by:
         raise ValueError(f"column {bucket[0]!r} is both the bucket key and a partition column")
-    return TableTopicConfig(layout, partition_by, bucket[0] if bucket else None)
+    primary = tuple(column_list(configs.get(PRIMARY_KEY, "")))
+    if primary and layout != LAYOUT_TABLE:
+        raise ValueError(f"{PRIMARY_KEY} names value columns, which need {ARCHIVE_LAYOUT}=table "
+                         f"(with the record layout, {CLEANUP_POLICY}=compact keys the table by the record key)")
+    if not primary and configs.get(CLEANUP_POLICY) == "compact":
+        primary = (KEY_BYTES,) if layout == LAYOUT_TABLE else (RECORD_KEY_PATH,)
+    return TableTopicConfig(layout, partition_by, bucket[0] if bucket else None, primary)
 
 
 def forwarded_properties(explicit: Mapping[str, str]) -> dict[str, str]:
