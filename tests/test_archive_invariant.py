@@ -30,8 +30,9 @@ from icelog.meta.store import MetadataStore
 from icelog.pipeline.archiver import Archiver
 from icelog.pipeline.table_schema import message_property
 from icelog.schema.archive.rebuild import Rebuilder, rebuild_headers, rebuild_table_row
-from icelog.schema.archive.registry_source import HttpSchemaSource, SchemaNotFoundError, StoreSchemaSource
+from icelog.schema.archive.registry_source import StoreSchemaSource
 from icelog.schema.protobuf_schema import encode_envelope
+from icelog.schema.registry_client import RegistryClient, SchemaNotFoundError
 
 pytestmark = pytest.mark.slow
 
@@ -186,7 +187,7 @@ def test_every_archived_row_rebuilds_what_consumers_read(
 
     # The two schema sources agree: the store (embedded registry, what the archiver reads) and HTTP
     # (what it reads with registry_url), here against the broker's embedded registry.
-    http, local = HttpSchemaSource(lake_broker.registry_url), StoreSchemaSource(lake_store)
+    http, local = RegistryClient(lake_broker.registry_url), StoreSchemaSource(lake_store)
     for subject in (f"{order_topic}-value", f"{coerce_topic}-value"):
         over_http, in_store = http.latest(subject), local.latest(subject)
         assert over_http is not None and over_http == in_store

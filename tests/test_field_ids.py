@@ -225,7 +225,8 @@ def test_registry_outage_in_a_worker_fails_the_task_not_the_row() -> None:
     """A schema id the worker must fetch from an unreachable registry raises (pass retried), never an __err__ row."""
     from conftest import free_port
 
-    from icelog.schema.archive.registry_source import RegistryUnavailableError, SourceSpec
+    from icelog.schema.archive.registry_source import SourceSpec
+    from icelog.schema.registry_client import RegistryUnavailableError
 
     fds = compile_schema(V1, {})
     d = message_descriptor(fds, None, "ev.M")

@@ -17,11 +17,11 @@ from icelog.log.partition import OffsetRangeSource
 from icelog.meta.store import TopicRecord, open_store
 from icelog.pipeline.service import ArchiverProcess
 from icelog.readback.service import ReadBack
-from icelog.schema.archive.registry_source import HttpSchemaSource as HttpArchiveSchemas
 from icelog.schema.archive.registry_source import StoreSchemaSource
 from icelog.schema.enforce.enforcement import Enforcer, HttpSchemaSource, LocalSchemaSource, SchemaSource
 from icelog.schema.registry.server import RegistryServer
 from icelog.schema.registry.service import RegistryService
+from icelog.schema.registry_client import RegistryClient
 from icelog.topics import EffectiveConfig
 from icelog.wire.context import BrokerState
 from icelog.wire.server import KafkaServer
@@ -57,7 +57,7 @@ class Broker:
         self._stopping = asyncio.Event()
         self.archiver: ArchiverProcess | None = None
         # Read-back: partitions of archived topics serve offsets below the intake from the Iceberg table.
-        schemas = (HttpArchiveSchemas(settings.registry_url) if settings.registry_url
+        schemas = (RegistryClient(settings.registry_url) if settings.registry_url
                    else StoreSchemaSource(self.logs.store))
         self.readback = ReadBack(settings, schemas)
         if self.readback.enabled:
@@ -116,8 +116,6 @@ class Broker:
         await self.server.stop()
         if self.registry is not None:
             await self.registry.stop()
-        if isinstance(self.schema_source, HttpSchemaSource):
-            await self.schema_source.close()
         await self.transactions.stop()
         await self.groups.stop()
         failed = self.logs.writer.failed

@@ -53,16 +53,18 @@ from icelog.schema.archive.iceberg_types import (
 )
 from icelog.schema.archive.proto_decode import SideDecoding
 from icelog.schema.archive.registry_source import (
-    HttpSchemaSource,
-    LatestSchema,
-    RegistryUnavailableError,
-    SchemaNotFoundError,
     SchemaSource,
     SourceSpec,
     StoreSchemaSource,
 )
 from icelog.schema.archive.table_rules import check_spec_columns
 from icelog.schema.protobuf_schema import build_pool, main_file_of, message_name_at, parse_envelope
+from icelog.schema.registry_client import (
+    LatestSchema,
+    RegistryClient,
+    RegistryUnavailableError,
+    SchemaNotFoundError,
+)
 from icelog.topic_configs.archive import ArchiveTopicConfig
 from icelog.topic_configs.schema import MODE_AUTO, SIDES, key_of, side_config
 from icelog.topic_configs.table import (
@@ -219,7 +221,7 @@ class TableSchemas:
         if self._source is None:
             assert self.spec is not None
             if self.spec.kind == "http":
-                self._source = HttpSchemaSource(self.spec.location, self._compiled, self._version_ids)
+                self._source = RegistryClient(self.spec.location, self._compiled, self._version_ids)
             else:  # the embedded registry: the archiver's own store holds its state
                 self._source = StoreSchemaSource(self.store, self._compiled)
         return self._source

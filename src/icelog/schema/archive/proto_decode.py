@@ -26,8 +26,9 @@ from google.protobuf import descriptor_pb2, message_factory
 from icelog.schema.archive.iceberg_types import ERR, PREFIX, RAW, Column
 from icelog.schema.archive.proto_values import FieldPart, column_values, struct_converter, struct_parts
 from icelog.schema.archive.rebuild import invertible
-from icelog.schema.archive.registry_source import RegistryUnavailableError, SourceSpec, open_source
+from icelog.schema.archive.registry_source import SourceSpec, open_source
 from icelog.schema.protobuf_schema import build_pool, main_file_of, message_name_at, parse_envelope
+from icelog.schema.registry_client import RegistryUnavailableError
 
 
 @dataclass(frozen=True)

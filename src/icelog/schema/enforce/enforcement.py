@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-from urllib.parse import quote
 
 from google.protobuf import descriptor_pb2, message_factory
 from google.protobuf.message import DecodeError
@@ -32,13 +31,13 @@ from icelog.schema.archive.table_rules import BUCKETABLE, check_spec_columns
 from icelog.schema.enforce.buckets import BucketLocator
 from icelog.schema.protobuf_schema import (
     InvalidSchemaError,
-    compile_schema,
     encode_envelope,
     main_file_of,
     message_descriptor,
     message_indexes_of,
     parse_envelope,
 )
+from icelog.schema.registry_client import RegistryClient, SchemaNotFoundError
 from icelog.topic_configs.schema import SIDES, SideSchemaConfig, side_config
 from icelog.topic_configs.table import BUCKET_KEY, KEY_BYTES, table_config
 
@@ -78,53 +77,19 @@ class LocalSchemaSource:
 
 
 class HttpSchemaSource:
-    """An external Confluent-compatible registry (`registry_url`)."""
+    """An external Confluent-compatible registry (`registry_url`): the shared registry client, off the event loop."""
 
     def __init__(self, url: str) -> None:
-        self.url = url.rstrip("/")
-        self._session: Any = None
-
-    async def _get(self, path: str) -> Any:
-        import aiohttp
-
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
-        async with self._session.get(self.url + path) as response:
-            body = await response.json(content_type=None)
-            if response.status == 404:
-                return None
-            if response.status != 200:
-                raise InvalidSchemaError(f"schema registry {self.url}{path}: {response.status} {body}")
-            return body
+        self.client = RegistryClient(url)
 
     async def latest_id(self, subject: str) -> int | None:
-        body = await self._get(f"/subjects/{quote(subject, safe='')}/versions/latest")
-        return None if body is None else int(body["id"])
+        return await asyncio.to_thread(self.client.latest_id, subject)
 
     async def descriptor_set(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet:
-        body = await self._get(f"/schemas/ids/{schema_id}")
-        if body is None:
-            raise InvalidSchemaError(f"schema {schema_id} not found in {self.url}")
-        references: dict[str, str] = {}
-        pending = list(body.get("references") or [])
-        while pending:
-            ref = pending.pop()
-            if ref["name"] in references:
-                continue
-            found = await self._get(f"/subjects/{quote(ref['subject'], safe='')}/versions/{int(ref['version'])}")
-            if found is None:
-                raise InvalidSchemaError(f"reference {ref} not found in {self.url}")
-            references[ref["name"]] = found["schema"]
-            pending.extend(found.get("references") or [])
-        loop = asyncio.get_running_loop()
-        fds: descriptor_pb2.FileDescriptorSet = await loop.run_in_executor(
-            None, compile_schema, body["schema"], references
-        )
-        return fds
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        try:
+            return await asyncio.to_thread(self.client.by_id, schema_id)
+        except SchemaNotFoundError as exc:
+            raise InvalidSchemaError(str(exc)) from None
 
 
 class InvalidRecordsError(KafkaApiError):
