@@ -23,8 +23,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from conftest import BrokerProcess
 
 from icelog.config import Settings, load_settings
+from icelog.faults import FAULT_ENV
 from icelog.meta.store import MetadataStore, open_store
-from icelog.pipeline.archiver import FAULT_ENV, Archiver
+from icelog.pipeline.archiver import Archiver
 
 ARCHIVE_ENV = {
     "ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg",

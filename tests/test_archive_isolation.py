@@ -25,9 +25,10 @@ from conftest import BrokerProcess
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from icelog.config import Settings
+from icelog.faults import FAULT_ENV
 from icelog.log import intake_file
 from icelog.meta.store import MetadataStore, open_store
-from icelog.pipeline.archiver import FAULT_ENV, Archiver
+from icelog.pipeline.archiver import Archiver
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""Test hook: kill the broker like a power cut's kill -9 at a named point of a durable write.
+"""Test hook: kill the process (broker or archive job) like a power cut's kill -9 at a named point of a durable write.
 
 `ICELOG_TEST_FAULT=<point>[,<point>...]` makes `fault_point(point)` end the process at once (exit 137,
 no clean-up), so tests can check what survives a crash at the worst moment. Points (where they sit):
@@ -8,7 +8,11 @@ no clean-up), so tests can check what survives a crash at the worst moment. Poin
   txn-completed        CompleteCommit/CompleteAbort is stored, EndTxn not yet answered
   schema-stored        a registry write is stored, the HTTP request not yet answered
   trim-committed       an intake trim is stored, the files it released not yet deleted
-The archiver has its own hook (ICELOG_ARCHIVE_FAULT, pipeline/archiver.py).
+The archive job's points (pipeline/archiver.py, pipeline/upsert.py):
+  after-write                data files and a staged, never-published snapshot exist
+  after-commit               the table has the archive, the metadata store does not know yet
+  after-commit-before-index  an upsert table's snapshot is committed, its primary-key index not updated
+  after-dead-letters         undecodable batches are in the dead-letter table, the archive not yet committed
 """
 
 from __future__ import annotations
@@ -23,8 +27,13 @@ log = logging.getLogger(__name__)
 _points = frozenset(p.strip() for p in os.environ.get(FAULT_ENV, "").split(",") if p.strip())
 
 
+def armed(name: str) -> bool:
+    """Whether ICELOG_TEST_FAULT names this point (for code that must prepare the crash, e.g. stage first)."""
+    return name in _points
+
+
 def fault_point(name: str) -> None:
     """Die here (exit 137, nothing flushed or closed) when ICELOG_TEST_FAULT names this point."""
     if name in _points:
-        log.error("fault injection: killing the broker at %s", name)
+        log.error("fault injection: killing the process at %s", name)
         os._exit(137)

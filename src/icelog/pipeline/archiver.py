@@ -17,7 +17,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
-import os
 import re
 import time
 import uuid
@@ -28,6 +27,7 @@ from typing import Any
 
 from icelog.config import Settings
 from icelog.errors import IcelogError
+from icelog.faults import armed, fault_point
 from icelog.lake import iceberg_java
 from icelog.lake.layout import (
     RECORD_SPEC,
@@ -69,10 +69,6 @@ log = logging.getLogger(__name__)
 POLL_CHUNKS = 10_000  # intake chunks per partition one poll plans from (the rest wait for later passes)
 RETRY_BACKOFF_FIRST_MS = 1000  # first wait after a topic fails; doubles per failure up to retry_backoff_max_ms
 RECONCILE_EVERY_MS = 60_000  # re-read a table's offsets at least this often even when nothing is due
-
-# Test hook: kill the job process at a stage ("after-write": data files and a staged, never-published
-# snapshot exist; "after-commit": the table has the archive, the metadata store does not know yet).
-FAULT_ENV = "ICELOG_ARCHIVE_FAULT"
 
 # The table property listing the properties a topic's configs forwarded (so a config deleted later is removed).
 FORWARDED_PROPERTY = "icelog.forwarded-properties"
@@ -483,7 +479,7 @@ class Archiver:
         if schema is not None and schema.layout == LAYOUT_TABLE:
             # An archive spans many values of a partition.by column: one open file per value in the task.
             writer = writer.option("fanout-enabled", "true")
-        if os.environ.get(FAULT_ENV) == "after-write":
+        if armed("after-write"):
             # Stage the snapshot (files written, snapshot not current) and die before publishing it.
             self.spark.sql(
                 f"ALTER TABLE {self.table_name(config)} SET TBLPROPERTIES ('write.wap.enabled'='true')"
@@ -499,13 +495,6 @@ def creation_properties(configs: dict[str, str]) -> dict[str, str]:
     forwarded = forwarded_properties(configs)
     listed = ",".join(sorted(k for k in forwarded if k not in CREATION_ONLY_PROPERTIES))
     return {**forwarded, FORWARDED_PROPERTY: listed}
-
-
-def fault_point(name: str) -> None:
-    """Die here, like a kill -9, when the test hook names this stage."""
-    if os.environ.get(FAULT_ENV) == name:
-        log.error("fault injection: killing the archive job at %s", name)
-        os._exit(137)
 
 
 def first_line(exc: BaseException) -> str:
