@@ -46,7 +46,8 @@ def archiver_settings(args: argparse.Namespace) -> Settings:
 
 
 def cmd_archive(args: argparse.Namespace) -> int:
-    from icelog.pipeline.service import ArchiverLock, ArchiveService
+    from icelog.pipeline.locks import ArchiverLock
+    from icelog.pipeline.service import ArchiveService
 
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),

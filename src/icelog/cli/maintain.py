@@ -27,9 +27,9 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     from icelog.errors import IcelogError
     from icelog.lake.layout import quote_identifier
     from icelog.meta.store import open_store
+    from icelog.pipeline.locks import ArchiverLock
     from icelog.pipeline.maintenance import MaintenancePolicy, maintain_table
     from icelog.pipeline.maintenance_schedule import MAINTENANCE_LOCK, record_of, table_key
-    from icelog.pipeline.service import ArchiverLock
     from icelog.topic_configs.archive import archive_config
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

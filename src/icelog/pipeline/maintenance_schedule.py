@@ -27,6 +27,7 @@ from icelog.lake.iceberg_java import load_table, table_properties
 from icelog.lake.layout import quote_identifier
 from icelog.meta.store import MaintenanceRecord, MetadataStore
 from icelog.pipeline.archiver import first_line
+from icelog.pipeline.locks import ArchiverLock
 from icelog.pipeline.maintenance import (
     MaintenancePolicy,
     MaintenanceResult,
@@ -34,7 +35,6 @@ from icelog.pipeline.maintenance import (
     maintain_table,
     table_state,
 )
-from icelog.pipeline.service import ArchiverLock
 from icelog.topic_configs.archive import archive_config
 
 log = logging.getLogger(__name__)

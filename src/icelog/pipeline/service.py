@@ -6,19 +6,15 @@ broker's event loop or GIL. The Spark session starts only once some topic is arc
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
-import time
-from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from icelog.config import Settings
-from icelog.errors import IcelogError
 from icelog.meta.store import MetadataStore, open_store
 from icelog.pipeline.archiver import Archiver, TopicPassResult, first_line
 from icelog.topic_configs.archive import archive_config
@@ -29,45 +25,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SETTINGS_ENV = "ICELOG_ARCHIVER_SETTINGS"  # the parent broker's Settings as JSON
-
-
-class ArchiverLock:
-    """An exclusive lock on <data_dir>/archiver.lock: two archivers would append the same records twice.
-
-    (Also <data_dir>/maintenance.lock: one maintenance round at a time, the archiver's or `icelog maintain`'s.)
-    """
-
-    def __init__(self, data_dir: Path, name: str = "archiver.lock") -> None:
-        self.path = Path(data_dir) / name
-        self._handle: IO[str] | None = None
-
-    def acquire(self, wait_s: float = 0.0) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+")  # noqa: SIM115 - held open while the lock is held
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    handle.close()
-                    hint = (
-                        "run one archiver per data directory" if self.path.name == "archiver.lock"
-                        else "a maintenance round is running there; try again when it ends"
-                    )
-                    raise IcelogError(f"another process holds {self.path}; {hint}") from None
-                time.sleep(0.2)
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
-        self._handle = handle
-
-    def release(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
 
 
 def lower_priority(niceness: int) -> None:

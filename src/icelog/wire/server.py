@@ -13,7 +13,7 @@ from kafka.protocol.api_key import ApiKey
 from icelog.errors import ErrorCode
 from icelog.wire import codec, handlers  # noqa: F401  (handlers register themselves)
 from icelog.wire.context import HANDLERS, BrokerState, RequestContext
-from icelog.wire.versions import SUPPORTED_VERSIONS, is_supported
+from icelog.wire.versions import build_api_versions_response, is_supported
 
 log = logging.getLogger(__name__)
 
@@ -168,13 +168,3 @@ class KafkaServer:
 
 async def _unsupported_api_versions() -> Any:
     return build_api_versions_response(0, ErrorCode.UNSUPPORTED_VERSION)
-
-
-def build_api_versions_response(version: int, error: ErrorCode = ErrorCode.NONE) -> Any:
-    """An ApiVersions response listing every API icelog serves."""
-    cls = codec.response_class(ApiKey.ApiVersions)
-    keys = [
-        cls.ApiVersion(api_key=int(k), min_version=lo, max_version=hi)
-        for k, (lo, hi) in sorted(SUPPORTED_VERSIONS.items())
-    ]
-    return cls(error_code=int(error), api_keys=keys, throttle_time_ms=0)

@@ -7,7 +7,12 @@ one. Held back on purpose (see docs/architecture.md): Fetch >= 13, Produce >= 10
 
 from __future__ import annotations
 
+from typing import Any
+
 from kafka.protocol.api_key import ApiKey
+
+from icelog.errors import ErrorCode
+from icelog.wire import codec
 
 SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     ApiKey.Produce: (0, 9),
@@ -46,3 +51,13 @@ def is_supported(api_key: int, api_version: int) -> bool:
     """Whether icelog serves this API at this version."""
     versions = SUPPORTED_VERSIONS.get(api_key)
     return versions is not None and versions[0] <= api_version <= versions[1]
+
+
+def build_api_versions_response(version: int, error: ErrorCode = ErrorCode.NONE) -> Any:
+    """An ApiVersions response listing every API icelog serves."""
+    cls = codec.response_class(ApiKey.ApiVersions)
+    keys = [
+        cls.ApiVersion(api_key=int(k), min_version=lo, max_version=hi)
+        for k, (lo, hi) in sorted(SUPPORTED_VERSIONS.items())
+    ]
+    return cls(error_code=int(error), api_keys=keys, throttle_time_ms=0)

@@ -10,14 +10,13 @@ from kafka.protocol.metadata import MetadataResponse
 
 from icelog.errors import ErrorCode, KafkaApiError
 from icelog.wire.context import RequestContext, handles
+from icelog.wire.versions import build_api_versions_response
 
 log = logging.getLogger(__name__)
 
 
 @handles(ApiKey.ApiVersions)
 async def api_versions(ctx: RequestContext, request: Any) -> Any:
-    from icelog.wire.server import build_api_versions_response
-
     return build_api_versions_response(ctx.api_version)
 
 
