@@ -163,6 +163,14 @@ class JavaUpdateProperties(Protocol):
     def commit(self) -> None: ...
 
 
+class JavaExpireSnapshots(Protocol):
+    """org.apache.iceberg.ExpireSnapshots (the table API, not the Spark action)."""
+
+    def expireSnapshotId(self, snapshot_id: int) -> JavaExpireSnapshots: ...
+    def cleanExpiredFiles(self, clean: bool) -> JavaExpireSnapshots: ...
+    def commit(self) -> None: ...
+
+
 class JavaTable(Protocol):
     """org.apache.iceberg.Table."""
 
@@ -179,6 +187,7 @@ class JavaTable(Protocol):
     def sortOrder(self) -> Any: ...
     def newRowDelta(self) -> JavaRowDelta: ...
     def newScan(self) -> JavaTableScan: ...
+    def expireSnapshots(self) -> JavaExpireSnapshots: ...
     def io(self) -> JavaFileIO: ...
     def specs(self) -> Mapping[int, JavaPartitionSpec]: ...
 
@@ -332,6 +341,23 @@ def staged_snapshot(table: JavaTable, wap_id: str) -> JavaSnapshot | None:
         if snapshot.summary().get(WAP_ID_PROPERTY) == wap_id:
             return snapshot
     return None
+
+
+def staged_snapshots(table: JavaTable) -> list[JavaSnapshot]:
+    """Snapshots staged under a WAP id and never published (not an ancestor of the current snapshot)."""
+    staged = [s for s in table.snapshots() if s.summary().get(WAP_ID_PROPERTY) is not None]
+    if not staged:
+        return []
+    published = {int(s.snapshotId()) for s in ancestry(table, 1 << 30)}
+    return [s for s in staged if int(s.snapshotId()) not in published]
+
+
+def drop_snapshots(table: JavaTable, snapshot_ids: Iterable[int]) -> None:
+    """Remove snapshots from the table's metadata in one commit, deleting no file (their files may be live)."""
+    expire = table.expireSnapshots()
+    for snapshot_id in snapshot_ids:
+        expire = expire.expireSnapshotId(snapshot_id)
+    expire.cleanExpiredFiles(False).commit()
 
 
 def snapshots_since(table: JavaTable, snapshot_id: int) -> list[JavaSnapshot] | None:
