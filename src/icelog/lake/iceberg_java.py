@@ -383,15 +383,17 @@ class LiveDataFile:
     dv: JavaDeleteFile | None
 
 
-def live_data_files(table: JavaTable, snapshot_id: int, paths: Collection[str]) -> dict[str, LiveDataFile]:
-    """The data files named, as the snapshot has them, each with its deletion vector.
+def live_data_files(
+    table: JavaTable, snapshot_id: int, paths: Collection[str] | None = None
+) -> dict[str, LiveDataFile]:
+    """The data files named (None: all of them), as the snapshot has them, each with its deletion vector.
 
     Plans the snapshot's scan (manifests only, no data read); a path missing from the result is not live
     (compaction replaced it, or a DELETE removed it).
     """
-    wanted = set(paths)
+    wanted = None if paths is None else set(paths)
     found: dict[str, LiveDataFile] = {}
-    if not wanted:
+    if wanted is not None and not wanted:
         return found
     tasks = table.newScan().useSnapshot(snapshot_id).planFiles()
     try:
@@ -400,7 +402,7 @@ def live_data_files(table: JavaTable, snapshot_id: int, paths: Collection[str]) 
             task = iterator.next()
             data_file = task.file()
             location = str(data_file.location())
-            if location not in wanted:
+            if wanted is not None and location not in wanted:
                 continue
             dvs = [d for d in task.deletes() if d.referencedDataFile() is not None]
             found[location] = LiveDataFile(data_file, dvs[0] if dvs else None)

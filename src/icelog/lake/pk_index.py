@@ -104,9 +104,16 @@ class PrimaryKeyIndex:
         with self._env.begin(write=True) as txn:
             txn.drop(self._rows, delete=False)
             txn.delete(_SNAPSHOT_KEY, db=self._meta)
-            for key, entry in rows:
-                txn.put(key, _pack(entry), db=self._rows)
-                count += 1
+            counted = 0
+
+            def packed() -> Iterator[tuple[bytes, bytes]]:
+                nonlocal counted
+                for key, entry in rows:
+                    counted += 1
+                    yield key, _pack(entry)
+
+            txn.cursor(db=self._rows).putmulti(packed())
+            count = counted
             if snapshot_id is not None:
                 txn.put(_SNAPSHOT_KEY, str(snapshot_id).encode(), db=self._meta)
         return count

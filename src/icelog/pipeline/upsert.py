@@ -2,8 +2,8 @@
 
 A pass (the rows decoded by the archiver's Spark workers, as for an append table):
   1. the table's primary-key index (lake/pk_index.py) is brought to the table's current snapshot (the base),
-     rebuilt from the table when it reflects another snapshot or none (reading only the key, `_file`, `_pos`
-     and the offset of live rows; Spark honours the deletion vectors);
+     rebuilt from the table when it reflects another snapshot or none (reading only the key and offset columns
+     of each live data file, less the positions of its deletion vector);
   2. Spark decodes and writes every row of the pass as a staged snapshot (write-audit-publish: `spark.wap.id`,
      never published), in one job as an append does: each task keeps its archive's offset order (no
      distribution, no re-sort, no shuffle);
@@ -37,7 +37,7 @@ from typing import Any
 
 from icelog.errors import IcelogError
 from icelog.lake import iceberg_java
-from icelog.lake.layout import PRIMARY_KEY_PROPERTY, TableSpec, quote_path
+from icelog.lake.layout import PRIMARY_KEY_PROPERTY, TableSpec
 from icelog.lake.pk_index import IndexEntry, PrimaryKeyIndex, encode_key
 from icelog.topic_configs.table import (
     BUCKET,
@@ -256,8 +256,9 @@ def refresh_index(spark: Any, table_name: str, spec: TableSpec, index: PrimaryKe
     When every snapshot since the index's is a REPLACE (external compaction: `rewrite_data_files`, or a
     rewrite of delete files or manifests), the rows those snapshots moved are updated in place (Nobu's
     mailbox, applied before the batch). Otherwise (no index, a crash before the index update, a foreign
-    append or DELETE) the index is rebuilt from the table, reading only the key, `_file`, `_pos` and offset
-    columns of the live rows (deletion vectors honoured).
+    append or DELETE) the index is rebuilt from the table: for each live data file of the snapshot (planned
+    from the manifests), pyarrow reads its key and offset columns and pyiceberg its deletion vector, whose
+    positions are left out. No Spark job, and the driver holds one data file's keys at a time.
     """
     known = index.snapshot_id()
     if known == base:
@@ -267,16 +268,11 @@ def refresh_index(spark: Any, table_name: str, spec: TableSpec, index: PrimaryKe
     if base is None:
         index.rebuild(None, ())
         return True
-    selected = ", ".join(f"{quote_path(c)} AS k{i}" for i, c in enumerate(spec.primary_key))
-    query = (
-        f"SELECT {selected}, _file, _pos, {quote_path(offset_column(spec))} AS o "
-        f"FROM {table_name} VERSION AS OF {base}"
-    )
-    width = len(spec.primary_key)
+    files = iceberg_java.live_data_files(iceberg_java.load_table(spark, table_name), base)
 
     def rows() -> Iterator[tuple[bytes, IndexEntry]]:
-        for row in spark.sql(query).toLocalIterator():
-            yield encode_key(tuple(row[:width])), IndexEntry(str(row["_file"]), int(row["_pos"]), int(row["o"]))
+        for location, live in files.items():
+            yield from _live_rows(location, live.dv, spec)
 
     count = index.rebuild(base, rows())
     log.info("%s: primary-key index rebuilt from snapshot %d (%d keys)", table_name, base, count)
@@ -372,6 +368,29 @@ def _read_keys(location: str, spec: TableSpec) -> Iterator[tuple[bytes, int]]:
     keys = [data.column(f"k{i}").to_pylist() for i in range(len(spec.primary_key))]
     for i, offset in enumerate(data.column("o").to_pylist()):
         yield encode_key(tuple(k[i] for k in keys)), int(offset)
+
+
+def _live_rows(
+    location: str, dv: iceberg_java.JavaDeleteFile | None, spec: TableSpec
+) -> Iterator[tuple[bytes, IndexEntry]]:
+    """(encoded key, index entry) of each row of a data file its deletion vector does not delete (pyarrow reads the
+    key and offset columns, pyiceberg the DV's Puffin file)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyiceberg.table.puffin import PuffinFile
+
+    data = _read_columns(location, spec)
+    keep = data.column("has_key").combine_chunks()
+    if dv is not None:
+        filesystem, path = _open(str(dv.location()))
+        with filesystem.open_input_file(path) as handle:
+            deleted = PuffinFile(handle.read()).to_vector()[location].combine_chunks()
+        positions = pa.array(range(data.num_rows), pa.int64())
+        keep = pc.and_(keep, pc.invert(pc.is_in(positions, value_set=deleted.cast(pa.int64()))))
+    live = data.append_column("pos", pa.array(range(data.num_rows), pa.int64())).filter(keep)
+    keys = [live.column(f"k{i}").to_pylist() for i in range(len(spec.primary_key))]
+    for i, (pos, offset) in enumerate(zip(live.column("pos").to_pylist(), live.column("o").to_pylist(), strict=True)):
+        yield encode_key(tuple(k[i] for k in keys)), IndexEntry(location, pos, offset)
 
 
 def _read_blob(dv: iceberg_java.JavaDeleteFile) -> bytes:
