@@ -1,16 +1,22 @@
-"""Upsert benchmark: one archive pass into a primary-key table against a plain append and Spark MERGE INTO.
+"""Upsert benchmark: one archive pass into primary-key tables of 1 M and 10 M rows, against a plain append and
+Spark MERGE INTO of the same batch.
 
-Run: .venv/bin/python bench/upsert_bench.py [--seed 200000] [--batch 100000] [--updates 0.1]
+Run: .venv/bin/python bench/upsert_bench.py [--sizes 1000000,10000000] [--batch 100000] [--updates 0.1]
 
 One run, same machine and moment (a real broker, confluent-kafka producing, the real archiver):
-  1. three table-layout topics get the same `--seed` records (distinct keys): `append` (plain),
-     `upsert` (cleanup.policy=compact) and `merge` (compact too: the MERGE baseline's target), archived;
-  2. the same batch of `--batch` records (`--updates` of them update seeded keys, the rest are new) goes to
-     each; one archive pass of `append` and of `upsert` is timed (ratio append time / upsert time; target
-     >= 0.5);
-  3. baseline: the batch's rows (read from the append table) MERGE INTO the `merge` table with Spark SQL
-     (merge-on-read: Spark writes DVs too); ratio MERGE time / upsert time (target >= 3).
-Not measured yet: the same batch into a 1 M-row and a 10 M-row table (cost independent of table size).
+  1. per size N, a compacted table-layout topic (4 partitions) whose table holds N rows of distinct keys, as
+     if N records had been archived and then trimmed from the intake: the archiver creates the table from one
+     record per partition, Spark appends the N rows (bucket, offset, key, value as the archiver writes them;
+     the offsets map in the snapshot summary), the broker's partitions are moved past them (log start = high
+     watermark = the table's offsets: the only direct store edit, with the broker stopped), and one archive
+     pass of one record per partition builds the primary-key index from the table (timed, reported);
+  2. the same batch of `--batch` records (`--updates` of them update seeded keys, the rest new keys) goes to
+     each topic and to a plain `append` topic; one archive pass each is timed: append time / upsert time
+     (target >= 0.5) and the upsert times of the two sizes (target <= 1.5x apart);
+  3. baseline: a branch of each upsert table at its pre-batch snapshot takes the batch's rows (read from the
+     upsert table and cached before timing: MERGE does not pay for decoding) by Spark SQL `MERGE INTO`
+     (merge-on-read: Spark writes DVs too); MERGE time / upsert time (target >= 3). Both end with equal rows.
+The archiver logs every upsert pass's stage times (icelog.pipeline.upsert at INFO).
 """
 
 from __future__ import annotations
@@ -19,10 +25,12 @@ import argparse
 import logging
 import os
 import platform
+import sqlite3
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -34,15 +42,26 @@ from icelog.config import load_settings  # noqa: E402
 from icelog.lake.spark import create_session  # noqa: E402
 from icelog.meta.store import open_store  # noqa: E402
 from icelog.pipeline.archiver import Archiver  # noqa: E402
+from icelog.pipeline.reconcile import (  # noqa: E402
+    COMMIT_USER_PROPERTY,
+    OFFSETS_PROPERTY,
+    TOPIC_ID_PROPERTY,
+    encode_offsets,
+)
 
 PARTITIONS = 4
 ENV = {"ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg", "ICELOG_ARCHIVE__ENABLED": "false"}
+COMPACT = {"icelog.archive.layout": "table", "cleanup.policy": "compact"}
 
 
-def produce(bootstrap: str, topic: str, keys: list[int], tag: str) -> None:
+def produce(bootstrap: str, topic: str, keys: list[int], tag: str, partition: int | None = None) -> None:
     producer = ck.Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4"})
     for n, key in enumerate(keys):
-        producer.produce(topic, key=f"k{key:09d}".encode(), value=(f"{tag}{key}-".encode() * 20)[:100])
+        value = (f"{tag}{key}-".encode() * 20)[:100]
+        if partition is None:
+            producer.produce(topic, key=f"k{key:09d}".encode(), value=value)
+        else:
+            producer.produce(topic, key=f"k{key:09d}".encode(), value=value, partition=partition)
         if n % 10_000 == 0:
             producer.poll(0)
     assert producer.flush(60) == 0
@@ -57,13 +76,59 @@ def timed_pass(archiver: Archiver, topic: str) -> float:
     return elapsed
 
 
+def seed_rows(spark: Any, table: str, size: int, first_offset: int) -> dict[int, int]:
+    """Append `size` rows of distinct keys k000000000.. as the archiver writes them; returns the offsets map.
+
+    Row i goes to bucket i % 4 at offset first_offset + i // 4; each Spark task writes its rows in offset
+    order, one file per bucket (no shuffle), like archive passes do.
+    """
+    from pyspark.sql import functions as F
+
+    per_bucket = -(-size // PARTITIONS)
+    ids = spark.range(0, size, 1, max(4, size // 250_000))
+    known = {
+        "__key": F.concat(F.lit("k"), F.lpad(F.col("id").cast("string"), 9, "0")).cast("binary"),
+        "__value": F.substring(F.repeat(F.concat(F.lit("a"), F.col("id").cast("string"), F.lit("-")), 20), 1, 100
+                               ).cast("binary"),
+        "__bucket": (F.col("id") % PARTITIONS).cast("int"),
+        "__offset": (F.col("id") / PARTITIONS).cast("long") + first_offset,
+        "__batch_start": (F.col("id") / PARTITIONS).cast("long") + first_offset,
+        "__timestamp": F.current_timestamp(),
+    }
+    fields = spark.table(table).schema.fields
+    rows = ids.select(*[known.get(f.name, F.lit(None).cast(f.dataType)).alias(f.name) for f in fields])
+    offsets = {p: first_offset + per_bucket for p in range(PARTITIONS)}
+    summary = dict(spark.sql(f"SELECT summary FROM {table}.snapshots ORDER BY committed_at DESC LIMIT 1"
+                             ).collect()[0].summary)
+    summary[OFFSETS_PROPERTY] = encode_offsets(offsets)
+    writer = rows.writeTo(table).option("use-table-distribution-and-ordering", "false").option("fanout-enabled", "true")
+    for name in (OFFSETS_PROPERTY, TOPIC_ID_PROPERTY, COMMIT_USER_PROPERTY):
+        if name in summary:
+            writer = writer.option(f"snapshot-property.{name}", summary[name])
+    writer.append()
+    return offsets
+
+
+def move_partitions(broker: BrokerProcess, metadata_path: str, topic: str, offsets: dict[int, int]) -> None:
+    """With the broker stopped: the topic's partitions start (and end) at the table's offsets."""
+    broker.stop()
+    with sqlite3.connect(metadata_path) as conn:
+        [(topic_id,)] = conn.execute("SELECT topic_id FROM topics WHERE name = ?", (topic,)).fetchall()
+        for partition, offset in offsets.items():
+            conn.execute("DELETE FROM intake_chunks WHERE topic_id = ? AND partition = ?", (topic_id, partition))
+            conn.execute("UPDATE partitions SET log_start_offset = ?, high_watermark = ?, intake_chunks = 0, "
+                         "intake_bytes = 0 WHERE topic_id = ? AND partition = ?", (offset, offset, topic_id, partition))
+    broker.start()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seed", type=int, default=200_000)
+    parser.add_argument("--sizes", default="1000000,10000000")
     parser.add_argument("--batch", type=int, default=100_000)
     parser.add_argument("--updates", type=float, default=0.1)
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("icelog.pipeline.upsert").setLevel(logging.INFO)  # where an upsert pass's time goes
     workdir = Path(tempfile.mkdtemp(prefix="upsert-bench-"))
     broker = BrokerProcess(workdir / "data", env=ENV).start()
@@ -73,35 +138,62 @@ def main() -> None:
         store = open_store(settings.metadata_url)
         archiver = Archiver(settings, spark, store)
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-        configs = {"append": {"icelog.archive.layout": "table"},
-                   "upsert": {"icelog.archive.layout": "table", "cleanup.policy": "compact"},
-                   "merge": {"icelog.archive.layout": "table", "cleanup.policy": "compact"}}
-        for topic, config in configs.items():
+        topics = {"append": {"icelog.archive.layout": "table"}, **{f"up{n}": COMPACT for n in sizes}}
+        for topic, config in topics.items():
             admin.create_topics([NewTopic(topic, PARTITIONS, config=config)])[topic].result(30)
-        seed = list(range(args.seed))
-        updated = max(1, int(args.batch * args.updates))
-        batch = list(range(0, args.seed, max(1, args.seed // updated)))[:updated]
-        batch += list(range(args.seed, args.seed + args.batch - len(batch)))
-        print(f"seed {args.seed} keys, batch {len(batch)} records ({updated} updates)", flush=True)
-        for topic in configs:
-            produce(broker.bootstrap, topic, seed, "a")
+        big = max(sizes)
+        print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+              f"load {os.getloadavg()[0]:.1f}", flush=True)
+        for n in sizes:  # seed: one record per partition creates the table, then Spark appends n rows
+            topic, table = f"up{n}", f"lake.icelog.up{n}"
+            for p in range(PARTITIONS):
+                produce(broker.bootstrap, topic, [big + 10_000_000 + p], "i", partition=p)
             timed_pass(archiver, topic)
-        for topic in configs:
+            start = time.perf_counter()
+            offsets = seed_rows(spark, table, n, 1)
+            print(f"  {topic}: {n} rows seeded by Spark in {time.perf_counter() - start:.1f} s", flush=True)
+            move_partitions(broker, settings.metadata_url.removeprefix("sqlite:///"), topic, offsets)
+            for p in range(PARTITIONS):  # the first pass after the seed builds the index from the table
+                produce(broker.bootstrap, topic, [big + 20_000_000 + p], "w", partition=p)
+            index_s = timed_pass(archiver, topic)
+            print(f"  {topic}: pass with the index build from {n} rows: {index_s:.1f} s", flush=True)
+            spark.sql(f"ALTER TABLE {table} CREATE BRANCH merge_base")
+        produce(broker.bootstrap, "append", [big + 30_000_000], "i")
+        timed_pass(archiver, "append")
+
+        updated = max(1, int(args.batch * args.updates))
+        step = max(1, min(sizes) // updated)
+        batch = list(range(0, min(sizes), step))[:updated] + list(range(big, big + args.batch - updated))
+        print(f"batch {len(batch)} records ({updated} updates of seeded keys), load {os.getloadavg()[0]:.1f}",
+              flush=True)
+        for topic in topics:
             produce(broker.bootstrap, topic, batch, "b")
         append_s = timed_pass(archiver, "append")
-        upsert_s = timed_pass(archiver, "upsert")
-        spark.sql("SELECT * FROM icelog.append WHERE substring(__value, 1, 1) = X'62'"
-                  ).createOrReplaceTempView("batch_rows")
-        start = time.perf_counter()
-        spark.sql("MERGE INTO icelog.merge t USING batch_rows s ON t.__key = s.__key "
-                  "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *").collect()
-        merge_s = time.perf_counter() - start
-        print(f"  MERGE INTO: {merge_s:.1f} s", flush=True)
-        counts = {t: spark.sql(f"SELECT count(*) AS n FROM icelog.{t}").collect()[0].n for t in configs}
-        print(f"rows: {counts} (upsert and merge must be equal)")
-        print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
-        print(f"upsert/append throughput ratio: {append_s / upsert_s:.2f} (target >= 0.5)")
-        print(f"MERGE time / upsert time: {merge_s / upsert_s:.2f} (target >= 3)")
+        upsert_s = {n: timed_pass(archiver, f"up{n}") for n in sizes}
+        merge_s: dict[int, float] = {}
+        for n in sizes:
+            table = f"lake.icelog.up{n}"
+            source = spark.table(table).where("substring(__value, 1, 1) = X'62'").cache()
+            assert source.count() == len(batch)
+            source.createOrReplaceTempView("batch_rows")
+            start = time.perf_counter()
+            spark.sql(f"MERGE INTO {table}.branch_merge_base t USING batch_rows s ON t.__key = s.__key "
+                      "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *").collect()
+            merge_s[n] = time.perf_counter() - start
+            source.unpersist()
+            print(f"  MERGE INTO the {n}-row table's branch: {merge_s[n]:.1f} s", flush=True)
+            rows = spark.sql(f"SELECT count(*) AS n FROM {table}").collect()[0].n
+            merged = spark.sql(f"SELECT count(*) AS n FROM {table} VERSION AS OF 'merge_base'").collect()[0].n
+            print(f"  rows: upsert table {rows}, MERGE branch {merged} (must be equal)", flush=True)
+            assert rows == merged
+        small, large = min(sizes), max(sizes)
+        print(f"upsert/append throughput ratio ({small}-row table): {append_s / upsert_s[small]:.2f} (target >= 0.5)")
+        if large != small:
+            print(f"upsert time {large} rows / {small} rows: {upsert_s[large] / upsert_s[small]:.2f} "
+                  "(target <= 1.5)")
+        for n in sizes:
+            print(f"MERGE time / upsert time ({n}-row table): {merge_s[n] / upsert_s[n]:.2f} (target >= 3)")
+        print(f"load at the end {os.getloadavg()[0]:.1f}")
         store.close()
         spark.stop()
     finally:

@@ -19,6 +19,7 @@ from conftest import BrokerProcess
 from icelog.config import Settings
 from icelog.lake.pk_index import IndexEntry, PrimaryKeyIndex, encode_key
 from icelog.pipeline.archiver import Archiver
+from icelog.pipeline.reconcile import decode_offsets
 
 pytestmark = pytest.mark.slow
 
@@ -331,3 +332,155 @@ def test_deletion_vector_blobs_read_back_by_iceberg(lake_spark: Any) -> None:
     assert index.cardinality() == len(set(positions))
     probes = [*sparse, 69_999, 70_000, 79_999, 80_000, 2, 65_534, 1 << 32, (1 << 32) + 4, (1 << 32) + 5]
     assert [bool(index.isDeleted(p)) for p in probes] == [p in set(positions) for p in probes]
+
+
+@pytest.mark.parametrize("concurrent", ["rewrite-referenced", "user-delete", "rewrite-elsewhere"])
+def test_a_concurrent_commit_during_an_upsert_pass_never_corrupts_the_table_or_the_index(
+    concurrent: str, lake_broker: BrokerProcess, lake_archiver: Archiver, lake_spark: Any, lake_settings: Settings,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Another writer commits between the pass's plan (index look-ups, DVs written) and its RowDelta commit.
+
+    rewrite-referenced: Spark's rewrite_data_files moves the rows the pass replaces; user-delete: a user's DELETE
+    adds a DV to a data file the pass also marks. Both make the RowDelta validation fail: the pass fails cleanly
+    (nothing of it is visible), and the next pass redoes it exactly. rewrite-elsewhere: a compaction of files the
+    pass does not touch, which validation allows: the pass commits, and the index, which did not see the
+    compaction, is rebuilt on the next pass instead of following a snapshot it does not know.
+    """
+    from icelog.pipeline import archiver as archiver_module
+
+    topic = f"pk_race_{concurrent.replace('-', '_')}"
+    create_topic(lake_broker, topic, 3, {"cleanup.policy": "compact", "icelog.archive.layout": "table"})
+    first = [(f"k{i}".encode(), f"a{i}".encode()) for i in range(24)]
+    produced = send(lake_broker, topic, first)
+    pass_ok(lake_archiver, topic)
+    # Updates of keys in partitions 0 and 1 only (send() routes by sum(key) % 3), a tombstone, a new key.
+    touched = [k for k, _v in first if sum(k) % 3 != 2][:6]
+    victim = next(k for k, _v in first if sum(k) % 3 == 2)  # partition 2: deleted by the user, never re-produced
+    second = [(k, b"b-" + k) for k in touched] + [(touched[-1], None), (b"new0", b"b-new")]
+    produced += send(lake_broker, topic, second)
+    spark_table = f"icelog.`{topic}`"
+    statements = {
+        "rewrite-referenced": f"CALL lake.system.rewrite_data_files(table => 'icelog.{topic}', "
+                              "options => map('rewrite-all', 'true'))",
+        "user-delete": f"DELETE FROM {spark_table} WHERE __key IN (X'{touched[0].hex()}', X'{victim.hex()}')",
+        "rewrite-elsewhere": f"CALL lake.system.rewrite_data_files(table => 'icelog.{topic}', "
+                             "where => '__bucket = 2', options => map('rewrite-all', 'true'))",
+    }
+    ran: list[str] = []
+
+    def concurrent_commit(stage: str) -> None:
+        if stage == "after-write" and not ran:
+            ran.append(stage)
+            lake_spark.sql(statements[concurrent]).collect()
+
+    before = spark_latest(lake_spark, topic, "table")
+    monkeypatch.setattr(archiver_module, "fault_point", concurrent_commit)
+    [result] = lake_archiver.run_pass(force=True, topics=[topic])
+    monkeypatch.undo()
+    assert ran
+    expected = latest(produced)
+    if concurrent == "user-delete":  # the user deleted touched[0] (re-produced since: it comes back) and victim
+        before = {k: v for k, v in before.items() if k not in (touched[0], victim)}
+        expected.pop(victim)
+    if concurrent == "rewrite-elsewhere":
+        assert result.error == ""
+        check_table(lake_spark, lake_settings, topic, "table", expected)
+        metadata = catalog_table(lake_settings, topic).metadata
+        index = PrimaryKeyIndex.for_table(lake_settings.data_dir, str(metadata.table_uuid))
+        try:
+            assert index.snapshot_id() is None  # stale on purpose: rebuilt by the next pass
+        finally:
+            index.close()
+    else:
+        assert result.error, "the RowDelta validation must refuse the commit"
+        assert spark_latest(lake_spark, topic, "table") == before  # nothing of the failed pass is visible
+    produced += send(lake_broker, topic, [(touched[1], b"c-" + touched[1]), (b"new1", b"c-new")])
+    expected = latest(produced)
+    if concurrent == "user-delete":
+        expected.pop(victim)
+    with caplog.at_level(logging.INFO, logger="icelog.pipeline.upsert"):
+        pass_ok(lake_archiver, topic)  # redoes the failed pass's records too
+    if concurrent == "rewrite-elsewhere":
+        assert "primary-key index rebuilt" in caplog.text
+    check_table(lake_spark, lake_settings, topic, "table", expected)
+    check_index(lake_spark, lake_settings, topic, "table")
+
+
+def test_maintenance_compacts_an_upsert_table_and_the_index_follows(
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_spark: Any, lake_settings: Settings,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`icelog maintain` rewrites the data files whose DVs cover much of them (DVs applied, dropped); the next
+    upserts find the moved rows through the index (it follows the REPLACE snapshots, no rebuild), and every
+    engine still returns exactly the latest row per live key. `icelog status --tables` shows the key and the
+    index state: stale after the compaction, at the current snapshot after the next pass."""
+    from test_maintenance import run_icelog
+
+    topic = "pk_maintained"
+    create_topic(lake_broker, topic, 2, {"cleanup.policy": "compact", "icelog.archive.layout": "table"})
+    produced = send(lake_broker, topic, [(f"k{i}".encode(), f"a{i}".encode()) for i in range(40)], partitions=2)
+    pass_ok(lake_archiver, topic)
+    produced += send(lake_broker, topic, [(f"k{i}".encode(), f"b{i}".encode()) for i in range(30)]
+                     + [(b"k31", None)], partitions=2)
+    pass_ok(lake_archiver, topic)
+    produced += send(lake_broker, topic, [(b"k35", b"c35"), (b"k36", b"c36")], partitions=2)
+    pass_ok(lake_archiver, topic)
+    expected = latest(produced)
+    assert lake_spark.sql(f"SELECT * FROM lake.icelog.`{topic}`.delete_files").collect()  # the first files' DVs
+
+    done = run_icelog(lake_settings, "maintain", "--topic", topic)
+    assert done.returncode == 0, done.stderr
+    assert "rewritten into" in done.stdout, done.stdout
+    operation = lake_spark.sql(
+        f"SELECT operation FROM lake.icelog.`{topic}`.snapshots ORDER BY committed_at DESC LIMIT 1"
+    ).collect()[0].operation
+    assert operation == "replace"
+    assert not lake_spark.sql(f"SELECT * FROM lake.icelog.`{topic}`.delete_files").collect()  # DVs applied
+    data_rows = sum(f.record_count for f in lake_spark.sql(
+        f"SELECT record_count FROM lake.icelog.`{topic}`.data_files").collect())
+    assert data_rows == len(expected)  # replaced rows are gone from the files, not just masked
+    check_table(lake_spark, lake_settings, topic, "table", expected)
+    status = run_icelog(lake_settings, "status", "--tables")
+    assert status.returncode == 0, status.stderr
+    [line] = [x for x in status.stdout.splitlines() if x.startswith(f"icelog.{topic} ")]
+    assert " __key " in line and "stale (at " in line, line
+
+    more = [(f"k{i}".encode(), f"d{i}".encode()) for i in range(0, 40, 3)] + [(b"k1", None), (b"k99", b"d99")]
+    produced += send(lake_broker, topic, more, partitions=2)
+    with caplog.at_level(logging.INFO, logger="icelog.pipeline.upsert"):
+        pass_ok(lake_archiver, topic)
+    assert "follows REPLACE snapshot" in caplog.text and "rebuilt" not in caplog.text
+    check_table(lake_spark, lake_settings, topic, "table", latest(produced))
+    check_index(lake_spark, lake_settings, topic, "table")
+    status = run_icelog(lake_settings, "status", "--tables")
+    [line] = [x for x in status.stdout.splitlines() if x.startswith(f"icelog.{topic} ")]
+    current = catalog_table(lake_settings, topic).metadata.current_snapshot_id
+    assert f"at snapshot {current}" in line, line
+
+
+def test_staged_snapshots_do_not_pile_up_and_the_summary_carries_commit_user_and_offsets(
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_spark: Any, lake_settings: Settings
+) -> None:
+    """Each pass stages its data files under a WAP id; those staged snapshots are dropped once more than
+    STAGED_SNAPSHOTS_KEPT are left, so after any number of passes at most that many remain. Each commit's
+    summary has the commit user and the next offset per bucket (Fluss's committer does the same)."""
+    from icelog.pipeline.upsert import STAGED_SNAPSHOTS_KEPT
+
+    topic = "pk_staged"
+    create_topic(lake_broker, topic, 2, {"cleanup.policy": "compact", "icelog.archive.layout": "table"})
+    produced: list[Record] = []
+    passes = STAGED_SNAPSHOTS_KEPT + 3
+    for n in range(passes):
+        produced += send(lake_broker, topic, [(f"k{i}".encode(), f"v{n}-{i}".encode()) for i in range(n, n + 3)],
+                         partitions=2)
+        pass_ok(lake_archiver, topic)
+        snapshots = catalog_table(lake_settings, topic).metadata.snapshots
+        staged = [s for s in snapshots if s.summary is not None and "wap.id" in s.summary.additional_properties]
+        assert len(staged) <= STAGED_SNAPSHOTS_KEPT
+        assert len(snapshots) == n + 1 + len(staged)  # one published snapshot per pass, no more
+    check_table(lake_spark, lake_settings, topic, "table", latest(produced))
+    summary = catalog_table(lake_settings, topic).metadata.current_snapshot().summary.additional_properties
+    assert summary["commit-user"] == "icelog-archiver"
+    next_offsets = {p: max(o for q, o, _k, _v in produced if q == p) + 1 for p in (0, 1)}
+    assert decode_offsets(summary["icelog.archive.offsets"]) == next_offsets

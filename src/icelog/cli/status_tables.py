@@ -5,13 +5,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from icelog.config import Settings
+from icelog.lake.pk_index import describe_index
 from icelog.lake.table_stats import open_catalog, table_stats
 from icelog.meta.store import open_store
 from icelog.topic_configs.archive import archive_config
 
 COLUMNS = (
     "TABLE", "AUTO-MAINTENANCE", "DATA-FILES", "AVG-FILE-BYTES", "DELETE-FILES", "SNAPSHOTS", "RECORDS",
-    "LAST-MAINTENANCE", "RESULT",
+    "PRIMARY-KEY", "PK-INDEX", "LAST-MAINTENANCE", "RESULT",
 )
 
 
@@ -41,7 +42,11 @@ def print_tables(settings: Settings) -> int:
                 str(stats.records),
             )
         )
-        rows.append((key, "on" if config.auto_maintenance else "off", *numbers, when, result))
+        primary_key, index = "-", "-"
+        if stats is not None and stats.primary_key:  # an upsert table: its key and its primary-key index
+            primary_key = stats.primary_key
+            index = describe_index(settings.data_dir, stats.table_uuid, stats.snapshot_id)
+        rows.append((key, "on" if config.auto_maintenance else "off", *numbers, primary_key, index, when, result))
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())

@@ -163,6 +163,14 @@ class JavaUpdateProperties(Protocol):
     def commit(self) -> None: ...
 
 
+class JavaExpireSnapshots(Protocol):
+    """org.apache.iceberg.ExpireSnapshots (the table API, not the Spark action)."""
+
+    def expireSnapshotId(self, snapshot_id: int) -> JavaExpireSnapshots: ...
+    def cleanExpiredFiles(self, clean: bool) -> JavaExpireSnapshots: ...
+    def commit(self) -> None: ...
+
+
 class JavaTable(Protocol):
     """org.apache.iceberg.Table."""
 
@@ -179,6 +187,7 @@ class JavaTable(Protocol):
     def sortOrder(self) -> Any: ...
     def newRowDelta(self) -> JavaRowDelta: ...
     def newScan(self) -> JavaTableScan: ...
+    def expireSnapshots(self) -> JavaExpireSnapshots: ...
     def io(self) -> JavaFileIO: ...
     def specs(self) -> Mapping[int, JavaPartitionSpec]: ...
 
@@ -334,6 +343,23 @@ def staged_snapshot(table: JavaTable, wap_id: str) -> JavaSnapshot | None:
     return None
 
 
+def staged_snapshots(table: JavaTable) -> list[JavaSnapshot]:
+    """Snapshots staged under a WAP id and never published (not an ancestor of the current snapshot)."""
+    staged = [s for s in table.snapshots() if s.summary().get(WAP_ID_PROPERTY) is not None]
+    if not staged:
+        return []
+    published = {int(s.snapshotId()) for s in ancestry(table, 1 << 30)}
+    return [s for s in staged if int(s.snapshotId()) not in published]
+
+
+def drop_snapshots(table: JavaTable, snapshot_ids: Iterable[int]) -> None:
+    """Remove snapshots from the table's metadata in one commit, deleting no file (their files may be live)."""
+    expire = table.expireSnapshots()
+    for snapshot_id in snapshot_ids:
+        expire = expire.expireSnapshotId(snapshot_id)
+    expire.cleanExpiredFiles(False).commit()
+
+
 def snapshots_since(table: JavaTable, snapshot_id: int) -> list[JavaSnapshot] | None:
     """The current snapshot's ancestors committed after `snapshot_id`, oldest first (None: not an ancestor)."""
     newer: list[JavaSnapshot] = []
@@ -357,15 +383,17 @@ class LiveDataFile:
     dv: JavaDeleteFile | None
 
 
-def live_data_files(table: JavaTable, snapshot_id: int, paths: Collection[str]) -> dict[str, LiveDataFile]:
-    """The data files named, as the snapshot has them, each with its deletion vector.
+def live_data_files(
+    table: JavaTable, snapshot_id: int, paths: Collection[str] | None = None
+) -> dict[str, LiveDataFile]:
+    """The data files named (None: all of them), as the snapshot has them, each with its deletion vector.
 
     Plans the snapshot's scan (manifests only, no data read); a path missing from the result is not live
     (compaction replaced it, or a DELETE removed it).
     """
-    wanted = set(paths)
+    wanted = None if paths is None else set(paths)
     found: dict[str, LiveDataFile] = {}
-    if not wanted:
+    if wanted is not None and not wanted:
         return found
     tasks = table.newScan().useSnapshot(snapshot_id).planFiles()
     try:
@@ -374,7 +402,7 @@ def live_data_files(table: JavaTable, snapshot_id: int, paths: Collection[str]) 
             task = iterator.next()
             data_file = task.file()
             location = str(data_file.location())
-            if location not in wanted:
+            if wanted is not None and location not in wanted:
                 continue
             dvs = [d for d in task.deletes() if d.referencedDataFile() is not None]
             found[location] = LiveDataFile(data_file, dvs[0] if dvs else None)

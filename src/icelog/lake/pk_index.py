@@ -68,7 +68,7 @@ class PrimaryKeyIndex:
 
     @classmethod
     def for_table(cls, data_dir: str | Path, table_uuid: str) -> PrimaryKeyIndex:
-        return cls(Path(data_dir).resolve() / "pk-index" / table_uuid)
+        return cls(index_directory(data_dir, table_uuid))
 
     def close(self) -> None:
         self._env.close()
@@ -104,9 +104,16 @@ class PrimaryKeyIndex:
         with self._env.begin(write=True) as txn:
             txn.drop(self._rows, delete=False)
             txn.delete(_SNAPSHOT_KEY, db=self._meta)
-            for key, entry in rows:
-                txn.put(key, _pack(entry), db=self._rows)
-                count += 1
+            counted = 0
+
+            def packed() -> Iterator[tuple[bytes, bytes]]:
+                nonlocal counted
+                for key, entry in rows:
+                    counted += 1
+                    yield key, _pack(entry)
+
+            txn.cursor(db=self._rows).putmulti(packed())
+            count = counted
             if snapshot_id is not None:
                 txn.put(_SNAPSHOT_KEY, str(snapshot_id).encode(), db=self._meta)
         return count
@@ -125,6 +132,33 @@ class PrimaryKeyIndex:
     def __len__(self) -> int:
         with self._env.begin(db=self._rows) as txn:
             return int(txn.stat(self._rows)["entries"])
+
+
+def index_directory(data_dir: str | Path, table_uuid: str) -> Path:
+    return Path(data_dir).resolve() / "pk-index" / table_uuid
+
+
+def describe_index(data_dir: str | Path, table_uuid: str, table_snapshot: int | None) -> str:
+    """For `icelog status --tables`: "at snapshot N" (current), "stale (at N)" / "stale (empty)" (the next pass
+    refreshes it), or "missing" (the next pass builds it). Read-only: never creates or changes the index."""
+    import lmdb
+
+    directory = index_directory(data_dir, table_uuid)
+    if not (directory / "data.mdb").exists():
+        return "missing"
+    env = lmdb.open(str(directory), readonly=True, max_dbs=2, subdir=True)
+    try:
+        meta = env.open_db(b"meta", create=False)
+        with env.begin(db=meta) as txn:
+            raw = txn.get(_SNAPSHOT_KEY)
+    except lmdb.NotFoundError:
+        raw = None
+    finally:
+        env.close()
+    if raw is None:
+        return "stale (empty)"
+    snapshot = int(raw.decode())
+    return f"at snapshot {snapshot}" if snapshot == table_snapshot else f"stale (at {snapshot})"
 
 
 def _pack(entry: IndexEntry) -> bytes:

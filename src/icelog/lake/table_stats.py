@@ -8,6 +8,7 @@ from typing import Any
 from icelog.config import Settings
 from icelog.errors import ConfigError
 from icelog.lake.catalog import pyiceberg_catalog_opener
+from icelog.lake.layout import PRIMARY_KEY_PROPERTY
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,9 @@ class TableStats:
     data_bytes: int
     records: int
     snapshots: int
+    table_uuid: str = ""
+    snapshot_id: int | None = None  # the current snapshot
+    primary_key: str = ""  # an upsert table's key columns (icelog.primary-key), "" for an append table
 
     @property
     def average_file_bytes(self) -> int:
@@ -57,4 +61,7 @@ def table_stats(catalog: Any | None, namespace: str, table: str) -> TableStats |
         data_bytes=data_bytes,
         records=int(summary.get("total-records", 0)),
         snapshots=len(loaded.metadata.snapshots),
+        table_uuid=str(loaded.metadata.table_uuid),
+        snapshot_id=None if snapshot is None else int(snapshot.snapshot_id),
+        primary_key=loaded.properties.get(PRIMARY_KEY_PROPERTY, ""),
     )

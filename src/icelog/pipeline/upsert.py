@@ -2,19 +2,25 @@
 
 A pass (the rows decoded by the archiver's Spark workers, as for an append table):
   1. the table's primary-key index (lake/pk_index.py) is brought to the table's current snapshot (the base),
-     rebuilt from the table when it reflects another snapshot or none (reading only the key, `_file`, `_pos`
-     and the offset of live rows; Spark honours the deletion vectors);
-  2. within the pass only the latest row per key is kept (highest offset); a latest row that is a tombstone
-     (null value) is not written but deletes the key's previous row;
-  3. Spark writes the kept rows' data files as a staged snapshot (write-audit-publish: `spark.wap.id`), never
-     published;
-  4. the driver reads the key and offset columns of those files (position = row number), looks the keys up in
-     the index, and writes one deletion vector per data file that holds a replaced row (BaseDVFileWriter, into
-     one Puffin file; a file's existing DV is merged in and replaced, so a data file keeps one DV);
+     rebuilt from the table when it reflects another snapshot or none (reading only the key and offset columns
+     of each live data file, less the positions of its deletion vector);
+  2. Spark decodes and writes every row of the pass as a staged snapshot (write-audit-publish: `spark.wap.id`,
+     never published), in one job as an append does: each task keeps its archive's offset order (no
+     distribution, no re-sort, no shuffle);
+  3. the driver reads the key, offset, bucket and value-nullness columns of those files (position = row
+     number) and finds the latest row per key in the pass (highest offset) by one pyarrow sort; rows that are
+     not their key's latest, tombstones (null value: they delete the key's previous row) and rows without a key
+     are marked deleted in their new file's deletion vector, in the same commit;
+  4. the driver looks the latest keys up in the index, and writes one deletion vector per data file that holds
+     a replaced row or a masked row of this pass (BaseDVFileWriter, into one Puffin file; a file's existing DV
+     is merged in and replaced, so a data file keeps one DV);
   5. one RowDelta commits the staged data files and the DVs, with the offsets map in the snapshot summary
      (exactly-once as for appends: reconcile.py), validated against every commit since the base (a
      concurrent compaction or DELETE of a referenced file fails it; the next pass starts over);
-  6. the index takes the new rows and the new snapshot id in one transaction.
+  6. the index takes the new rows and the new snapshot id in one transaction (unless a concurrent commit
+     landed between the base and this one: then the index is marked stale and rebuilt next pass);
+  7. once more than STAGED_SNAPSHOTS_KEPT staged snapshots are left (their files now belong to committed
+     snapshots, or to crashed passes: orphans that maintenance removes), they are dropped from the metadata.
 A crash before 5 leaves unreferenced files and a staged snapshot; after 5, an index behind the table, which 1
 rebuilds. Never equality deletes, never a data file rewritten on the write path.
 """
@@ -31,7 +37,7 @@ from typing import Any
 
 from icelog.errors import IcelogError
 from icelog.lake import iceberg_java
-from icelog.lake.layout import PRIMARY_KEY_PROPERTY, TableSpec, quote_path
+from icelog.lake.layout import PRIMARY_KEY_PROPERTY, TableSpec
 from icelog.lake.pk_index import IndexEntry, PrimaryKeyIndex, encode_key
 from icelog.topic_configs.table import (
     BUCKET,
@@ -46,7 +52,7 @@ log = logging.getLogger(__name__)
 
 # spark.wap.id is a session conf: upsert writes of different topics (archiver threads) take turns staging.
 _STAGE_LOCK = threading.Lock()
-_RANK = "__icelog_rank"
+STAGED_SNAPSHOTS_KEPT = 4  # staged (WAP) snapshots of committed passes dropped once there are more
 
 
 @dataclass(frozen=True)
@@ -68,14 +74,6 @@ def partition_column(spec: TableSpec) -> str:
     return BUCKET if spec.layout == LAYOUT_TABLE else "kafka.partition"
 
 
-def tombstone_condition(spec: TableSpec, columns: list[str]) -> str:
-    """Spark SQL: the row's record had a null value."""
-    if spec.layout != LAYOUT_TABLE:
-        return "`value` IS NULL"
-    present = [c for c in (VALUE_BYTES, VALUE_PREFIX, VALUE_ERR) if c in columns]
-    return " AND ".join(f"{quote_path(c)} IS NULL" for c in present)
-
-
 def write_upserts(
     spark: Any,
     table_name: str,
@@ -86,9 +84,6 @@ def write_upserts(
     fault: Callable[[str], None] = lambda _stage: None,
 ) -> UpsertResult:
     """Upsert the decoded rows of one pass into the table in one commit (see the module docstring)."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
     table = iceberg_java.load_table(spark, table_name)
     key_property = ",".join(spec.primary_key)
     found_key = iceberg_java.table_properties(table).get(PRIMARY_KEY_PROPERTY)
@@ -112,45 +107,26 @@ def write_upserts(
         rebuilt = refresh_index(spark, table_name, spec, index, base)
         stages.done("index")
 
-        keys = [F.col(quote_path(c)) for c in spec.primary_key]
-        order = Window.partitionBy(*keys).orderBy(
-            F.col(quote_path(offset_column(spec))).desc(), F.col(quote_path(partition_column(spec))).desc()
-        )
-        has_key = F.lit(True)
-        for column in keys:
-            has_key = has_key & column.isNotNull()
-        latest = frame.where(has_key).withColumn(_RANK, F.row_number().over(order)).where(F.col(_RANK) == 1)
-        latest = latest.drop(_RANK).persist()
-        try:
-            tombstone = F.expr(tombstone_condition(spec, latest.columns))
-            tombstoned = [
-                encode_key(tuple(row)) for row in latest.where(tombstone).select(*keys).toLocalIterator()
-            ]
-            stages.done("dedup")
-            staged = _stage(spark, table_name, latest.where(~tombstone))
-            stages.done("stage")
-        finally:
-            latest.unpersist()
+        # One Spark job, as for an append: decode and write every row (superseded ones too) as a staged snapshot.
+        staged = _stage(spark, table_name, frame)
+        stages.done("stage")
 
         table = iceberg_java.load_table(spark, table_name)
         data_files = [] if staged is None else iceberg_java.added_data_files(table, staged)
-        new_rows: dict[bytes, IndexEntry] = {}
-        for data_file in data_files:
-            location = str(data_file.location())
-            for pos, (key, offset) in enumerate(_read_keys(location, spec)):
-                new_rows[key] = IndexEntry(location, pos, offset)
+        batch = read_batch(data_files, spec)
         stages.done("read-keys")
+        new_rows, masked, tombstoned = batch.new_rows, batch.masked, batch.tombstoned
         old = index.lookup([*new_rows, *tombstoned])
         stages.done("lookup")
         positions: dict[str, set[int]] = {}
         for entry in old.values():
             positions.setdefault(entry.file, set()).add(entry.pos)
+        referenced = list(positions)  # rows of the base: the commit checks their files are still live
 
         dvs = iceberg_java.WrittenDVs([], [])
-        if positions:
-            assert base is not None  # the index holds rows only of a table that has a snapshot
-            files = iceberg_java.live_data_files(table, base, positions)
-            missing = sorted(set(positions) - set(files))
+        if positions or masked:
+            files = {} if base is None else iceberg_java.live_data_files(table, base, referenced)
+            missing = sorted(set(referenced) - set(files))
             if missing:
                 index.forget_snapshot()
                 raise IcelogError(
@@ -162,21 +138,100 @@ def write_upserts(
                 for path, live in files.items()
                 if live.dv is not None
             }
+            for data_file in data_files:  # this pass's own superseded rows, tombstones and keyless rows
+                location = str(data_file.location())
+                if location in masked:
+                    files[location] = iceberg_java.LiveDataFile(data_file, None)
+                    positions[location] = masked[location]
             stages.done("plan")
             dvs = iceberg_java.write_deletion_vectors(spark, table, positions, files, previous)
             stages.done("dvs")
         fault("after-write")
-        snapshot_id = iceberg_java.commit_row_delta(table, base, data_files, dvs, positions, summary)
+        snapshot_id = iceberg_java.commit_row_delta(table, base, data_files, dvs, referenced, summary)
         stages.done("commit")
         fault("after-commit-before-index")
-        index.apply(snapshot_id, new_rows, [k for k in tombstoned if k not in new_rows])
-        replaced = sum(len(p) for p in positions.values())
+        committed = table.snapshot(snapshot_id)
+        if committed is not None and committed.parentId() != base:
+            # Another commit the validation allows (e.g. a compaction of files this pass did not touch) landed
+            # between the base and this commit: the index does not know its changes, so it is rebuilt.
+            index.forget_snapshot()
+            log.warning("%s: a concurrent commit landed during the upsert pass; the index is rebuilt next pass",
+                        table_name)
+        else:
+            index.apply(snapshot_id, new_rows, [k for k in tombstoned if k not in new_rows])
         stages.done("index-update")
+        staged_left = iceberg_java.staged_snapshots(table)
+        if len(staged_left) > STAGED_SNAPSHOTS_KEPT:  # the staged snapshots of passes committed (or crashed)
+            iceberg_java.drop_snapshots(table, [int(s.snapshotId()) for s in staged_left])
+            stages.done("drop-staged")
+        replaced = sum(len(p) for p in positions.values()) - sum(len(p) for p in masked.values())
         log.info("upsert %s: %d rows written, %d tombstones, %d rows replaced (%d deletion vectors); %s",
                  table_name, len(new_rows), len(tombstoned), replaced, len(dvs.added), stages)
         return UpsertResult(snapshot_id, len(new_rows), len(tombstoned), replaced, rebuilt)
     finally:
         index.close()
+
+
+@dataclass
+class Batch:
+    """What a pass's staged data files hold, found by reading their key, offset, bucket and value columns."""
+
+    new_rows: dict[bytes, IndexEntry]  # each key's latest row in the pass, when it is not a tombstone
+    masked: dict[str, set[int]]  # positions in the new files of rows that are not their key's latest live row
+    tombstoned: list[bytes]  # keys whose latest record in the pass is a tombstone
+
+
+def read_batch(data_files: list[iceberg_java.JavaDataFile], spec: TableSpec) -> Batch:
+    """The latest row per key among the staged files' rows (highest offset, then highest bucket).
+
+    Every decoded row was written; a row superseded in the pass, a tombstone (null value) or a row without a key
+    gets a deletion vector in the same commit (a DV applies to data files of its own commit). One pyarrow sort
+    over the key, offset and bucket columns: no Spark shuffle, no second decode.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    width = len(spec.primary_key)
+    parts = []
+    for number, data_file in enumerate(data_files):
+        part = _read_columns(str(data_file.location()), spec)
+        parts.append(part.append_column("f", pa.array([number] * part.num_rows, pa.int32())).append_column(
+            "pos", pa.array(range(part.num_rows), pa.int64())))
+    if not parts or not sum(p.num_rows for p in parts):
+        return Batch({}, {}, [])
+    rows = pa.concat_tables(parts)
+    order = [(f"k{i}", "ascending") for i in range(width)] + [("o", "descending"), ("b", "descending")]
+    rows = rows.take(pc.sort_indices(rows, sort_keys=order))
+    n = rows.num_rows
+    first = pa.array([True], pa.bool_())
+    if n > 1:  # sorted by key: a row is its key's latest when its key differs from the row before
+        columns = [rows.column(f"k{i}").combine_chunks() for i in range(width)]
+        changed = pc.fill_null(pc.not_equal(columns[0].slice(1), columns[0].slice(0, n - 1)), True)
+        for column in columns[1:]:
+            changed = pc.or_(changed, pc.fill_null(pc.not_equal(column.slice(1), column.slice(0, n - 1)), True))
+        first = pa.concat_arrays([first, changed])
+    has_key = rows.column("has_key").combine_chunks()
+    tombstone = rows.column("t").combine_chunks()
+    latest = pc.and_(first, has_key)
+    keep = pc.and_(latest, pc.invert(tombstone))
+    locations = [str(f.location()) for f in data_files]
+
+    masked: dict[str, set[int]] = {}
+    dropped = rows.filter(pc.invert(keep))
+    for number, pos in zip(dropped.column("f").to_pylist(), dropped.column("pos").to_pylist(), strict=True):
+        masked.setdefault(locations[number], set()).add(pos)
+
+    def keys(part: pa.Table) -> list[bytes]:
+        columns = [part.column(f"k{i}").to_pylist() for i in range(width)]
+        return [encode_key(tuple(c[j] for c in columns)) for j in range(part.num_rows)]
+
+    kept = rows.filter(keep)
+    new_rows = {
+        key: IndexEntry(locations[number], pos, offset)
+        for key, number, pos, offset in zip(keys(kept), kept.column("f").to_pylist(), kept.column("pos").to_pylist(),
+                                             kept.column("o").to_pylist(), strict=True)
+    }
+    return Batch(new_rows, masked, keys(rows.filter(pc.and_(latest, tombstone))))
 
 
 class _Stages:
@@ -201,8 +256,9 @@ def refresh_index(spark: Any, table_name: str, spec: TableSpec, index: PrimaryKe
     When every snapshot since the index's is a REPLACE (external compaction: `rewrite_data_files`, or a
     rewrite of delete files or manifests), the rows those snapshots moved are updated in place (Nobu's
     mailbox, applied before the batch). Otherwise (no index, a crash before the index update, a foreign
-    append or DELETE) the index is rebuilt from the table, reading only the key, `_file`, `_pos` and offset
-    columns of the live rows (deletion vectors honoured).
+    append or DELETE) the index is rebuilt from the table: for each live data file of the snapshot (planned
+    from the manifests), pyarrow reads its key and offset columns and pyiceberg its deletion vector, whose
+    positions are left out. No Spark job, and the driver holds one data file's keys at a time.
     """
     known = index.snapshot_id()
     if known == base:
@@ -212,16 +268,11 @@ def refresh_index(spark: Any, table_name: str, spec: TableSpec, index: PrimaryKe
     if base is None:
         index.rebuild(None, ())
         return True
-    selected = ", ".join(f"{quote_path(c)} AS k{i}" for i, c in enumerate(spec.primary_key))
-    query = (
-        f"SELECT {selected}, _file, _pos, {quote_path(offset_column(spec))} AS o "
-        f"FROM {table_name} VERSION AS OF {base}"
-    )
-    width = len(spec.primary_key)
+    files = iceberg_java.live_data_files(iceberg_java.load_table(spark, table_name), base)
 
     def rows() -> Iterator[tuple[bytes, IndexEntry]]:
-        for row in spark.sql(query).toLocalIterator():
-            yield encode_key(tuple(row[:width])), IndexEntry(str(row["_file"]), int(row["_pos"]), int(row["o"]))
+        for location, live in files.items():
+            yield from _live_rows(location, live.dv, spec)
 
     count = index.rebuild(base, rows())
     log.info("%s: primary-key index rebuilt from snapshot %d (%d keys)", table_name, base, count)
@@ -260,7 +311,10 @@ def _stage(spark: Any, table_name: str, rows: Any) -> iceberg_java.JavaSnapshot 
     with _STAGE_LOCK:
         spark.conf.set("spark.wap.id", wap_id)
         try:
-            rows.writeTo(table_name).append()
+            # Each task holds one Kafka partition's archive in offset order (the anti-join keeps it): no shuffle,
+            # no re-sort, as for an append; one open file per table partition value in the task.
+            rows.writeTo(table_name).option("use-table-distribution-and-ordering", "false").option(
+                "fanout-enabled", "true").append()
         finally:
             spark.conf.unset("spark.wap.id")
     return iceberg_java.staged_snapshot(iceberg_java.load_table(spark, table_name), wap_id)
@@ -275,25 +329,68 @@ def _open(location: str) -> tuple[Any, str]:
     return filesystem, path
 
 
-def _read_keys(location: str, spec: TableSpec) -> Iterator[tuple[bytes, int]]:
-    """(encoded key, offset) of each row of a data file, in file order (the row's position)."""
+def _read_columns(location: str, spec: TableSpec) -> Any:
+    """A data file's k0.. (primary key), o (offset), b (bucket), t (tombstone) and has_key columns, in file order."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    paths = [*spec.primary_key, offset_column(spec)]
-    tops = list(dict.fromkeys(p.split(".")[0] for p in paths))
+    paths = [*spec.primary_key, offset_column(spec), partition_column(spec)]
+    values = [VALUE_BYTES, VALUE_PREFIX, VALUE_ERR] if spec.layout == LAYOUT_TABLE else ["value"]
     filesystem, path = _open(location)
     with filesystem.open_input_file(path) as handle:
-        data = pq.read_table(handle, columns=tops)
-    columns = []
-    for p in paths:
+        parquet = pq.ParquetFile(handle)
+        present = [v for v in values if v in parquet.schema_arrow.names]
+        tops = list(dict.fromkeys([*(p.split(".")[0] for p in paths), *present]))
+        data = parquet.read(columns=tops)
+
+    def column(p: str) -> Any:
         parts = p.split(".")
         array = data.column(parts[0]).combine_chunks()
         for part in parts[1:]:
             array = array.field(part)
-        columns.append(array.to_pylist())
-    *keys, offsets = columns
-    for i, offset in enumerate(offsets):
+        return array
+
+    *keys, offsets, buckets = [column(p) for p in paths]
+    has_key = pa.array([True] * data.num_rows, pa.bool_())
+    for key in keys:
+        has_key = pc.and_(has_key, pc.is_valid(key))
+    tombstone = pa.array([bool(present)] * data.num_rows, pa.bool_())
+    for value in present:
+        tombstone = pc.and_(tombstone, pc.is_null(column(value)))
+    names = [f"k{i}" for i in range(len(keys))] + ["o", "b", "t", "has_key"]
+    return pa.table([*keys, offsets, buckets, tombstone, has_key], names=names)
+
+
+def _read_keys(location: str, spec: TableSpec) -> Iterator[tuple[bytes, int]]:
+    """(encoded key, offset) of each row of a data file, in file order (the row's position)."""
+    data = _read_columns(location, spec)
+    keys = [data.column(f"k{i}").to_pylist() for i in range(len(spec.primary_key))]
+    for i, offset in enumerate(data.column("o").to_pylist()):
         yield encode_key(tuple(k[i] for k in keys)), int(offset)
+
+
+def _live_rows(
+    location: str, dv: iceberg_java.JavaDeleteFile | None, spec: TableSpec
+) -> Iterator[tuple[bytes, IndexEntry]]:
+    """(encoded key, index entry) of each row of a data file its deletion vector does not delete (pyarrow reads the
+    key and offset columns, pyiceberg the DV's Puffin file)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyiceberg.table.puffin import PuffinFile
+
+    data = _read_columns(location, spec)
+    keep = data.column("has_key").combine_chunks()
+    if dv is not None:
+        filesystem, path = _open(str(dv.location()))
+        with filesystem.open_input_file(path) as handle:
+            deleted = PuffinFile(handle.read()).to_vector()[location].combine_chunks()
+        positions = pa.array(range(data.num_rows), pa.int64())
+        keep = pc.and_(keep, pc.invert(pc.is_in(positions, value_set=deleted.cast(pa.int64()))))
+    live = data.append_column("pos", pa.array(range(data.num_rows), pa.int64())).filter(keep)
+    keys = [live.column(f"k{i}").to_pylist() for i in range(len(spec.primary_key))]
+    for i, (pos, offset) in enumerate(zip(live.column("pos").to_pylist(), live.column("o").to_pylist(), strict=True)):
+        yield encode_key(tuple(k[i] for k in keys)), IndexEntry(location, pos, offset)
 
 
 def _read_blob(dv: iceberg_java.JavaDeleteFile) -> bytes:
