@@ -63,6 +63,11 @@ ARCHIVE_TABLE_PROPERTIES: dict[str, str] = {
 }
 LAYOUT_PROPERTY = "icelog.layout"
 PRIMARY_KEY_PROPERTY = "icelog.primary-key"
+# Snapshot summary: the id of the topic an archive commit came from (a topic deleted and re-created under the same
+# name is another topic; its table must not be taken for the old one's: pipeline/reconcile.py, readback/source.py).
+TOPIC_ID_PROPERTY = "icelog.archive.topic-id"
+# Snapshot summary: the next offset per Kafka partition the table covers, as JSON {"partition": offset, …}.
+OFFSETS_PROPERTY = "icelog.archive.offsets"
 # An upsert table: deletion vectors need format v3; merge-on-read so that no engine rewrites data files to delete;
 # WAP so that the archiver's Spark write stages its data files for the commit that adds them with their DVs.
 UPSERT_TABLE_PROPERTIES: dict[str, str] = {
