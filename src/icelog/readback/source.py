@@ -230,6 +230,7 @@ class _Plan:
     lowers: list[int]
     layout: Layout = RECORD_LAYOUT
     covered: int | None = None  # the next offset the archive commits say the table covers (rows or not)
+    table: Any = None  # the pyiceberg table version planned (its metadata, schema and io serve the reads)
 
     @property
     def start(self) -> int | None:
@@ -286,7 +287,7 @@ class TableSource:
             if self.topic_id is not None and owner is not None and owner != self.topic_id:
                 log.warning("read-back: table %s holds the archive of another topic (id %s, this one is %s); "
                             "not served", ".".join(self.identifier), owner, self.topic_id)
-                plan = _Plan(snapshot.snapshot_id, [], [])
+                plan = _Plan(snapshot.snapshot_id, [], [], table=table)
             else:
                 plan = _plan_partition(table, snapshot.snapshot_id, self.partition, covered.get(self.partition))
         with self._lock:
@@ -304,7 +305,8 @@ class TableSource:
         return self._plan.end
 
     def _current(self, offset: int) -> _Plan:
-        self.refresh()
+        """The plan to read `offset` with: the cached one (the broker's background refresh keeps it current, so a
+        read loads no table metadata), re-planned now only when the offset is past it."""
         plan = self._plan
         if plan.end is None or offset >= plan.end:
             self.refresh(fresh=True)  # the archiver may just have committed what is asked for
@@ -336,8 +338,8 @@ class TableSource:
         out: list[bytes] = []
         size = 0
         for index in _slices_from(plan, offset):
-            for group in self._row_groups(plan.slices[index], offset):
-                built = self._built(plan.slices[index], plan.layout, group)
+            for group in self._row_groups(plan, plan.slices[index], offset):
+                built = self._built(plan.slices[index], plan, group)
                 for _last, batch in built.batches_from(offset):
                     if out and size + len(batch) > max_bytes:
                         return out
@@ -352,10 +354,11 @@ class TableSource:
     def index_row_groups(self) -> None:
         """Read the footers of the plan's files not indexed yet (background refresh): a seek then reads one row
         group at once, not the file's footer first."""
-        for segment in self._plan.slices:
-            self._row_groups(segment, 0)
+        plan = self._plan
+        for segment in plan.slices:
+            self._row_groups(plan, segment, 0)
 
-    def _row_groups(self, segment: Segment, offset: int) -> list[int | None]:
+    def _row_groups(self, plan: _Plan, segment: Segment, offset: int) -> list[int | None]:
         """The units a segment is read in: the row groups holding offsets >= `offset` of its one file when that
         can be read straight with pyarrow (so a seek decodes one row group, not the file), else all of it (None)."""
         if len(segment.files) != 1 or segment.files[0].task.delete_files or not self._raw:
@@ -363,7 +366,7 @@ class TableSource:
         path = segment.files[0].task.file.file_path
         groups = self._groups.get(path)
         if groups is None:
-            groups = _offset_ranges(self.tables.table(self.identifier), path, self._plan.layout)
+            groups = _offset_ranges(plan.table, path, plan.layout)
             with self._lock:
                 self._groups[path] = groups
         return [index for index, (_low, high) in enumerate(groups) if high >= offset]
@@ -397,8 +400,8 @@ class TableSource:
         for segment in plan.slices:
             if segment.max_timestamp_ms < timestamp_ms or segment.upper < min_offset:
                 continue
-            for group in self._row_groups(segment, min_offset):
-                built = self._built(segment, plan.layout, group)
+            for group in self._row_groups(plan, segment, min_offset):
+                built = self._built(segment, plan, group)
                 hits = np.flatnonzero((built.timestamps >= timestamp_ms) & (built.offsets >= min_offset))
                 if len(hits):
                     return int(built.offsets[hits[0]]), int(built.timestamps[hits[0]])
@@ -418,8 +421,8 @@ class TableSource:
                 break
             if segment.upper < min_offset:
                 continue
-            for group in self._row_groups(segment, min_offset):
-                built = self._built(segment, plan.layout, group)
+            for group in self._row_groups(plan, segment, min_offset):
+                built = self._built(segment, plan, group)
                 keep = built.offsets >= min_offset
                 if not keep.any():
                     continue
@@ -429,12 +432,12 @@ class TableSource:
                     best = (offset, top)
         return best
 
-    def _built(self, segment: Segment, layout: Layout, group: int | None = None) -> BuiltFile:
+    def _built(self, segment: Segment, plan: _Plan, group: int | None = None) -> BuiltFile:
         key = (segment.key, group, self.partition, self.log_append_time)
         built = self._cache.get(key)
         if built is None:
             started = time.perf_counter()
-            rows = self._read_rows(self.tables.table(self.identifier), segment, layout, group)
+            rows = self._read_rows(plan.table, segment, plan.layout, group)
             read_s = time.perf_counter() - started
             built = BuiltFile(rows, self.log_append_time)
             self._cache.put(key, built)
@@ -677,7 +680,7 @@ def _segments(slices: list[FileSlice]) -> list[Segment]:
 def _plan_partition(table: Any, snapshot_id: int, partition: int, covered: int | None = None) -> _Plan:
     """The partition's data files in offset order."""
     segments = _segments([s for _, s in _slices(table, snapshot_id, partition)])
-    return _Plan(snapshot_id, segments, [s.lower for s in segments], layout_of(table), covered)
+    return _Plan(snapshot_id, segments, [s.lower for s in segments], layout_of(table), covered, table)
 
 
 def partition_ranges(table: Any) -> dict[int, tuple[int, int, int]]:
