@@ -56,9 +56,10 @@ ARCHIVE_TABLE_PROPERTIES: dict[str, str] = {
     "write.metadata.delete-after-commit.enabled": "true",
     "write.metadata.previous-versions-max": "100",
     "write.target-file-size-bytes": str(1024 * 1024 * 1024),
-    # Row groups of 8 MiB (Iceberg's default is 128 MiB): a consumer seeking into the table (read-back)
-    # decodes one row group, not a whole archive.
-    "write.parquet.row-group-size-bytes": str(8 * 1024 * 1024),
+    # Row groups of 2 MiB (Iceberg's default is 128 MiB): a consumer seeking into the table (read-back)
+    # decodes one row group, not a whole archive (8 MiB ones took ~70 ms of a seek to decode on 2 loaded
+    # cores, 2 MiB ones ~27 ms; BENCHMARKS.md). Analysts' scans still read whole column chunks of 2 MiB.
+    "write.parquet.row-group-size-bytes": str(2 * 1024 * 1024),
     "icelog.layout": "archive-v1",
 }
 LAYOUT_PROPERTY = "icelog.layout"

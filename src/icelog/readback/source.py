@@ -269,7 +269,8 @@ class TableSource:
         self._values = Rebuilder(schemas)
         self._plan = _EMPTY
         self._lock = threading.Lock()
-        self._groups: dict[str, list[tuple[int, int]]] = {}  # data file → offset range of each row group
+        # data file → its Parquet footer and the offset range of each row group
+        self._groups: dict[str, tuple[Any, list[tuple[int, int]]]] = {}
         self._raw = False  # payloads are stored as produced in every row (no column to rebuild them from)
 
     # -- the plan ------------------------------------------------------------------------------
@@ -369,7 +370,7 @@ class TableSource:
             groups = _offset_ranges(plan.table, path, plan.layout)
             with self._lock:
                 self._groups[path] = groups
-        return [index for index, (_low, high) in enumerate(groups) if high >= offset]
+        return [index for index, (_low, high) in enumerate(groups[1]) if high >= offset]
 
     def retention_start(self, retention_ms: int, retention_bytes: int, now_ms: int) -> int | None:
         """The first offset Kafka retention keeps, by whole data files as Kafka does by segments (cached plan).
@@ -452,8 +453,11 @@ class TableSource:
             # partition puts one Kafka partition in a file), skipping pyiceberg's projection.
             import pyarrow.parquet as pq
 
-            with table.io.new_input(segment.files[0].task.file.file_path).open() as stream:
-                arrow = pq.ParquetFile(stream).read_row_group(group, columns=_raw_columns(layout))
+            path = segment.files[0].task.file.file_path
+            known = self._groups.get(path)  # the footer read when the file was indexed: not parsed again
+            with table.io.new_input(path).open() as stream:
+                parquet = pq.ParquetFile(stream, metadata=None if known is None else known[0])
+                arrow = parquet.read_row_group(group, columns=_raw_columns(layout))
             return self._columns(_sorted(arrow, layout), layout)
         from pyiceberg.expressions.parser import parse
         from pyiceberg.io.pyarrow import ArrowScan
@@ -528,8 +532,8 @@ def archive_summary(table: Any, max_ancestors: int = 1000) -> tuple[str | None, 
     return None, {}
 
 
-def _offset_ranges(table: Any, path: str, layout: Layout) -> list[tuple[int, int]]:
-    """(min, max) offset of each row group of a data file, from its Parquet footer statistics."""
+def _offset_ranges(table: Any, path: str, layout: Layout) -> tuple[Any, list[tuple[int, int]]]:
+    """A data file's Parquet footer and the (min, max) offset of each row group, from its statistics."""
     import pyarrow.parquet as pq
 
     with table.io.new_input(path).open() as stream:
@@ -543,7 +547,7 @@ def _offset_ranges(table: Any, path: str, layout: Layout) -> list[tuple[int, int
             if chunk.path_in_schema == layout.offset and chunk.statistics is not None and chunk.statistics.has_min_max:
                 low, high = int(chunk.statistics.min), int(chunk.statistics.max)
         out.append((low, high))
-    return out
+    return metadata, out
 
 
 def _raw_layout(schema: Any, layout: Layout) -> bool:
