@@ -68,3 +68,22 @@ def test_columnar_framing_gives_the_same_bytes_as_the_record_loop() -> None:
             looped.append(encode_batch(members[0][5], [r[:5] for r in members], append_time))
         assert [b for _, _, b in built] == looped
         assert sum(len(list(DefaultRecordBatch(b))) for _, _, b in built) == len(rows)
+
+
+def test_lazy_chunks_give_the_batches_of_framing_all_rows_at_once() -> None:
+    """readback/source.py frames a segment a chunk at a time; a read from any offset gets the same batches."""
+    from icelog.readback import source
+
+    n = 5000
+    offsets = np.arange(0, 2 * n, 2, dtype=np.int64)  # every other offset deleted
+    starts = offsets - offsets % 64  # producer batches of 32 rows
+    timestamps = 1_700_000_000_000 + offsets
+    keys = as_binary([None if i % 3 == 0 else b"k%d" % i for i in range(n)])
+    values = as_binary([b"v" * (i % 50) for i in range(n)])
+    whole = encode_batches(offsets, timestamps, starts, keys, values, None)
+    built = source.BuiltFile(source.Columns(offsets, timestamps, starts, keys, values, None), False)
+    assert len(built.chunk_lasts) > 3  # several chunks
+    for offset in (0, 1, 3001, 6400, 2 * n - 2):
+        expected = [(last, batch) for _base, last, batch in whole if last >= offset]
+        assert list(built.batches_from(offset)) == expected
+    assert list(built.batches_from(2 * n)) == []

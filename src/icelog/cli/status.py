@@ -41,7 +41,6 @@ def _table_ranges(settings: Any, store: Any) -> dict[str, dict[int, tuple[int, i
     from icelog.readback.lake import LakeTables, catalog_opener
     from icelog.readback.source import partition_ranges
     from icelog.topic_configs.archive import archive_config
-    from icelog.topic_configs.table import table_config
 
     opener = catalog_opener(settings)
     if opener is None:
@@ -53,8 +52,6 @@ def _table_ranges(settings: Any, store: Any) -> dict[str, dict[int, tuple[int, i
         if not archive.enabled:
             continue
         try:
-            if table_config(topic.configs, settings.topic_defaults).is_table:
-                continue  # table topics are not read back (yet): their intake is the log
             table = tables.table(archive.identifier)
             out[topic.name] = {} if table is None else partition_ranges(table)
         except Exception as exc:

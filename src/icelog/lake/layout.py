@@ -56,13 +56,19 @@ ARCHIVE_TABLE_PROPERTIES: dict[str, str] = {
     "write.metadata.delete-after-commit.enabled": "true",
     "write.metadata.previous-versions-max": "100",
     "write.target-file-size-bytes": str(1024 * 1024 * 1024),
-    # Row groups of 8 MiB (Iceberg's default is 128 MiB): a consumer seeking into the table (read-back)
-    # decodes one row group, not a whole archive.
-    "write.parquet.row-group-size-bytes": str(8 * 1024 * 1024),
+    # Row groups of 2 MiB (Iceberg's default is 128 MiB): a consumer seeking into the table (read-back)
+    # decodes one row group, not a whole archive (8 MiB ones took ~70 ms of a seek to decode on 2 loaded
+    # cores, 2 MiB ones ~27 ms; BENCHMARKS.md). Analysts' scans still read whole column chunks of 2 MiB.
+    "write.parquet.row-group-size-bytes": str(2 * 1024 * 1024),
     "icelog.layout": "archive-v1",
 }
 LAYOUT_PROPERTY = "icelog.layout"
 PRIMARY_KEY_PROPERTY = "icelog.primary-key"
+# Snapshot summary: the id of the topic an archive commit came from (a topic deleted and re-created under the same
+# name is another topic; its table must not be taken for the old one's: pipeline/reconcile.py, readback/source.py).
+TOPIC_ID_PROPERTY = "icelog.archive.topic-id"
+# Snapshot summary: the next offset per Kafka partition the table covers, as JSON {"partition": offset, …}.
+OFFSETS_PROPERTY = "icelog.archive.offsets"
 # An upsert table: deletion vectors need format v3; merge-on-read so that no engine rewrites data files to delete;
 # WAP so that the archiver's Spark write stages its data files for the commit that adds them with their DVs.
 UPSERT_TABLE_PROPERTIES: dict[str, str] = {

@@ -69,6 +69,8 @@ class OffsetRangeSource(Protocol):
 
     def offset_for_timestamp(self, timestamp_ms: int, min_offset: int) -> tuple[int, int] | None: ...
 
+    def max_timestamp_offset(self, min_offset: int) -> tuple[int, int] | None: ...
+
     def retention_start(self, retention_ms: int, retention_bytes: int, now_ms: int) -> int | None:
         """The first offset Kafka retention keeps of what the source holds (its cached plan), or None."""
         ...
@@ -349,11 +351,19 @@ class PartitionLog:
             offset = page[-1].end_offset
 
     def max_timestamp_offset(self) -> tuple[int, int] | None:
-        """(offset, timestamp) of the record with the largest timestamp (ListOffsets -3)."""
+        """(offset, timestamp) of the record with the largest timestamp (ListOffsets -3), the first on a tie.
+
+        Over the whole visible log: older sources (the table) and the intake; may read files (worker thread).
+        """
+        found: tuple[int, int] | None = None
         chunk = self._index.intake_max_timestamp_chunk(self.topic_id, self.partition)
-        if chunk is None or chunk.base_offset >= self.high_watermark:
-            return None
-        return self.offset_for_timestamp_in(chunk, chunk.max_timestamp)
+        if chunk is not None and chunk.base_offset < self.high_watermark:
+            found = self.offset_for_timestamp_in(chunk, chunk.max_timestamp)
+        for source in self.older_sources:
+            older = source.max_timestamp_offset(self.visible_start_offset)
+            if older is not None and (found is None or older[1] >= found[1]):
+                found = older  # the table's offsets come first: on a tie it holds the first such record
+        return found
 
     def offset_for_timestamp_in(self, chunk: IntakeChunk, timestamp_ms: int) -> tuple[int, int] | None:
         view = memoryview(self._reader.read_chunk(chunk))

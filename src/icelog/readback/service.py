@@ -11,7 +11,6 @@ from icelog.readback.lake import LakeTables, catalog_opener
 from icelog.readback.source import BatchCache, TableSource
 from icelog.schema.archive.rebuild import Schemas
 from icelog.topic_configs.archive import archive_config
-from icelog.topic_configs.table import table_config
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +40,6 @@ class ReadBack:
         archive = archive_config(topic, configs, self.settings.topic_defaults, self.settings.archive)
         if not archive.enabled:
             return None
-        try:
-            table_topic = table_config(configs, self.settings.topic_defaults).is_table
-        except ValueError:  # refused at creation; never here
-            table_topic = True
-        if table_topic:
-            # Table topics (Fluss's layout) are not read back yet: no source, so their intake is kept.
-            return None
         key = (topic_id, partition)
         with self._lock:
             current = self._sources.get(key)
@@ -55,7 +47,7 @@ class ReadBack:
                     and current.log_append_time == log_append_time):
                 return current
             source = TableSource(self.tables, archive.identifier, partition, self.schemas, self.cache,
-                                 log_append_time)
+                                 log_append_time, str(topic_id))
             self._sources[key] = source
         return source
 
@@ -66,6 +58,7 @@ class ReadBack:
         for source in sources:
             try:
                 source.refresh()
+                source.index_row_groups()
             except Exception:
                 log.exception("read-back: planning %s partition %d failed; will retry",
                               ".".join(source.identifier), source.partition)

@@ -1,12 +1,15 @@
 """One archived partition as an offset range source of the log: plan with pyiceberg, read with pyarrow, build batches.
 
-Planning: the partition's data files come from pyiceberg's scan planning (the identity partition on
-kafka.partition prunes manifests; delete files and deletion vectors ride along with each file), ordered
-by the file's kafka.offset lower bound. The plan is cached per table snapshot. Reading: a file's rows for
-the partition (pyiceberg's ArrowScan applies deletes and projects evolved schemas by field id), in
-offset order, become record batches grouped by `kafka.batch_start`; a file's batches are cached (an LRU
-bounded by bytes, shared by every partition) keyed by the data file and its delete files, which never
-change, so compaction and snapshot expiry simply make other files current.
+Planning: the partition's data files come from pyiceberg's scan planning (the partition column, kafka.partition
+or the table layout's __bucket, prunes by identity partition or by file statistics; delete files and deletion
+vectors ride along with each file), ordered by the file's offset lower bound; files whose offset ranges overlap
+(a table partitioned by value columns spreads an archive over several) form one segment. The plan is cached per
+table snapshot. Reading: a segment's rows for the partition (pyiceberg's ArrowScan applies deletes and projects
+evolved schemas by field id; a raw file without deletes is read one row group at a time with pyarrow), in offset
+order, become record batches grouped by the batch start, framed lazily a chunk of rows at a time; a segment's
+rows and batches are cached (an LRU bounded by bytes, shared by every partition) keyed by its data files and
+their delete files, which never change, so compaction and snapshot expiry simply make other files current.
+A primary-key table (deletion vectors on replaced rows) so reads back as after Kafka's log compaction.
 
 Everything here runs on worker threads (Fetch reads off the event loop) or in the broker's background
 refresh; `start_offset`/`end_offset` only read the cached plan, so the event loop can ask them.
@@ -15,35 +18,72 @@ refresh; `start_offset`/`end_offset` only read the cached plan, so the event loo
 from __future__ import annotations
 
 import bisect
+import json
 import logging
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from icelog.errors import ErrorCode, KafkaApiError
+from icelog.lake.layout import OFFSETS_PROPERTY, TOPIC_ID_PROPERTY, layout_of_properties
 from icelog.readback.batches import header_section
 from icelog.readback.columnar import as_binary, encode_batches
 from icelog.readback.lake import LakeTables
 from icelog.schema.archive.iceberg_types import RAW
-from icelog.schema.archive.rebuild import Rebuilder, Schemas, rebuild_headers
+from icelog.schema.archive.rebuild import Rebuilder, Schemas, rebuild_headers, table_side_row
+from icelog.topic_configs.table import (
+    BATCH_START,
+    BUCKET,
+    HEADERS,
+    KEY_BYTES,
+    LAYOUT_TABLE,
+    OFFSET,
+    SYSTEM_COLUMNS,
+    TIMESTAMP,
+    VALUE_BYTES,
+    VALUE_ERR,
+    VALUE_PREFIX,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
 
 
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a table layout keeps what a record needs (column paths)."""
+
+    partition: str
+    offset: str
+    timestamp: str
+    batch_start: str
+    table: bool  # Fluss's layout: the value's fields and the system columns are top-level
+
+
+RECORD_LAYOUT = Layout("kafka.partition", "kafka.offset", "kafka.event_timestamp", "kafka.batch_start", False)
+TABLE_LAYOUT = Layout(BUCKET, OFFSET, TIMESTAMP, BATCH_START, True)
+
+
+def layout_of(table: Any) -> Layout:
+    """The layout a table was created with (lake/layout.py records it in the table property icelog.layout)."""
+    return TABLE_LAYOUT if layout_of_properties(table.properties) == LAYOUT_TABLE else RECORD_LAYOUT
+
+
 @dataclass(frozen=True)
 class FileSlice:
-    """One data file of the partition: its scan task and the kafka.offset / event time bounds of its rows."""
+    """One data file of the partition: its scan task and the offset / event time bounds of its rows."""
 
     task: Any
     lower: int
     upper: int
-    max_timestamp_ms: int  # upper bound of kafka.event_timestamp (ms); large when unknown
+    max_timestamp_ms: int  # upper bound of the event timestamp (ms); large when unknown
     size: int
 
     @property
@@ -51,20 +91,113 @@ class FileSlice:
         return (self.task.file.file_path, frozenset(d.file_path for d in self.task.delete_files))
 
 
-@dataclass
-class BuiltFile:
-    """A file's rows as record batches: (base, last offset, bytes) each, plus (offset, timestamp) of each row."""
+@dataclass(frozen=True)
+class Segment:
+    """Data files of the partition whose offset ranges overlap, read as one unit (usually one file).
 
-    bases: list[int] = field(default_factory=list)
-    lasts: list[int] = field(default_factory=list)
-    batches: list[bytes] = field(default_factory=list)
-    offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    timestamps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    size: int = 0
+    An archive of the record layout, or of the table layout's default spec, is one file per Kafka partition;
+    with icelog.table.partition.by one archive's rows of a Kafka partition are spread over a file per
+    Iceberg partition, their offsets interleaved: those files are merged in offset order.
+    """
+
+    files: tuple[FileSlice, ...]
+
+    @property
+    def lower(self) -> int:
+        return min(f.lower for f in self.files)
+
+    @property
+    def upper(self) -> int:
+        return max(f.upper for f in self.files)
+
+    @property
+    def max_timestamp_ms(self) -> int:
+        return max(f.max_timestamp_ms for f in self.files)
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def key(self) -> tuple[tuple[str, frozenset[str]], ...]:
+        return tuple(f.key for f in self.files)
+
+
+CHUNK_ROWS = 1024  # a segment's batches are framed in chunks of about this many rows, when first read
+
+
+class BuiltFile:
+    """A segment's rows, framed as record batches chunk by chunk on first read (a seek frames one chunk, not the
+    row group or file); (offset, timestamp) of each row. Thread-safe: a chunk framed twice at once is the same."""
+
+    def __init__(self, columns: Columns, log_append_time: bool) -> None:
+        self.offsets, self.timestamps = columns.offsets, columns.timestamps
+        self._columns: Columns | None = columns
+        self._log_append_time = log_append_time
+        n = len(columns.offsets)
+        # Chunk bounds fall on batch boundaries (a run of rows sharing the batch start is one batch).
+        runs = (np.flatnonzero(np.diff(columns.starts)) + 1).tolist() if n else []
+        bounds = [0]
+        for run in runs:
+            if run - bounds[-1] >= CHUNK_ROWS:
+                bounds.append(run)
+        bounds.append(n)
+        self._bounds = bounds if n else [0]
+        self.chunk_lasts = [int(columns.offsets[end - 1]) for end in self._bounds[1:]]
+        self._chunks: list[tuple[list[int], list[bytes]] | None] = [None] * len(self.chunk_lasts)
+        self._missing = len(self._chunks)
+        self._lock = threading.Lock()
+        payload = sum(int(_payload_bytes(side)) for side in (columns.keys, columns.values))
+        # Columns until every chunk is framed, then batches: about twice the payloads at the peak.
+        self.size = 2 * payload + 40 * n + sum(len(h) for h in columns.headers or ())
+
+    def _chunk(self, index: int) -> tuple[list[int], list[bytes]]:
+        chunk = self._chunks[index]
+        if chunk is not None:
+            return chunk
+        with self._lock:
+            columns = self._columns
+        if columns is None:  # framed meanwhile (the columns go once every chunk is)
+            chunk = self._chunks[index]
+            assert chunk is not None
+            return chunk
+        start, end = self._bounds[index], self._bounds[index + 1]
+        framed = encode_batches(
+            columns.offsets[start:end], columns.timestamps[start:end], columns.starts[start:end],
+            columns.keys.slice(start, end - start), columns.values.slice(start, end - start),
+            None if columns.headers is None else columns.headers[start:end], self._log_append_time,
+        )
+        chunk = ([last for _base, last, _batch in framed], [batch for _base, _last, batch in framed])
+        with self._lock:
+            if self._chunks[index] is None:
+                self._chunks[index] = chunk
+                self._missing -= 1
+                if not self._missing:
+                    self._columns = None
+        return chunk
+
+    def batches_from(self, offset: int) -> Iterator[tuple[int, bytes]]:
+        """(last offset, bytes) of each batch from the one holding `offset` (or the next), in offset order."""
+        for index in range(bisect.bisect_left(self.chunk_lasts, offset), len(self.chunk_lasts)):
+            lasts, batches = self._chunk(index)
+            for i in range(bisect.bisect_left(lasts, offset), len(batches)):
+                yield lasts[i], batches[i]
+
+    @property
+    def last(self) -> int | None:
+        return self.chunk_lasts[-1] if self.chunk_lasts else None
+
+
+def _payload_bytes(payloads: Any) -> int:
+    """Total bytes of a binary array's payloads."""
+    import pyarrow.compute as pc
+
+    total = pc.sum(pc.binary_length(payloads)).as_py()
+    return int(total or 0)
 
 
 class BatchCache:
-    """Built files, least recently used first out, bounded by their bytes; shared by all partitions."""
+    """Built segments, least recently used first out, bounded by their bytes; shared by all partitions."""
 
     def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
@@ -93,8 +226,11 @@ class BatchCache:
 @dataclass(frozen=True)
 class _Plan:
     snapshot_id: int | None
-    slices: list[FileSlice]
+    slices: list[Segment]
     lowers: list[int]
+    layout: Layout = RECORD_LAYOUT
+    covered: int | None = None  # the next offset the archive commits say the table covers (rows or not)
+    table: Any = None  # the pyiceberg table version planned (its metadata, schema and io serve the reads)
 
     @property
     def start(self) -> int | None:
@@ -102,30 +238,40 @@ class _Plan:
 
     @property
     def end(self) -> int | None:
-        return max(s.upper for s in self.slices) + 1 if self.slices else None
+        """One past the last offset the table answers for: its last row, or past records it holds no row of
+        (a primary-key table's tombstones and replaced records, rows deleted by an analyst) as its commits say."""
+        if not self.slices:
+            return None
+        return max(max(s.upper for s in self.slices) + 1, self.covered or 0)
 
 
 _EMPTY = _Plan(None, [], [])
 
 
 class TableSource:
-    """The archived offsets of one topic-partition (implements log.partition.OffsetRangeSource)."""
+    """The archived offsets of one topic-partition (implements log.partition.OffsetRangeSource).
+
+    `topic_id`: the topic's id; a table whose archive commits came from another topic (deleted, then
+    re-created under the same name) is not served (nothing archived), so the new topic never reads the old rows.
+    """
 
     def __init__(
         self, tables: LakeTables, identifier: tuple[str, str], partition: int, schemas: Schemas,
-        cache: BatchCache, log_append_time: bool = False,
+        cache: BatchCache, log_append_time: bool = False, topic_id: str | None = None,
     ) -> None:
         self.tables = tables
         self.identifier = identifier
         self.partition = partition
         self.log_append_time = log_append_time
+        self.topic_id = topic_id
         self._cache = cache
         self._keys = Rebuilder(schemas)
         self._values = Rebuilder(schemas)
         self._plan = _EMPTY
         self._lock = threading.Lock()
-        self._groups: dict[str, list[tuple[int, int]]] = {}  # data file → kafka.offset range of each row group
-        self._raw = False  # the table has the raw layout (key and value are only `__raw__`)
+        # data file → its Parquet footer and the offset range of each row group
+        self._groups: dict[str, tuple[Any, list[tuple[int, int]]]] = {}
+        self._raw = False  # payloads are stored as produced in every row (no column to rebuild them from)
 
     # -- the plan ------------------------------------------------------------------------------
     def refresh(self, fresh: bool = False) -> None:
@@ -136,11 +282,19 @@ class TableSource:
         with self._lock:
             if snapshot_id == self._plan.snapshot_id and (snapshot_id is not None or not self._plan.slices):
                 return
-        plan = _EMPTY if snapshot is None else _plan_partition(table, snapshot.snapshot_id, self.partition)
+        plan = _EMPTY
+        if snapshot is not None:
+            owner, covered = archive_summary(table)
+            if self.topic_id is not None and owner is not None and owner != self.topic_id:
+                log.warning("read-back: table %s holds the archive of another topic (id %s, this one is %s); "
+                            "not served", ".".join(self.identifier), owner, self.topic_id)
+                plan = _Plan(snapshot.snapshot_id, [], [], table=table)
+            else:
+                plan = _plan_partition(table, snapshot.snapshot_id, self.partition, covered.get(self.partition))
         with self._lock:
             self._plan = plan
-            self._raw = table is not None and _raw_layout(table.schema())
-            current = {s.task.file.file_path for s in plan.slices}
+            self._raw = table is not None and _raw_layout(table.schema(), layout_of(table))
+            current = {f.task.file.file_path for s in plan.slices for f in s.files}
             self._groups = {path: groups for path, groups in self._groups.items() if path in current}
 
     def start_offset(self) -> int | None:
@@ -152,7 +306,8 @@ class TableSource:
         return self._plan.end
 
     def _current(self, offset: int) -> _Plan:
-        self.refresh()
+        """The plan to read `offset` with: the cached one (the broker's background refresh keeps it current, so a
+        read loads no table metadata), re-planned now only when the offset is past it."""
         plan = self._plan
         if plan.end is None or offset >= plan.end:
             self.refresh(fresh=True)  # the archiver may just have committed what is asked for
@@ -184,33 +339,38 @@ class TableSource:
         out: list[bytes] = []
         size = 0
         for index in _slices_from(plan, offset):
-            for group in self._row_groups(plan.slices[index], offset):
-                built = self._built(plan.slices[index], group)
-                start = bisect.bisect_left(built.lasts, offset)
-                for i in range(start, len(built.batches)):
-                    batch = built.batches[i]
+            for group in self._row_groups(plan, plan.slices[index], offset):
+                built = self._built(plan.slices[index], plan, group)
+                for _last, batch in built.batches_from(offset):
                     if out and size + len(batch) > max_bytes:
                         return out
                     out.append(batch)
                     size += len(batch)
                 if size >= max_bytes:
                     return out
-                if out:
-                    offset = max(offset, built.lasts[-1] + 1)
+                if out and built.last is not None:
+                    offset = max(offset, built.last + 1)
         return out
 
-    def _row_groups(self, file_slice: FileSlice, offset: int) -> list[int | None]:
-        """The units a file is read in: its row groups holding offsets >= `offset` when it can be read
-        straight with pyarrow (so a seek decodes one row group, not the file), else the whole file (None)."""
-        if file_slice.task.delete_files or not self._raw:
+    def index_row_groups(self) -> None:
+        """Read the footers of the plan's files not indexed yet (background refresh): a seek then reads one row
+        group at once, not the file's footer first."""
+        plan = self._plan
+        for segment in plan.slices:
+            self._row_groups(plan, segment, 0)
+
+    def _row_groups(self, plan: _Plan, segment: Segment, offset: int) -> list[int | None]:
+        """The units a segment is read in: the row groups holding offsets >= `offset` of its one file when that
+        can be read straight with pyarrow (so a seek decodes one row group, not the file), else all of it (None)."""
+        if len(segment.files) != 1 or segment.files[0].task.delete_files or not self._raw:
             return [None]
-        path = file_slice.task.file.file_path
+        path = segment.files[0].task.file.file_path
         groups = self._groups.get(path)
         if groups is None:
-            groups = _offset_ranges(self.tables.table(self.identifier), path)
+            groups = _offset_ranges(plan.table, path, plan.layout)
             with self._lock:
                 self._groups[path] = groups
-        return [index for index, (_low, high) in enumerate(groups) if high >= offset]
+        return [index for index, (_low, high) in enumerate(groups[1]) if high >= offset]
 
     def retention_start(self, retention_ms: int, retention_bytes: int, now_ms: int) -> int | None:
         """The first offset Kafka retention keeps, by whole data files as Kafka does by segments (cached plan).
@@ -222,13 +382,13 @@ class TableSource:
         slices = self._plan.slices
         remaining = sum(s.size for s in slices)
         moved: int | None = None
-        for file_slice in slices:
-            too_old = retention_ms >= 0 and file_slice.max_timestamp_ms < now_ms - retention_ms
-            too_big = retention_bytes >= 0 and remaining - file_slice.size >= retention_bytes
+        for segment in slices:
+            too_old = retention_ms >= 0 and segment.max_timestamp_ms < now_ms - retention_ms
+            too_big = retention_bytes >= 0 and remaining - segment.size >= retention_bytes
             if not (too_old or too_big):
                 break
-            moved = max(moved or 0, file_slice.upper + 1)
-            remaining -= file_slice.size
+            moved = max(moved or 0, segment.upper + 1)
+            remaining -= segment.size
         return moved
 
     def offset_for_timestamp(self, timestamp_ms: int, min_offset: int = 0) -> tuple[int, int] | None:
@@ -238,56 +398,91 @@ class TableSource:
         except Exception:
             log.exception("read-back: planning %s partition %d failed", ".".join(self.identifier), self.partition)
             plan = self._plan
-        for file_slice in plan.slices:
-            if file_slice.max_timestamp_ms < timestamp_ms or file_slice.upper < min_offset:
+        for segment in plan.slices:
+            if segment.max_timestamp_ms < timestamp_ms or segment.upper < min_offset:
                 continue
-            for group in self._row_groups(file_slice, min_offset):
-                built = self._built(file_slice, group)
+            for group in self._row_groups(plan, segment, min_offset):
+                built = self._built(segment, plan, group)
                 hits = np.flatnonzero((built.timestamps >= timestamp_ms) & (built.offsets >= min_offset))
                 if len(hits):
                     return int(built.offsets[hits[0]]), int(built.timestamps[hits[0]])
         return None
 
-    def _built(self, file_slice: FileSlice, group: int | None = None) -> BuiltFile:
-        key = (file_slice.key, group, self.partition, self.log_append_time)
+    def max_timestamp_offset(self, min_offset: int = 0) -> tuple[int, int] | None:
+        """(offset, timestamp) of the archived record at or past min_offset with the largest timestamp (the first
+        such record on a tie), or None. Reads only segments whose timestamp statistics can hold it."""
+        try:
+            plan = self._current(0)
+        except Exception:
+            log.exception("read-back: planning %s partition %d failed", ".".join(self.identifier), self.partition)
+            plan = self._plan
+        best: tuple[int, int] | None = None
+        for segment in sorted(plan.slices, key=lambda s: -s.max_timestamp_ms):
+            if best is not None and segment.max_timestamp_ms < best[1]:
+                break
+            if segment.upper < min_offset:
+                continue
+            for group in self._row_groups(plan, segment, min_offset):
+                built = self._built(segment, plan, group)
+                keep = built.offsets >= min_offset
+                if not keep.any():
+                    continue
+                top = int(built.timestamps[keep].max())
+                offset = int(built.offsets[keep][np.flatnonzero(built.timestamps[keep] == top)[0]])
+                if best is None or top > best[1] or (top == best[1] and offset < best[0]):
+                    best = (offset, top)
+        return best
+
+    def _built(self, segment: Segment, plan: _Plan, group: int | None = None) -> BuiltFile:
+        key = (segment.key, group, self.partition, self.log_append_time)
         built = self._cache.get(key)
         if built is None:
             started = time.perf_counter()
-            rows = self._read_rows(self.tables.table(self.identifier), file_slice, group)
+            rows = self._read_rows(plan.table, segment, plan.layout, group)
             read_s = time.perf_counter() - started
-            built = build_file(rows, self.log_append_time)
+            built = BuiltFile(rows, self.log_append_time)
             self._cache.put(key, built)
-            log.info("read-back: %s partition %d: %d rows of %s in %d batches (read %.2fs, built %.2fs)",
-                     ".".join(self.identifier), self.partition, len(rows.offsets), file_slice.task.file.file_path,
-                     len(built.batches), read_s, time.perf_counter() - started - read_s)
+            log.info("read-back: %s partition %d: %d rows of %d file(s) from %s (read %.2fs)",
+                     ".".join(self.identifier), self.partition, len(rows.offsets), len(segment.files),
+                     segment.files[0].task.file.file_path, read_s)
         return built
 
-    def _read_rows(self, table: Any, file_slice: FileSlice, group: int | None) -> Columns:
+    def _read_rows(self, table: Any, segment: Segment, layout: Layout, group: int | None) -> Columns:
         if group is not None:
-            # Nothing to apply and no evolved columns: read the row group straight with pyarrow (the
-            # identity partition puts one Kafka partition in a file), skipping pyiceberg's projection.
+            # Nothing to apply and nothing to rebuild: read the row group straight with pyarrow (the identity
+            # partition puts one Kafka partition in a file), skipping pyiceberg's projection.
             import pyarrow.parquet as pq
 
-            with table.io.new_input(file_slice.task.file.file_path).open() as stream:
-                arrow = pq.ParquetFile(stream).read_row_group(group, columns=list(_RAW_COLUMNS))
-            return self._columns(_sorted(arrow))
+            path = segment.files[0].task.file.file_path
+            known = self._groups.get(path)  # the footer read when the file was indexed: not parsed again
+            with table.io.new_input(path).open() as stream:
+                parquet = pq.ParquetFile(stream, metadata=None if known is None else known[0])
+                arrow = parquet.read_row_group(group, columns=_raw_columns(layout))
+            return self._columns(_sorted(arrow, layout), layout)
         from pyiceberg.expressions.parser import parse
         from pyiceberg.io.pyarrow import ArrowScan
 
-        scan = ArrowScan(table.metadata, table.io, table.schema(), parse(f"kafka.partition = {self.partition}"))
-        return self._columns(_sorted(scan.to_table([file_slice.task])))
+        # pyiceberg applies delete files and deletion vectors, and projects evolved schemas by field id.
+        scan = ArrowScan(table.metadata, table.io, table.schema(), parse(f"{layout.partition} = {self.partition}"))
+        return self._columns(_sorted(scan.to_table([f.task for f in segment.files]), layout), layout)
 
-    def _columns(self, arrow: Any) -> Columns:
-        """The file's rows as columns, payloads as produced (`__raw__`, or rebuilt from decoded columns)."""
+    def _columns(self, arrow: Any, layout: Layout) -> Columns:
+        """The rows as columns, payloads as produced (stored bytes, or rebuilt from decoded columns)."""
         import pyarrow.compute as pc
 
-        kafka = arrow.column("kafka")
         if len(arrow) == 0:
             return Columns.empty()
 
         def ints(values: Any) -> np.ndarray:
             return np.asarray(values.to_numpy(zero_copy_only=False), np.int64)
 
+        if layout.table:
+            return Columns(
+                ints(arrow.column(OFFSET)), ints(arrow.column(TIMESTAMP).cast("int64")) // 1000,
+                ints(arrow.column(BATCH_START)), as_binary(arrow.column(KEY_BYTES)),
+                _table_values(arrow, self._values), _headers(arrow.column(HEADERS)),
+            )
+        kafka = arrow.column("kafka")
         event_us = ints(pc.struct_field(kafka, "event_timestamp").cast("int64"))
         return Columns(
             ints(pc.struct_field(kafka, "offset")), event_us // 1000, ints(pc.struct_field(kafka, "batch_start")),
@@ -298,7 +493,7 @@ class TableSource:
 
 @dataclass(frozen=True)
 class Columns:
-    """A data file's rows (offset order): offsets, timestamps (ms), batch starts, keys, values, headers."""
+    """A segment's rows (offset order): offsets, timestamps (ms), batch starts, keys, values, headers."""
 
     offsets: np.ndarray
     timestamps: np.ndarray
@@ -313,11 +508,32 @@ class Columns:
         return Columns(none, none, none, as_binary([]), as_binary([]), None)
 
 
-_RAW_COLUMNS = ("key", "value", "headers", "kafka")
+def _raw_columns(layout: Layout) -> list[str]:
+    """The columns a raw row group is read with."""
+    if layout.table:
+        return [KEY_BYTES, VALUE_BYTES, HEADERS, BATCH_START, OFFSET, TIMESTAMP]
+    return ["key", "value", "headers", "kafka"]
 
 
-def _offset_ranges(table: Any, path: str) -> list[tuple[int, int]]:
-    """(min, max) kafka.offset of each row group of a data file, from its Parquet footer statistics."""
+def archive_summary(table: Any, max_ancestors: int = 1000) -> tuple[str | None, dict[int, int]]:
+    """(topic id, next offset per partition) the newest archive commit on the current lineage records (None, {}:
+    none left to say; snapshots of others, compaction or deletes, record nothing: pipeline/reconcile.py)."""
+    from pyiceberg.table.snapshots import ancestors_of
+
+    for hops, snapshot in enumerate(ancestors_of(table.current_snapshot(), table.metadata)):
+        if hops >= max_ancestors:
+            break
+        summary = snapshot.summary
+        offsets = None if summary is None else summary.get(OFFSETS_PROPERTY)
+        if offsets is not None:
+            topic_id = summary.get(TOPIC_ID_PROPERTY) if summary is not None else None
+            covered = {int(p): int(o) for p, o in json.loads(str(offsets)).items()}
+            return (None if topic_id is None else str(topic_id)), covered
+    return None, {}
+
+
+def _offset_ranges(table: Any, path: str, layout: Layout) -> tuple[Any, list[tuple[int, int]]]:
+    """A data file's Parquet footer and the (min, max) offset of each row group, from its statistics."""
     import pyarrow.parquet as pq
 
     with table.io.new_input(path).open() as stream:
@@ -328,26 +544,35 @@ def _offset_ranges(table: Any, path: str) -> list[tuple[int, int]]:
         low, high = 0, 2**62  # no statistics: the row group may hold any offset
         for column in range(group.num_columns):
             chunk = group.column(column)
-            if chunk.path_in_schema == "kafka.offset" and chunk.statistics is not None and chunk.statistics.has_min_max:
+            if chunk.path_in_schema == layout.offset and chunk.statistics is not None and chunk.statistics.has_min_max:
                 low, high = int(chunk.statistics.min), int(chunk.statistics.max)
         out.append((low, high))
-    return out
+    return metadata, out
 
 
-def _raw_layout(schema: Any) -> bool:
-    """Whether key and value hold only `__raw__` (the layout of topics without a schema, lake/layout.py)."""
+def _raw_layout(schema: Any, layout: Layout) -> bool:
+    """Whether every row holds its payloads as produced: the record layout's key and value structs hold only
+    `__raw__`, or a table layout table has no value columns to rebuild from (no __value_prefix: no schema)."""
+    if layout.table:
+        return VALUE_PREFIX not in {f.name for f in schema.fields}
     return all(
         [f.name for f in schema.find_field(side).field_type.fields] == [RAW] for side in ("key", "value")
     )
 
 
-def _sorted(arrow: Any) -> Any:
-    """Rows in kafka.offset order (a compacted file may hold several archives in any order)."""
+def _offsets_of(arrow: Any, layout: Layout) -> Any:
+    import pyarrow.compute as pc
+
+    return arrow.column(OFFSET) if layout.table else pc.struct_field(arrow.column("kafka"), "offset")
+
+
+def _sorted(arrow: Any, layout: Layout) -> Any:
+    """Rows in offset order (a compacted file, or the files of a segment, may hold them in any order)."""
     import pyarrow.compute as pc
 
     if len(arrow) < 2:
         return arrow
-    offsets = pc.struct_field(arrow.column("kafka"), "offset")
+    offsets = _offsets_of(arrow, layout)
     if pc.all(pc.greater(offsets[1:], offsets[:-1])).as_py():
         return arrow  # an archive's file is written in offset order: no copy
     return arrow.take(pc.sort_indices(offsets))
@@ -381,58 +606,85 @@ def _payloads(column: Any, rebuilder: Rebuilder) -> Any:
     return as_binary([rebuilder.payload(side) for side in column.to_pylist()])
 
 
-def build_file(columns: Columns, log_append_time: bool) -> BuiltFile:
-    """Record batches of one file's rows: one per run of rows sharing kafka.batch_start (columnar.py)."""
-    built = BuiltFile()
-    for base, last, batch in encode_batches(columns.offsets, columns.timestamps, columns.starts, columns.keys,
-                                            columns.values, columns.headers, log_append_time):
-        built.bases.append(base)
-        built.lasts.append(last)
-        built.batches.append(batch)
-        built.size += len(batch)
-    built.offsets, built.timestamps = columns.offsets, columns.timestamps
-    built.size += 16 * len(columns.offsets)
-    return built
+_VALUE_KEPT = (VALUE_BYTES, VALUE_PREFIX, VALUE_ERR)
+
+
+def _table_values(arrow: Any, rebuilder: Rebuilder) -> Any:
+    """A table layout's values per row: `__value` when kept, else rebuilt from `__value_prefix` and the value's
+    top-level columns (schema/archive/rebuild.py); neither: a null value."""
+    import pyarrow.compute as pc
+
+    values = arrow.column(VALUE_BYTES)
+    if VALUE_PREFIX not in arrow.column_names:
+        return as_binary(values)
+    rebuild = pc.and_(pc.is_null(values), pc.is_valid(arrow.column(VALUE_PREFIX)))
+    indexes = pc.indices_nonzero(rebuild).to_pylist()
+    if not indexes:
+        return as_binary(values)
+    fields = [name for name in arrow.column_names if name not in SYSTEM_COLUMNS or name in _VALUE_KEPT]
+    out = values.to_pylist()
+    for index, row in zip(indexes, arrow.select(fields).take(indexes).to_pylist(), strict=True):
+        out[index] = rebuilder.payload(table_side_row(row, "value"))
+    return as_binary(out)
 
 
 def _slices_from(plan: _Plan, offset: int) -> list[int]:
-    """Indexes of the slices holding offsets >= `offset`, in offset order."""
+    """Indexes of the segments holding offsets >= `offset`, in offset order."""
     first = max(bisect.bisect_right(plan.lowers, offset) - 1, 0)
     return [i for i in range(first, len(plan.slices)) if plan.slices[i].upper >= offset]
 
 
-def _slices(table: Any, snapshot_id: int, row_filter: str | None) -> list[tuple[int, FileSlice]]:
-    """(Kafka partition, slice) of each data file the scan plans (pyiceberg: partition pruning, delete files)."""
+def _slices(table: Any, snapshot_id: int, partition: int | None) -> list[tuple[int, FileSlice]]:
+    """(Kafka partition, slice) of each data file the scan plans (pyiceberg: partition pruning, delete files).
+
+    The filter on the partition column prunes by the identity partition (record layout, table layout without a
+    bucket key) or by the file's column statistics (a bucket key spec: each file holds one Kafka partition).
+    """
     from pyiceberg.conversions import from_bytes
+    from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+    from pyiceberg.expressions.parser import parse
     from pyiceberg.types import IntegerType, LongType, TimestamptzType
 
+    layout = layout_of(table)
     schema = table.schema()
-    ids = {name: schema.find_field(f"kafka.{name}").field_id for name in ("partition", "offset", "event_timestamp")}
+    ids = {name: schema.find_field(path).field_id for name, path in (
+        ("partition", layout.partition), ("offset", layout.offset), ("timestamp", layout.timestamp))}
 
     def bound(bounds: Any, name: str, kind: Any, default: int) -> int:
         raw = bounds.get(ids[name]) if bounds else None
         return default if raw is None else int(from_bytes(kind, raw))
 
+    row_filter: BooleanExpression = AlwaysTrue() if partition is None else parse(f"{layout.partition} = {partition}")
     out = []
-    from pyiceberg.expressions import AlwaysTrue
-
-    for task in table.scan(row_filter=row_filter or AlwaysTrue(), snapshot_id=snapshot_id).plan_files():
+    for task in table.scan(row_filter=row_filter, snapshot_id=snapshot_id).plan_files():
         data = task.file
         out.append((bound(data.lower_bounds, "partition", IntegerType(), -1), FileSlice(
             task,
             bound(data.lower_bounds, "offset", LongType(), 0),
             bound(data.upper_bounds, "offset", LongType(), 2**62),
-            bound(data.upper_bounds, "event_timestamp", TimestamptzType(), 2**62 * 1000) // 1000,
+            bound(data.upper_bounds, "timestamp", TimestamptzType(), 2**62 * 1000) // 1000,
             int(data.file_size_in_bytes),
         )))
     return out
 
 
-def _plan_partition(table: Any, snapshot_id: int, partition: int) -> _Plan:
+def _segments(slices: list[FileSlice]) -> list[Segment]:
+    """Files in offset order, those whose offset ranges overlap grouped into one segment."""
+    out: list[list[FileSlice]] = []
+    upper = -1
+    for file_slice in sorted(slices, key=lambda s: (s.lower, s.upper)):
+        if out and file_slice.lower <= upper:
+            out[-1].append(file_slice)
+        else:
+            out.append([file_slice])
+        upper = max(upper, file_slice.upper)
+    return [Segment(tuple(files)) for files in out]
+
+
+def _plan_partition(table: Any, snapshot_id: int, partition: int, covered: int | None = None) -> _Plan:
     """The partition's data files in offset order."""
-    slices = sorted((s for _, s in _slices(table, snapshot_id, f"kafka.partition = {partition}")),
-                    key=lambda s: (s.lower, s.upper))
-    return _Plan(snapshot_id, slices, [s.lower for s in slices])
+    segments = _segments([s for _, s in _slices(table, snapshot_id, partition)])
+    return _Plan(snapshot_id, segments, [s.lower for s in segments], layout_of(table), covered, table)
 
 
 def partition_ranges(table: Any) -> dict[int, tuple[int, int, int]]:
