@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import argparse
 import array
-import bisect
 import json
 import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +35,8 @@ import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import freshness_latencies, pass_stats, percentile, running_archiver  # noqa: E402
 from conftest import BrokerProcess  # noqa: E402
 
 from icelog.config import load_settings  # noqa: E402
@@ -46,7 +46,6 @@ from icelog.meta.store import open_store  # noqa: E402
 from icelog.pipeline.archiver import Archiver  # noqa: E402
 from icelog.pipeline.decode import decode_archive  # noqa: E402
 from icelog.pipeline.plan import ChunkRef, PlannedArchive  # noqa: E402
-from icelog.pipeline.reconcile import OFFSETS_PROPERTY, decode_offsets  # noqa: E402
 
 RECORD_SIZE = 100
 PARTITIONS = 4
@@ -133,10 +132,6 @@ def warm_up(broker: BrokerProcess, settings: Any, spark: Any, archiver: Archiver
     )
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
-
-
 def steady_produce(
     prod: ck.Producer, topic: str, seconds: float, rate_mb: float
 ) -> tuple[dict[int, tuple[array.array, array.array]], list[float], float]:
@@ -194,56 +189,19 @@ def freshness(broker: BrokerProcess, settings: Any, spark: Any, seconds: float, 
     topic = "bench-fresh"
     create_topic(broker.bootstrap, topic, PARTITIONS)
     # The broker's embedded registry, on the port the bench broker serves it (not the default 8081).
-    env = {**os.environ, "ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg", "ICELOG_REGISTRY_LISTEN": settings.registry_listen}
-    log_path = broker.data_dir.parent / "archiver.log"
-    archiver = subprocess.Popen(
-        [sys.executable, "-m", "icelog", "archive", "--data-dir", str(broker.data_dir)],
-        stdout=open(log_path, "wb"),  # noqa: SIM115 - the child owns it
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    store = open_store(settings.metadata_url)
-    try:
-        topic_id = store.get_topic(topic).topic_id
-        # Wait for the archiver's Spark to be up: a first record archived.
-        prod = producer(broker.bootstrap)
-        prod.produce(topic, value=b"warm-up", partition=0)
-        prod.flush(30)
-        deadline = time.monotonic() + 180
-        while not any(s.archived_offset > 0 for s in store.archive_states(topic_id)):
-            if time.monotonic() > deadline or archiver.poll() is not None:
-                raise RuntimeError("archiver did not start:\n" + log_path.read_text()[-3000:])
-            time.sleep(0.2)
+    env = {"ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg", "ICELOG_REGISTRY_LISTEN": settings.registry_listen}
+    prod = producer(broker.bootstrap)
+    with running_archiver(broker.data_dir, settings.metadata_url, topic, prod, env, "archiver.log") as child:
         sent, acks, elapsed = steady_produce(prod, topic, seconds, rate_mb)
-        hw = {p.partition: p.high_watermark for p in store.partitions(topic_id)}
-        deadline = time.monotonic() + 180
-        while {s.partition: s.archived_offset for s in store.archive_states(topic_id)} != hw:
-            if time.monotonic() > deadline:
-                raise RuntimeError("archiver did not catch up:\n" + log_path.read_text()[-3000:])
-            time.sleep(0.2)
-    finally:
-        archiver.terminate()
-        archiver.wait(30)
-        store.close()
-    # Every snapshot's commit time and the offsets it made visible.
+        child.wait_caught_up(180)
     table = load_table(spark, quote_identifier(settings.archive.catalog_name, "icelog", topic))
-    commits = sorted(
-        (int(s.timestampMillis()), decode_offsets(str(s.summary().get(OFFSETS_PROPERTY))))
-        for s in table.snapshots()
-        if s.summary().get(OFFSETS_PROPERTY) is not None
-    )
-    latencies: list[float] = []
-    for partition, (offsets, stamps) in sent.items():
-        ends = [c[1].get(partition, 0) for c in commits]
-        for offset, stamp in zip(offsets, stamps, strict=True):
-            index = bisect.bisect_right(ends, offset)
-            latencies.append((commits[index][0] - stamp) / 1000)
-    latencies.sort()
+    latencies, snapshots = freshness_latencies(table, sent)
     return {
         "records": len(latencies),
         "seconds": round(elapsed, 1),
         "achieved_mb_s": round(len(latencies) * RECORD_SIZE / elapsed / 1e6, 2),
-        "snapshots": len(commits),
+        "snapshots": snapshots,
+        "archiver_passes": pass_stats(child.log_path, topic),
         "p50_s": round(percentile(latencies, 0.5), 2),
         "p99_s": round(percentile(latencies, 0.99), 2),
         "max_s": round(latencies[-1], 2),

@@ -1,12 +1,15 @@
 """Maintenance benchmark: a steady stream with automatic table maintenance on and off.
 
-Run: .venv/bin/python bench/maintenance_bench.py [--minutes 10] [--rate-mb 5] [--interval-s 60]
+Run: .venv/bin/python bench/maintenance_bench.py [--minutes 10] [--rate-mb 5] [--interval-s 60] [--group-mib 1]
 
 Two phases on one broker, each with `icelog archive` running continuously on its default archive delays
 (the archiver process runs the automatic maintenance): a steady `--rate-mb` MB/s of 100-byte records for
 `--minutes` to a 4-partition topic, once with `icelog.table.auto.maintenance=true` and once `false`. The
 maintenance interval is `--interval-s` (`archive.maintenance_interval_ms`; the default 300 s would give a
-short run no round). At the end of each phase:
+short run no round). The compaction group size is `--group-mib` (`archive.maintenance_group_bytes`, default
+32 MiB): the bench's values compress ~90x in Parquet, so 1 MiB of its files holds ~900 k rows (~90 MB of
+values), about what 32 MiB holds of data that compresses ~3x; with 32 MiB every round here would rewrite
+the whole table in one long task per partition. At the end of each phase:
   - the table's data-file count when the stream ends and, with maintenance, once the round that follows
     has finished (the table at rest; the scan is measured then);
   - a full-table Spark scan (every value read; median of 3) against the baseline: the same rows written
@@ -19,13 +22,11 @@ short run no round). At the end of each phase:
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
 import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,16 +34,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from archive_bench import PARTITIONS, RECORD_SIZE, percentile, producer, steady_produce  # noqa: E402
+from _common import freshness_latencies, pass_stats, percentile, running_archiver  # noqa: E402
+from archive_bench import PARTITIONS, RECORD_SIZE, producer, steady_produce  # noqa: E402
 from conftest import BrokerProcess  # noqa: E402
 
 from icelog.config import load_settings  # noqa: E402
 from icelog.lake.iceberg_java import load_table  # noqa: E402
 from icelog.lake.layout import archive_table_ddl, quote_identifier  # noqa: E402
 from icelog.lake.table_stats import open_catalog, table_stats  # noqa: E402
-from icelog.meta.store import open_store  # noqa: E402
 from icelog.pipeline.maintenance import table_state  # noqa: E402
-from icelog.pipeline.reconcile import OFFSETS_PROPERTY, decode_offsets  # noqa: E402
 from icelog.topic_configs.archive import TABLE_AUTO_MAINTENANCE  # noqa: E402
 
 
@@ -54,54 +54,34 @@ def run_phase(broker: BrokerProcess, settings: Any, topic: str, maintenance: boo
     config = {TABLE_AUTO_MAINTENANCE: str(maintenance).lower()}
     admin.create_topics([NewTopic(topic, PARTITIONS, 1, config=config)])[topic].result(30)
     env = {
-        **os.environ,
         "ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg",
         "ICELOG_REGISTRY_LISTEN": settings.registry_listen,
         "ICELOG_ARCHIVE__MAINTENANCE_INTERVAL_MS": str(int(args.interval_s * 1000)),
+        "ICELOG_ARCHIVE__MAINTENANCE_GROUP_BYTES": str(int(args.group_mib * 1024 * 1024)),
     }
-    log_path = broker.data_dir.parent / f"archiver-{topic}.log"
-    archiver = subprocess.Popen(
-        [sys.executable, "-m", "icelog", "archive", "--data-dir", str(broker.data_dir)],
-        stdout=open(log_path, "wb"),  # noqa: SIM115 - the child owns it
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    store = open_store(settings.metadata_url)
-    try:
-        topic_id = store.get_topic(topic).topic_id
-        prod = producer(broker.bootstrap)
-        prod.produce(topic, value=b"warm-up", partition=0)
-        prod.flush(30)
-        deadline = time.monotonic() + 180
-        while not any(s.archived_offset > 0 for s in store.archive_states(topic_id)):
-            if time.monotonic() > deadline or archiver.poll() is not None:
-                raise RuntimeError("archiver did not start:\n" + log_path.read_text()[-3000:])
-            time.sleep(0.2)
+    prod = producer(broker.bootstrap)
+    with running_archiver(
+        broker.data_dir, settings.metadata_url, topic, prod, env, f"archiver-{topic}.log"
+    ) as child:
+        print(f"{topic}: archiver up; streaming {args.rate_mb} MB/s for {args.minutes} min", flush=True)
         sent, _acks, elapsed = steady_produce(prod, topic, args.minutes * 60, args.rate_mb)
-        hw = {p.partition: p.high_watermark for p in store.partitions(topic_id)}
-        deadline = time.monotonic() + 300
-        while {s.partition: s.archived_offset for s in store.archive_states(topic_id)} != hw:
-            if time.monotonic() > deadline:
-                raise RuntimeError("archiver did not catch up:\n" + log_path.read_text()[-3000:])
-            time.sleep(0.2)
+        child.wait_caught_up(max(300, 2 * args.minutes * 60))  # a loaded machine leaves a backlog
         stream_end = stats(settings, topic)
-        rounds = [line.split(": ", 1)[1] for line in log_path.read_text().splitlines() if "maintained icelog." in line]
         if maintenance:  # let the round that follows the stream finish (bounded): the table at rest
             ended_ms = time.time() * 1000
             deadline = time.monotonic() + args.interval_s + 300
             while time.monotonic() < deadline:
-                record = store.maintenance_records().get(f"icelog.{topic}")
+                record = child.store.maintenance_records().get(f"icelog.{topic}")
                 if record is not None and record.finished_ms > ended_ms:
                     break
                 time.sleep(1)
-            rounds = [
-                line.split(": ", 1)[1] for line in log_path.read_text().splitlines() if "maintained icelog." in line
-            ]
-    finally:
-        archiver.terminate()
-        archiver.wait(60)
-        store.close()
-    return {"sent": sent, "elapsed": elapsed, "maintenance_rounds": rounds, "at_stream_end": stream_end}
+    log = child.log_path.read_text(errors="replace")
+    rounds = [line.split(": ", 1)[1] for line in log.splitlines() if "maintained icelog." in line]
+    passes = pass_stats(child.log_path, topic)
+    return {
+        "sent": sent, "elapsed": elapsed, "maintenance_rounds": rounds, "at_stream_end": stream_end,
+        "archiver_passes": passes,
+    }
 
 
 def stats(settings: Any, topic: str) -> dict[str, int]:
@@ -112,18 +92,7 @@ def stats(settings: Any, topic: str) -> dict[str, int]:
 
 
 def freshness(table: Any, sent: dict[int, Any], elapsed: float) -> dict[str, Any]:
-    commits = sorted(
-        (int(s.timestampMillis()), decode_offsets(str(s.summary().get(OFFSETS_PROPERTY))))
-        for s in table.snapshots()
-        if s.summary().get(OFFSETS_PROPERTY) is not None
-    )
-    latencies: list[float] = []
-    for partition, (offsets, stamps) in sent.items():
-        ends = [c[1].get(partition, 0) for c in commits]
-        for offset, stamp in zip(offsets, stamps, strict=True):
-            index = bisect.bisect_right(ends, offset)
-            latencies.append((commits[index][0] - stamp) / 1000)
-    latencies.sort()
+    latencies, _snapshots = freshness_latencies(table, sent)
     return {
         "records": len(latencies),
         "achieved_mb_s": round(len(latencies) * RECORD_SIZE / elapsed / 1e6, 2),
@@ -166,6 +135,7 @@ def measure(spark: Any, settings: Any, topic: str, phase: dict[str, Any]) -> dic
         "baseline_scan_s": round(base_s, 2),
         "scan_vs_baseline": round(scan_s / base_s, 2),
         "freshness": freshness(table, phase["sent"], phase["elapsed"]),
+        "archiver_passes": phase["archiver_passes"],
     }
 
 
@@ -174,6 +144,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10)
     parser.add_argument("--rate-mb", type=float, default=5.0)
     parser.add_argument("--interval-s", type=float, default=60, help="archive.maintenance_interval_ms / 1000")
+    parser.add_argument("--group-mib", type=float, default=1, help="archive.maintenance_group_bytes / 2**20")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="icelog-maintenance-bench-"))
     broker = BrokerProcess(
@@ -184,6 +155,7 @@ def main() -> None:
         "minutes": args.minutes,
         "rate_mb_s": args.rate_mb,
         "interval_s": args.interval_s,
+        "group_mib": args.group_mib,
         "partitions": PARTITIONS,
         "record_bytes": RECORD_SIZE,
     }

@@ -117,6 +117,32 @@ def test_compaction_makes_fewer_sorted_files_and_archiving_goes_on(
     check_offsets_contiguous(rows, partition_counts(produced + more))
 
 
+def test_a_compacted_file_that_fills_a_group_is_not_rewritten_again(
+    lake_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any, lake_archiver: Archiver
+) -> None:
+    """With groups no larger than a compacted file, a later round rewrites only the files added since."""
+    topic = "maint-tiers"
+    create_topic(lake_broker, topic)
+    produced = archive_in_rounds(lake_broker, lake_archiver, topic, rounds=4, per_round=3000)
+    maintain_table(lake_spark, spark_name(topic), POLICY)
+    sizes = {r.file_path: r.file_size_in_bytes for r in lake_spark.sql(
+        f"SELECT file_path, file_size_in_bytes FROM {table(topic)}.files WHERE content = 0").collect()}
+    more = archive_in_rounds(lake_broker, lake_archiver, topic, rounds=4, per_round=150)
+    before = table_state(load_table(lake_spark, spark_name(topic)))
+    small_groups = MaintenancePolicy(group_bytes=min(sizes.values()))
+
+    result = maintain_table(lake_spark, spark_name(topic), small_groups)
+
+    assert set(sizes) <= set(live_files(lake_spark, topic))  # the compacted files are untouched
+    assert 0 < result.rewritten_files <= before.data_files - len(sizes)  # only newer, archive-sized files
+    assert result.after.data_files < before.data_files
+    expected = sorted(produced + more, key=lambda r: (r[0], r[1]))
+    assert_exact(lake_spark, lake_settings, topic, expected)
+    for path in live_files(lake_spark, topic):  # every file still in offset order
+        offsets = pq.read_table(local(path), columns=["kafka"])["kafka"].combine_chunks().field("offset").to_pylist()
+        assert offsets == sorted(offsets)
+
+
 def test_expiry_keeps_the_offsets_and_orphan_removal_only_takes_old_unreferenced_files(
     lake_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any, lake_archiver: Archiver
 ) -> None:

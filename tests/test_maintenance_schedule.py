@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from pathlib import Path
 
@@ -11,8 +12,8 @@ from icelog.config import ArchiveSettings
 from icelog.errors import KafkaApiError
 from icelog.meta.sqlite import SqliteStore
 from icelog.meta.store import MaintenanceRecord
-from icelog.pipeline.maintenance import MaintenancePolicy, TableState
-from icelog.pipeline.maintenance_schedule import due_reason
+from icelog.pipeline.maintenance import MaintenancePolicy, MaintenanceResult, TableState
+from icelog.pipeline.maintenance_schedule import due_reason, record_of
 from icelog.topic_configs.archive import CHECKS, TABLE_AUTO_MAINTENANCE, archive_config
 from icelog.topics import validate_topic_configs
 
@@ -43,6 +44,16 @@ def test_a_table_is_due_only_after_the_interval_and_with_work() -> None:
     assert due(TableState(data_files=3, snapshots=1), last(3, 600_000, orphans_ago_ms=25 * HOUR)) == "orphan check"
     assert due(TableState(data_files=3, snapshots=2), None) == ""  # never maintained, no work: a new table waits
     assert due(TableState(data_files=60, snapshots=2), None) == "60 new data files"
+
+
+def test_files_appended_while_a_round_ran_count_as_new_for_the_next_one() -> None:
+    # A round compacted 13 files into 4 while passes appended 60 more: the table ended with 64.
+    result = MaintenanceResult("icelog.t", TableState(data_files=13), TableState(data_files=64),
+                               rewritten_files=13, added_files=4)
+    record = record_of("icelog.t", result, NOW)
+    assert record.data_files_after == 4
+    later = dataclasses.replace(record, finished_ms=NOW - 600_000)
+    assert due(TableState(data_files=64, snapshots=5, oldest_snapshot_ms=NOW - 60_000), later) == "60 new data files"
 
 
 def test_the_last_round_survives_a_reopen_of_the_store(tmp_path: Path) -> None:

@@ -112,7 +112,10 @@ class ArchiveSettings(BaseModel):
         32 * 1024 * 1024, gt=0, description="Data files below this size are compacted (min-file-size-bytes)."
     )
     maintenance_group_bytes: int = Field(
-        512 * 1024 * 1024, gt=0, description="Most bytes one compaction commit rewrites (max-file-group-size-bytes)."
+        32 * 1024 * 1024,
+        gt=0,
+        description="Most bytes one compaction commit (and one rewrite task) rewrites (max-file-group-size-bytes); "
+        "at most maintenance_small_file_bytes, so a compacted file fills a group alone and is not rewritten again.",
     )
     maintenance_min_input_files: int = Field(
         2, ge=2, description="Fewest small files of one partition worth rewriting (min-input-files)."

@@ -287,13 +287,23 @@ def _actions(spark: Any) -> Any:
 
 
 def rewrite_data_files(
-    spark: Any, table: JavaTable, options: Mapping[str, str], sort_column: str
+    spark: Any, table: JavaTable, options: Mapping[str, str], sort_column: str, presorted: bool = False
 ) -> JavaRewriteDataFilesResult:
-    """Compact data files with the sort strategy: the table's sort order, or `sort_column` ASC NULLS LAST."""
+    """Compact data files, rows in the table's sort order, or `sort_column` ASC NULLS LAST if it has none.
+
+    `presorted`: the caller knows each partition's files hold disjoint runs of the sort order, each file
+    sorted (archive files: one contiguous offset range each). Then, if the table has a sort order, the
+    bin-pack strategy is used: one read task per file group whose rows Iceberg's writer sorts locally by
+    the table's sort order (distribution none): no sampling job and no range shuffle, so each row is read
+    once and the rewrite's tasks are one per group. Otherwise the sort strategy (sample, range shuffle,
+    sort, write).
+    """
     jvm = _jvm(spark)
     action = _actions(spark).rewriteDataFiles(table)
     order = table.sortOrder()
-    if order.isSorted():
+    if order.isSorted() and presorted:
+        action = action.binPack()
+    elif order.isSorted():
         action = action.sort()
     else:
         builder = jvm.org.apache.iceberg.SortOrder.builderFor(table.schema())

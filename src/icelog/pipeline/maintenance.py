@@ -1,11 +1,14 @@
 """One maintenance round of one archive table, as Spark work with Iceberg's actions and procedures.
 
 A round, in this order (each step is skipped when there is nothing for it to do):
-  1. compaction (`RewriteDataFiles`, sort strategy): per table partition (one Kafka partition and one
-     ingest day), data files below `maintenance_small_file_bytes` are rewritten, rows sorted by the
-     table's sort order (`kafka.offset`), into files of up to `write.target-file-size-bytes`, in file
-     groups of at most `maintenance_group_bytes` committed one by one (partial progress). A partition
-     with fewer than `min-input-files` small files is left alone, so a lone file is never rewritten;
+  1. compaction (`RewriteDataFiles`, bin-pack strategy): per table partition (one Kafka partition and
+     one ingest day), data files below `maintenance_small_file_bytes` are rewritten in file groups of at
+     most `maintenance_group_bytes`, one read task and one output file per group, rows sorted locally by
+     the table's sort order (`kafka.offset`: archive files are disjoint offset runs, so no range shuffle
+     is needed), committed one by one (partial progress). A group of one file is left alone (fewer than
+     `min-input-files`), so a lone file is never rewritten, and a compacted file (about a group's size)
+     is not rewritten round after round with every newer file; a small group keeps each rewrite task
+     short, so the archive passes' tasks, which share the Spark cores, wait at most one such task;
      files whose deletes (deletion vectors, position deletes) cover `maintenance_delete_ratio` of their
      rows are rewritten with the deletes applied. Appends that commit meanwhile are no conflict (Iceberg
      re-applies the smaller side, the append, on its retry); a rewrite that loses a real race (its files
@@ -58,7 +61,7 @@ class MaintenancePolicy:
     """The knobs of a round (from `archive.maintenance_*`)."""
 
     small_file_bytes: int = 32 * 1024 * 1024
-    group_bytes: int = 512 * 1024 * 1024
+    group_bytes: int = 32 * 1024 * 1024
     min_input_files: int = 2
     delete_ratio: float = 0.3
     snapshot_age_ms: int = 3_600_000
@@ -255,9 +258,10 @@ def maintain_table(
 
 
 def compact(spark: Any, table: JavaTable, policy: MaintenancePolicy, result: MaintenanceResult) -> None:
-    """RewriteDataFiles with the sort strategy; a lost commit race is noted in the result, not raised."""
+    """RewriteDataFiles (bin-pack, local sort); a lost commit race is noted in the result, not raised."""
     try:
-        done = rewrite_data_files(spark, table, policy.rewrite_options(), SORT_COLUMN)
+        # Archive files are contiguous offset runs, each in offset order: a local sort per group is enough.
+        done = rewrite_data_files(spark, table, policy.rewrite_options(), SORT_COLUMN, presorted=True)
     except Exception as exc:  # a conflict with a concurrent delete/rewrite: the next round tries again
         result.lost_race = f"{type(exc).__name__}: {first_line(exc)}"
         log.info("compaction of %s did not commit (retried next round): %s", result.table, result.lost_race)

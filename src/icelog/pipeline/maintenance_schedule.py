@@ -84,7 +84,9 @@ def record_of(key: str, result: MaintenanceResult, orphans_checked_ms: int) -> M
         duration_ms=result.duration_ms,
         outcome=result.outcome,
         summary=result.summary(),
-        data_files_after=result.after.data_files,
+        # The files the round itself left (not the table at its end): files appended while it ran count
+        # as new for the next round, or a long round would leave them uncompacted until other work is due.
+        data_files_after=result.before.data_files - result.rewritten_files + result.added_files,
         orphans_checked_ms=orphans_checked_ms,
     )
 
