@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import json
 import os
 import re
 import statistics
@@ -123,3 +124,11 @@ def pass_stats(log_path: Path, topic: str) -> dict[str, float]:
         "p90_gap_s": round(percentile(sorted(gaps), 0.9), 2) if gaps else 0.0,
         "median_records": int(statistics.median(records)) if records else 0,
     }
+
+
+def write_results(name: str, results: Mapping[str, Any]) -> None:
+    """Keep a run's figures in bench/results/<name> (what BENCHMARKS.md quotes) and print them."""
+    out = Path(__file__).with_name("results")
+    out.mkdir(exist_ok=True)
+    (out / name).write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))

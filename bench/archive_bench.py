@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import array
-import json
 import os
 import platform
 import shutil
@@ -36,7 +35,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import freshness_latencies, pass_stats, percentile, running_archiver  # noqa: E402
+from _common import freshness_latencies, pass_stats, percentile, running_archiver, write_results  # noqa: E402
 from conftest import BrokerProcess  # noqa: E402
 
 from icelog.config import load_settings  # noqa: E402
@@ -306,10 +305,7 @@ def main() -> None:
     finally:
         broker.stop()
         shutil.rmtree(work, ignore_errors=True)
-    out = Path(__file__).with_name("results")
-    out.mkdir(exist_ok=True)
-    (out / "archive_bench.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    write_results("archive_bench.json", results)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ the whole table in one long task per partition. At the end of each phase:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import freshness_latencies, pass_stats, percentile, running_archiver  # noqa: E402
+from _common import freshness_latencies, pass_stats, percentile, running_archiver, write_results  # noqa: E402
 from archive_bench import PARTITIONS, RECORD_SIZE, producer, steady_produce  # noqa: E402
 from conftest import BrokerProcess  # noqa: E402
 
@@ -179,10 +178,7 @@ def main() -> None:
         raise
     broker.stop()
     shutil.rmtree(work, ignore_errors=True)
-    out = Path(__file__).with_name("results")
-    out.mkdir(exist_ok=True)
-    (out / "maintenance_bench.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    write_results("maintenance_bench.json", results)
 
 
 if __name__ == "__main__":

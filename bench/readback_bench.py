@@ -17,7 +17,6 @@ Targets (issue 9): table >= 100 MB/s and >= 0.3 x intake; seek p50 <= 50 ms (on 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
@@ -34,6 +33,8 @@ import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import write_results  # noqa: E402
 from conftest import BrokerProcess  # noqa: E402
 
 from icelog.config import load_settings  # noqa: E402
@@ -163,11 +164,7 @@ def main() -> None:
             print("kept", work)
         else:
             shutil.rmtree(work, ignore_errors=True)
-    out = Path(__file__).with_name("results")
-    out.mkdir(exist_ok=True)
-    name = "readback_bench_seek.json" if args.seek_only else "readback_bench.json"
-    (out / name).write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    write_results("readback_bench_seek.json" if args.seek_only else "readback_bench.json", results)
 
 
 if __name__ == "__main__":
