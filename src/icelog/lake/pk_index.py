@@ -152,17 +152,15 @@ class PrimaryKeyIndex:
                 txn.drop(self._stale, delete=False)
             txn.put(_SNAPSHOT_KEY, str(snapshot_id).encode(), db=self._meta)
 
-    def follow_append(self, snapshot_id: int, rows: IndexRows, stale: Iterable[tuple[str, int]]) -> int:
-        """A snapshot that only added rows (e.g. a foreign INSERT): its rows (each key's latest among them) become
-        their keys' rows; a key's previous row, and the `stale` rows of the snapshot, become stale rows. One
-        transaction with the new snapshot id. Returns how many rows became stale."""
+    def follow_append(self, snapshot_id: int, files: Iterable[tuple[int, IndexRows, list[int]]]) -> int:
+        """A snapshot that only added rows (e.g. a foreign INSERT): `files` as for rebuild, all of that snapshot.
+        Its rows become their keys' rows (the key's latest among them), a key's previous row becomes stale. One
+        transaction with the new snapshot id; the driver holds one data file's keys at a time. Returns how many
+        rows became stale."""
         with self._env.begin(write=True) as txn:
-            previous = txn.cursor(db=self._rows).getmulti(sorted(rows.keys))
-            marked = [*stale, *((e.file, e.pos) for e in (_unpack(raw) for _key, raw in previous))]
-            txn.cursor(db=self._rows).putmulti(rows.packed())
-            txn.cursor(db=self._stale).putmulti(sorted((_stale_key(f, p), b"") for f, p in marked))
+            marked = self._merge(txn, files)
             txn.put(_SNAPSHOT_KEY, str(snapshot_id).encode(), db=self._meta)
-        return len(marked)
+        return marked
 
     def stale(self) -> dict[str, list[int]]:
         """The stale rows' positions per data file."""
@@ -185,30 +183,37 @@ class PrimaryKeyIndex:
             txn.drop(self._rows, delete=False)
             txn.drop(self._stale, delete=False)
             txn.delete(_SNAPSHOT_KEY, db=self._meta)
-            rows, stale = txn.cursor(db=self._rows), txn.cursor(db=self._stale)
-            sequence: dict[str, int] = {}
-            for seq, part, stale_positions in files:
-                [location] = part.files
-                sequence[location] = seq
-                marked = [(location, p) for p in stale_positions]
-                pairs = part.packed()
-                consumed, added = rows.putmulti(pairs, overwrite=False)
-                if added < consumed:  # keys already met in an earlier file: the newer row wins
-                    ours = dict(pairs)
-                    for key, raw in rows.getmulti([k for k, _v in pairs]):
-                        if raw == ours[key]:
-                            continue
-                        old = _unpack(raw)
-                        mine = _unpack(ours[key])
-                        if (sequence[old.file], old.offset) <= (seq, mine.offset):
-                            rows.put(key, ours[key])
-                            marked.append((old.file, old.pos))
-                        else:
-                            marked.append((location, mine.pos))
-                stale.putmulti(sorted((_stale_key(f, p), b"") for f, p in marked))
+            self._merge(txn, files)
             if snapshot_id is not None:
                 txn.put(_SNAPSHOT_KEY, str(snapshot_id).encode(), db=self._meta)
             return int(txn.stat(self._rows)["entries"])
+
+    def _merge(self, txn: Any, files: Iterable[tuple[int, IndexRows, list[int]]]) -> int:
+        """Put files' rows (see rebuild) into the index; a key's row of an earlier commit (a file not among
+        `files`: the index's rows before) or of a lower offset becomes stale. Returns how many rows did."""
+        rows, stale = txn.cursor(db=self._rows), txn.cursor(db=self._stale)
+        sequence: dict[str, int] = {}
+        count = 0
+        for seq, part, stale_positions in files:
+            [location] = part.files
+            sequence[location] = seq
+            marked = [(location, p) for p in stale_positions]
+            pairs = part.packed()
+            consumed, added = rows.putmulti(pairs, overwrite=False)
+            if added < consumed:  # keys already met in an earlier file: the newer row wins
+                ours = dict(pairs)
+                for key, raw in rows.getmulti([k for k, _v in pairs]):
+                    if raw == ours[key]:
+                        continue
+                    old, mine = _unpack(raw), _unpack(ours[key])
+                    if (sequence.get(old.file, -1), old.offset) <= (seq, mine.offset):
+                        rows.put(key, ours[key])
+                        marked.append((old.file, old.pos))
+                    else:
+                        marked.append((location, mine.pos))
+            stale.putmulti(sorted((_stale_key(f, p), b"") for f, p in marked))
+            count += len(marked)
+        return count
 
     def forget_snapshot(self) -> None:
         """Mark the index as reflecting no snapshot: the next refresh rebuilds it."""

@@ -307,8 +307,8 @@ def follow_snapshots(spark: Any, table_name: str, spec: TableSpec, index: Primar
     rewrites goes to one of its new files, and a row keeps its offset: so a key whose index entry has the
     offset of a row in a new file moved there, at that row's position.
     APPEND (rows added, none deleted: the commit is later than every row the index knows): each key's latest
-    row among the added ones (highest offset, then last read) becomes its row; its previous row, and the
-    other added rows of the key, become stale.
+    row among the added ones (highest offset) becomes its row; its previous row, and the other added rows of
+    the key, become stale. Read one added file at a time.
     """
     table = iceberg_java.load_table(spark, table_name)
     since = iceberg_java.snapshots_since(table, known)
@@ -318,10 +318,11 @@ def follow_snapshots(spark: Any, table_name: str, spec: TableSpec, index: Primar
         snapshot_id = int(snapshot.snapshotId())
         added = [str(f.location()) for f in iceberg_java.added_data_files(table, snapshot)]
         if str(snapshot.operation()) == "append":
-            rows, stale = _latest_rows(added, spec)
-            marked = index.follow_append(snapshot_id, rows, stale)
-            log.info("%s: primary-key index follows APPEND snapshot %d (%d rows, %d stale rows: keys the table "
-                     "held already)", table_name, snapshot_id, len(rows), marked)
+            sequence = int(snapshot.sequenceNumber())
+            marked = index.follow_append(snapshot_id, ((sequence, *_live_rows(location, None, spec))
+                                                       for location in sorted(added)))
+            log.info("%s: primary-key index follows APPEND snapshot %d (%d files, %d stale rows: keys the table "
+                     "held already)", table_name, snapshot_id, len(added), marked)
             continue
         if index.stale():
             return False
@@ -391,27 +392,6 @@ def _read_columns(location: str, spec: TableSpec) -> Any:
         tombstone = pc.and_(tombstone, pc.is_null(column(value)))
     names = [f"k{i}" for i in range(len(keys))] + ["o", "b", "t", "has_key"]
     return pa.table([*keys, offsets, buckets, tombstone, has_key], names=names)
-
-
-def _latest_rows(locations: list[str], spec: TableSpec) -> tuple[IndexRows, list[tuple[str, int]]]:
-    """The latest row per key (highest offset, then the last read) among the rows with a key of data files none
-    of whose rows is deleted; and the (file, position) of the other rows of those keys."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    width = len(spec.primary_key)
-    parts = [_numbered(_read_columns(location, spec), number) for number, location in enumerate(locations)]
-    if not parts:
-        return IndexRows([], [], [], [], []), []
-    rows = pa.concat_tables(parts)
-    rows = rows.filter(rows.column("has_key"))
-    rows, first = _sorted_first(rows, width, [("o", "descending"), ("f", "descending"), ("pos", "descending")])
-    kept, others = rows.filter(first), rows.filter(pc.invert(first))
-    stale = [(locations[f], pos) for f, pos in zip(others.column("f").to_pylist(), others.column("pos").to_pylist(),
-                                                    strict=True)]
-    offsets = pc.fill_null(kept.column("o"), -1).to_pylist()  # a foreign row may have no offset
-    return IndexRows(_keys(kept, width), locations, kept.column("f").to_pylist(), kept.column("pos").to_pylist(),
-                     offsets), stale
 
 
 def _live_rows(location: str, dv: iceberg_java.JavaDeleteFile | None, spec: TableSpec) -> tuple[IndexRows, list[int]]:
