@@ -113,10 +113,9 @@ def write_upserts(
         stages.done("index")
 
         # One Spark job, as for an append: decode and write every row (superseded ones too) as a staged snapshot.
-        staged = _stage(spark, table_name, frame)
+        table, staged = _stage(spark, table_name, frame)
         stages.done("stage")
 
-        table = iceberg_java.load_table(spark, table_name)
         data_files = [] if staged is None else iceberg_java.added_data_files(table, staged)
         batch = read_batch(data_files, spec)
         stages.done("read-keys")
@@ -337,8 +336,9 @@ def follow_snapshots(spark: Any, table_name: str, spec: TableSpec, index: Primar
     return True
 
 
-def _stage(spark: Any, table_name: str, rows: Any) -> iceberg_java.JavaSnapshot | None:
-    """Write the rows' data files as a staged snapshot (not published); None if Spark staged none."""
+def _stage(spark: Any, table_name: str, rows: Any) -> tuple[iceberg_java.JavaTable, iceberg_java.JavaSnapshot | None]:
+    """Write the rows' data files as a staged snapshot (not published): the table loaded after, and that snapshot
+    (None if Spark staged none)."""
     wap_id = uuid.uuid4().hex
     with _STAGE_LOCK:
         spark.conf.set("spark.wap.id", wap_id)
@@ -349,7 +349,8 @@ def _stage(spark: Any, table_name: str, rows: Any) -> iceberg_java.JavaSnapshot 
                 "fanout-enabled", "true").append()
         finally:
             spark.conf.unset("spark.wap.id")
-    return iceberg_java.staged_snapshot(iceberg_java.load_table(spark, table_name), wap_id)
+    table = iceberg_java.load_table(spark, table_name)
+    return table, iceberg_java.staged_snapshot(table, wap_id)
 
 
 def _open(location: str) -> tuple[Any, str]:
