@@ -9,7 +9,8 @@ One run, same machine and moment (a real broker, confluent-kafka producing, the 
      record per partition, Spark appends the N rows (bucket, offset, key, value as the archiver writes them;
      the offsets map in the snapshot summary), the broker's partitions are moved past them (log start = high
      watermark = the table's offsets: the only direct store edit, with the broker stopped), and one archive
-     pass of one record per partition builds the primary-key index from the table (timed, reported);
+     pass of one record per partition builds the primary-key index from the table (it follows the seed's
+     APPEND snapshot from its added files; timed, reported);
   2. the same batch of `--batch` records (`--updates` of them update seeded keys, the rest new keys) goes to
      each topic and to a plain `append` topic; one archive pass each is timed: append time / upsert time
      (target >= 0.5) and the upsert times of the two sizes (target <= 1.5x apart);

@@ -484,3 +484,74 @@ def test_staged_snapshots_do_not_pile_up_and_the_summary_carries_commit_user_and
     assert summary["commit-user"] == "icelog-archiver"
     next_offsets = {p: max(o for q, o, _k, _v in produced if q == p) + 1 for p in (0, 1)}
     assert decode_offsets(summary["icelog.archive.offsets"]) == next_offsets
+
+
+def test_an_analysts_insert_of_an_existing_key_is_followed_and_the_older_row_marked_deleted(
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_spark: Any, lake_settings: Settings,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A Spark SQL `INSERT INTO` (a foreign APPEND snapshot: no icelog commit-user) adds a second row for an
+    existing key and a row for a new key. The next pass's index follows that snapshot from its added files (no
+    rebuild): the analyst's row, the later commit, is the key's row, and the older one is marked deleted by the
+    pass's commit; a later record of the key replaces the analyst's row. Same outcome when the index is lost
+    and rebuilt from a table that holds a key twice."""
+    topic = "pk_foreign_insert"
+    table = f"icelog.`{topic}`"
+    create_topic(lake_broker, topic, 3, {"cleanup.policy": "compact", "icelog.archive.layout": "table"})
+    produced = send(lake_broker, topic, [(f"k{i}".encode(), f"a{i}".encode()) for i in range(12)])
+    pass_ok(lake_archiver, topic)
+    columns = [f.name for f in lake_spark.table(table).schema.fields]
+
+    def insert(copies: dict[bytes, tuple[bytes, bytes]]) -> dict[bytes, tuple[bytes, int, int]]:
+        """INSERT INTO copies of rows (source key → new key, new value); the rows the table then holds for them."""
+        before = spark_rows(lake_spark, topic)
+        selects = []
+        for source, (key, value) in copies.items():
+            exprs = {"__key": f"X'{key.hex()}' AS __key", "__value": f"X'{value.hex()}' AS __value"}
+            selects.append(f"SELECT {', '.join(exprs.get(c, f'`{c}`') for c in columns)} FROM {table} "
+                           f"WHERE __key = X'{source.hex()}'")
+        lake_spark.sql(f"INSERT INTO {table} {' UNION ALL '.join(selects)}").collect()
+        return {key: (value, before[source][1], before[source][2])
+                for source, (key, value) in copies.items()}
+
+    analyst = insert({b"k3": (b"k3", b"analyst-3"), b"k5": (b"ext", b"analyst-new")})
+    snapshot = catalog_table(lake_settings, topic).metadata.current_snapshot()
+    assert snapshot.summary.operation.value == "append"
+    assert "commit-user" not in snapshot.summary.additional_properties  # a foreign commit
+    assert sorted(r[0] for r in spark_rows_all(lake_spark, topic)).count(b"k3") == 2  # until the next pass
+
+    produced += send(lake_broker, topic, [(b"k1", b"b1"), (b"k20", b"b20")])
+    with caplog.at_level(logging.INFO, logger="icelog.pipeline.upsert"):
+        pass_ok(lake_archiver, topic)
+    expected = {**latest(produced), **analyst}
+    check_table(lake_spark, lake_settings, topic, "table", expected)  # k3 once: the analyst's row
+    check_index(lake_spark, lake_settings, topic, "table")
+    assert "follows APPEND snapshot" in caplog.text and "rebuilt" not in caplog.text  # from the added files only
+
+    produced += send(lake_broker, topic, [(b"k3", b"c3"), (b"ext", b"c-ext")])  # Kafka's records win again
+    pass_ok(lake_archiver, topic)
+    check_table(lake_spark, lake_settings, topic, "table", latest(produced))
+    check_index(lake_spark, lake_settings, topic, "table")
+
+    # Another analyst's INSERT of an existing key, then the index lost: the rebuild finds the key twice.
+    analyst = insert({b"k4": (b"k4", b"analyst-4")})
+    table_uuid = str(catalog_table(lake_settings, topic).metadata.table_uuid)
+    shutil.rmtree(Path(lake_settings.data_dir) / "pk-index" / table_uuid)
+    produced += send(lake_broker, topic, [(b"k6", b"d6")])
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="icelog.pipeline.upsert"):
+        pass_ok(lake_archiver, topic)
+    assert "1 stale rows" in caplog.text
+    check_table(lake_spark, lake_settings, topic, "table", {**latest(produced), **analyst})
+    check_index(lake_spark, lake_settings, topic, "table")
+
+
+def spark_rows_all(spark: Any, topic: str) -> list[tuple[bytes, bytes, int, int]]:
+    """Every live row of a table-layout table: (key, value, partition, offset), duplicates kept."""
+    rows = spark.sql(f"SELECT __key AS k, __value AS v, __bucket AS p, __offset AS o FROM icelog.`{topic}`").collect()
+    return [(bytes(r.k), bytes(r.v), r.p, r.o) for r in rows]
+
+
+def spark_rows(spark: Any, topic: str) -> Latest:
+    """Each key's row with the highest offset (a key held twice keeps either of them)."""
+    return {k: (v, p, o) for k, v, p, o in sorted(spark_rows_all(spark, topic), key=lambda r: r[3])}

@@ -3,9 +3,10 @@
 Nobu's design: an upsert batch finds the rows it replaces by a local lookup instead of scanning the table.
 The index is a cache of the table, never the truth: it records the snapshot it reflects, and the upsert
 writer (pipeline/upsert.py) rebuilds it from the table whenever that is not the table's current snapshot
-(a crash between a commit and the index update, the directory deleted by hand, a commit by someone else
-such as `rewrite_data_files`). Updates after a commit go in one LMDB transaction with the new snapshot id,
-so the index is either wholly before or wholly after a commit.
+and it cannot follow the snapshots since (the directory deleted by hand, a DELETE or MERGE by someone else).
+Updates after a commit go in one LMDB transaction with the new snapshot id, so the index is either wholly
+before or wholly after a commit. Rows the table holds that are not their key's latest (a foreign INSERT of an
+existing key) are kept as *stale* rows until the next upsert commit marks them deleted.
 
 One LMDB environment per table, under `<data_dir>/pk-index/<table uuid>` (a table dropped and made again
 has another uuid, so another index). Keys are the encoded primary key (encode_key); values pack the row's
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 _ROW = struct.Struct(">qq")  # offset, position; then the data file location (UTF-8)
+_POS = struct.Struct(">q")  # a stale row's key: its position, then its data file's location
 _SNAPSHOT_KEY = b"snapshot"
 MAP_SIZE = 1 << 36  # LMDB's address-space reservation (sparse): 64 GiB of index at most
 
@@ -43,6 +45,18 @@ def encode_key(values: Sequence[object]) -> bytes:
     return b"t" + repr(tuple(_normal(v) for v in values)).encode()
 
 
+def encode_keys(columns: Sequence[Any]) -> list[bytes]:
+    """encode_key of each row of pyarrow key columns (no nulls): one vectorised concat for a binary key."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if len(columns) == 1 and (pa.types.is_binary(columns[0].type) or pa.types.is_large_binary(columns[0].type)):
+        prefix, empty = pa.scalar(b"b", columns[0].type), pa.scalar(b"", columns[0].type)
+        return list(pc.binary_join_element_wise(prefix, columns[0], empty).to_pylist())
+    values = [c.to_pylist() for c in columns]
+    return [encode_key(row) for row in zip(*values, strict=True)]
+
+
 def _normal(value: object) -> object:
     if isinstance(value, bytearray | memoryview):
         return bytes(value)
@@ -54,17 +68,57 @@ def _normal(value: object) -> object:
     return value
 
 
+@dataclass
+class IndexRows:
+    """Rows for the index, columnar: each row's encoded key, data file (a number into `files`), position and offset."""
+
+    keys: list[bytes]
+    files: list[str]
+    file_of: list[int]
+    positions: list[int]
+    offsets: list[int]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def entries(self) -> Iterator[tuple[bytes, IndexEntry]]:
+        for key, number, pos, offset in zip(self.keys, self.file_of, self.positions, self.offsets, strict=True):
+            yield key, IndexEntry(self.files[number], pos, offset)
+
+    def packed(self) -> list[tuple[bytes, bytes]]:
+        """(key, LMDB value) pairs in key order (LMDB then writes a sorted run, page after page)."""
+        names = [f.encode() for f in self.files]
+        pack = _ROW.pack
+        columns = zip(self.keys, self.file_of, self.positions, self.offsets, strict=True)
+        pairs = [(key, pack(offset, pos) + names[number]) for key, number, pos, offset in columns]
+        pairs.sort(key=_first)  # already in order for a binary key: timsort makes it one linear pass
+        return pairs
+
+    @classmethod
+    def of(cls, entries: Mapping[bytes, IndexEntry]) -> IndexRows:
+        files: dict[str, int] = {}
+        file_of = [files.setdefault(e.file, len(files)) for e in entries.values()]
+        return cls(list(entries), list(files), file_of, [e.pos for e in entries.values()],
+                   [e.offset for e in entries.values()])
+
+
 class PrimaryKeyIndex:
-    """One table's index (an LMDB environment); single writer: the archiver's thread for the table."""
+    """One table's index (an LMDB environment); single writer: the archiver's thread for the table.
+
+    Besides key → row, it keeps the *stale* rows: rows the table holds that are not their key's latest (a
+    foreign commit, such as an analyst's INSERT of an existing key, added a newer row for the key). The next
+    upsert commit marks them deleted in its deletion vectors and clears the list in the same index update.
+    """
 
     def __init__(self, directory: Path) -> None:
         import lmdb
 
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
-        self._env: Any = lmdb.open(str(directory), map_size=MAP_SIZE, max_dbs=2, subdir=True)
+        self._env: Any = lmdb.open(str(directory), map_size=MAP_SIZE, max_dbs=3, subdir=True)
         self._rows = self._env.open_db(b"rows")
         self._meta = self._env.open_db(b"meta")
+        self._stale = self._env.open_db(b"stale")
 
     @classmethod
     def for_table(cls, data_dir: str | Path, table_uuid: str) -> PrimaryKeyIndex:
@@ -80,42 +134,85 @@ class PrimaryKeyIndex:
         return None if raw is None else int(raw.decode())
 
     def lookup(self, keys: Iterable[bytes]) -> dict[bytes, IndexEntry]:
-        """The live row of each key that has one."""
-        found: dict[bytes, IndexEntry] = {}
+        """The live row of each key that has one (one sorted multi-get: neighbouring keys share pages)."""
         with self._env.begin(db=self._rows) as txn:
-            for key in keys:
-                raw = txn.get(key)
-                if raw is not None:
-                    found[key] = _unpack(raw)
-        return found
+            found = txn.cursor().getmulti(sorted(keys))
+            return {bytes(key): _unpack(raw) for key, raw in found}
 
-    def apply(self, snapshot_id: int, rows: Mapping[bytes, IndexEntry], deleted: Iterable[bytes]) -> None:
-        """After a commit: keys' new rows, keys deleted, and the new snapshot id, in one transaction."""
+    def apply(
+        self, snapshot_id: int, rows: IndexRows, deleted: Iterable[bytes], stale_marked: bool = False
+    ) -> None:
+        """After a commit: keys' new rows, keys deleted, and the new snapshot id, in one transaction.
+        stale_marked: the commit marked the stale rows deleted, so the list is cleared."""
         with self._env.begin(write=True) as txn:
             for key in deleted:
                 txn.delete(key, db=self._rows)
-            for key, entry in rows.items():
-                txn.put(key, _pack(entry), db=self._rows)
+            txn.cursor(db=self._rows).putmulti(rows.packed())
+            if stale_marked:
+                txn.drop(self._stale, delete=False)
             txn.put(_SNAPSHOT_KEY, str(snapshot_id).encode(), db=self._meta)
 
-    def rebuild(self, snapshot_id: int | None, rows: Iterable[tuple[bytes, IndexEntry]]) -> int:
-        """Replace the whole index by the live rows of a snapshot (one transaction). Returns the row count."""
-        count = 0
+    def follow_append(self, snapshot_id: int, files: Iterable[tuple[int, IndexRows, list[int]]]) -> int:
+        """A snapshot that only added rows (e.g. a foreign INSERT): `files` as for rebuild, all of that snapshot.
+        Its rows become their keys' rows (the key's latest among them), a key's previous row becomes stale. One
+        transaction with the new snapshot id; the driver holds one data file's keys at a time. Returns how many
+        rows became stale."""
+        with self._env.begin(write=True) as txn:
+            marked = self._merge(txn, files)
+            txn.put(_SNAPSHOT_KEY, str(snapshot_id).encode(), db=self._meta)
+        return marked
+
+    def stale(self) -> dict[str, list[int]]:
+        """The stale rows' positions per data file."""
+        found: dict[str, list[int]] = {}
+        with self._env.begin(db=self._stale) as txn:
+            for raw, _value in txn.cursor():
+                (pos,) = _POS.unpack_from(raw)
+                found.setdefault(bytes(raw[_POS.size :]).decode(), []).append(pos)
+        return found
+
+    def rebuild(self, snapshot_id: int | None, files: Iterable[tuple[int, IndexRows, list[int]]]) -> int:
+        """Replace the whole index by the live rows of a snapshot (one transaction). Returns the key count.
+
+        `files`: per data file, in commit order (data sequence number, then any order), the sequence number,
+        the latest row per key of the file, and the positions of the file's rows that are not (stale). A key
+        met again in a later file keeps the row of the later commit, or within one commit the higher offset
+        (the later file on a tie); the other row becomes stale.
+        """
         with self._env.begin(write=True) as txn:
             txn.drop(self._rows, delete=False)
+            txn.drop(self._stale, delete=False)
             txn.delete(_SNAPSHOT_KEY, db=self._meta)
-            counted = 0
-
-            def packed() -> Iterator[tuple[bytes, bytes]]:
-                nonlocal counted
-                for key, entry in rows:
-                    counted += 1
-                    yield key, _pack(entry)
-
-            txn.cursor(db=self._rows).putmulti(packed())
-            count = counted
+            self._merge(txn, files)
             if snapshot_id is not None:
                 txn.put(_SNAPSHOT_KEY, str(snapshot_id).encode(), db=self._meta)
+            return int(txn.stat(self._rows)["entries"])
+
+    def _merge(self, txn: Any, files: Iterable[tuple[int, IndexRows, list[int]]]) -> int:
+        """Put files' rows (see rebuild) into the index; a key's row of an earlier commit (a file not among
+        `files`: the index's rows before) or of a lower offset becomes stale. Returns how many rows did."""
+        rows, stale = txn.cursor(db=self._rows), txn.cursor(db=self._stale)
+        sequence: dict[str, int] = {}
+        count = 0
+        for seq, part, stale_positions in files:
+            [location] = part.files
+            sequence[location] = seq
+            marked = [(location, p) for p in stale_positions]
+            pairs = part.packed()
+            consumed, added = rows.putmulti(pairs, overwrite=False)
+            if added < consumed:  # keys already met in an earlier file: the newer row wins
+                ours = dict(pairs)
+                for key, raw in rows.getmulti([k for k, _v in pairs]):
+                    if raw == ours[key]:
+                        continue
+                    old, mine = _unpack(raw), _unpack(ours[key])
+                    if (sequence.get(old.file, -1), old.offset) <= (seq, mine.offset):
+                        rows.put(key, ours[key])
+                        marked.append((old.file, old.pos))
+                    else:
+                        marked.append((location, mine.pos))
+            stale.putmulti(sorted((_stale_key(f, p), b"") for f, p in marked))
+            count += len(marked)
         return count
 
     def forget_snapshot(self) -> None:
@@ -146,7 +243,7 @@ def describe_index(data_dir: str | Path, table_uuid: str, table_snapshot: int | 
     directory = index_directory(data_dir, table_uuid)
     if not (directory / "data.mdb").exists():
         return "missing"
-    env = lmdb.open(str(directory), readonly=True, max_dbs=2, subdir=True)
+    env = lmdb.open(str(directory), readonly=True, max_dbs=3, subdir=True)
     try:
         meta = env.open_db(b"meta", create=False)
         with env.begin(db=meta) as txn:
@@ -161,8 +258,12 @@ def describe_index(data_dir: str | Path, table_uuid: str, table_snapshot: int | 
     return f"at snapshot {snapshot}" if snapshot == table_snapshot else f"stale (at {snapshot})"
 
 
-def _pack(entry: IndexEntry) -> bytes:
-    return _ROW.pack(entry.offset, entry.pos) + entry.file.encode()
+def _first(pair: tuple[bytes, bytes]) -> bytes:
+    return pair[0]
+
+
+def _stale_key(file: str, pos: int) -> bytes:
+    return _POS.pack(pos) + file.encode()
 
 
 def _unpack(raw: bytes) -> IndexEntry:

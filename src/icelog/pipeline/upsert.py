@@ -1,9 +1,11 @@
 """Upsert tables: one pass of a primary-key topic becomes one Iceberg commit of data files plus deletion vectors.
 
 A pass (the rows decoded by the archiver's Spark workers, as for an append table):
-  1. the table's primary-key index (lake/pk_index.py) is brought to the table's current snapshot (the base),
-     rebuilt from the table when it reflects another snapshot or none (reading only the key and offset columns
-     of each live data file, less the positions of its deletion vector);
+  1. the table's primary-key index (lake/pk_index.py) is brought to the table's current snapshot (the base):
+     it follows REPLACE and APPEND snapshots since its own (refresh_index), or is rebuilt from the table
+     (reading only the key and offset columns of each live data file, less the positions of its deletion
+     vector); a key the table holds twice (a foreign INSERT of an existing key) keeps the later commit's row,
+     and the other becomes a *stale* row of the index;
   2. Spark decodes and writes every row of the pass as a staged snapshot (write-audit-publish: `spark.wap.id`,
      never published), in one job as an append does: each task keeps its archive's offset order (no
      distribution, no re-sort, no shuffle);
@@ -12,13 +14,14 @@ A pass (the rows decoded by the archiver's Spark workers, as for an append table
      not their key's latest, tombstones (null value: they delete the key's previous row) and rows without a key
      are marked deleted in their new file's deletion vector, in the same commit;
   4. the driver looks the latest keys up in the index, and writes one deletion vector per data file that holds
-     a replaced row or a masked row of this pass (BaseDVFileWriter, into one Puffin file; a file's existing DV
-     is merged in and replaced, so a data file keeps one DV);
+     a replaced row, a stale row or a masked row of this pass (BaseDVFileWriter, into one Puffin file; a file's
+     existing DV is merged in and replaced, so a data file keeps one DV);
   5. one RowDelta commits the staged data files and the DVs, with the offsets map in the snapshot summary
      (exactly-once as for appends: reconcile.py), validated against every commit since the base (a
      concurrent compaction or DELETE of a referenced file fails it; the next pass starts over);
-  6. the index takes the new rows and the new snapshot id in one transaction (unless a concurrent commit
-     landed between the base and this one: then the index is marked stale and rebuilt next pass);
+  6. the index takes the new rows and the new snapshot id, and forgets the stale rows, in one transaction
+     (unless a concurrent commit landed between the base and this one: then the index is marked stale and
+     rebuilt next pass);
   7. once more than STAGED_SNAPSHOTS_KEPT staged snapshots are left (their files now belong to committed
      snapshots, or to crashed passes: orphans that maintenance removes), they are dropped from the metadata.
 A crash before 5 leaves unreferenced files and a staged snapshot; after 5, an index behind the table, which 1
@@ -35,10 +38,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from icelog.errors import IcelogError
 from icelog.lake import iceberg_java
 from icelog.lake.layout import PRIMARY_KEY_PROPERTY, TableSpec
-from icelog.lake.pk_index import IndexEntry, PrimaryKeyIndex, encode_key
+from icelog.lake.pk_index import IndexEntry, IndexRows, PrimaryKeyIndex, encode_keys
 from icelog.topic_configs.table import (
     BUCKET,
     LAYOUT_TABLE,
@@ -108,17 +113,17 @@ def write_upserts(
         stages.done("index")
 
         # One Spark job, as for an append: decode and write every row (superseded ones too) as a staged snapshot.
-        staged = _stage(spark, table_name, frame)
+        table, staged = _stage(spark, table_name, frame)
         stages.done("stage")
 
-        table = iceberg_java.load_table(spark, table_name)
         data_files = [] if staged is None else iceberg_java.added_data_files(table, staged)
         batch = read_batch(data_files, spec)
         stages.done("read-keys")
         new_rows, masked, tombstoned = batch.new_rows, batch.masked, batch.tombstoned
-        old = index.lookup([*new_rows, *tombstoned])
+        old = index.lookup([*new_rows.keys, *tombstoned])
         stages.done("lookup")
-        positions: dict[str, set[int]] = {}
+        positions: dict[str, set[int]] = {path: set(poss) for path, poss in index.stale().items()}
+        stale = sum(len(p) for p in positions.values())
         for entry in old.values():
             positions.setdefault(entry.file, set()).add(entry.pos)
         referenced = list(positions)  # rows of the base: the commit checks their files are still live
@@ -142,7 +147,7 @@ def write_upserts(
                 location = str(data_file.location())
                 if location in masked:
                     files[location] = iceberg_java.LiveDataFile(data_file, None)
-                    positions[location] = masked[location]
+                    positions[location] = set(masked[location])
             stages.done("plan")
             dvs = iceberg_java.write_deletion_vectors(spark, table, positions, files, previous)
             stages.done("dvs")
@@ -158,15 +163,16 @@ def write_upserts(
             log.warning("%s: a concurrent commit landed during the upsert pass; the index is rebuilt next pass",
                         table_name)
         else:
-            index.apply(snapshot_id, new_rows, [k for k in tombstoned if k not in new_rows])
+            index.apply(snapshot_id, new_rows, tombstoned, stale_marked=True)
         stages.done("index-update")
         staged_left = iceberg_java.staged_snapshots(table)
         if len(staged_left) > STAGED_SNAPSHOTS_KEPT:  # the staged snapshots of passes committed (or crashed)
             iceberg_java.drop_snapshots(table, [int(s.snapshotId()) for s in staged_left])
             stages.done("drop-staged")
         replaced = sum(len(p) for p in positions.values()) - sum(len(p) for p in masked.values())
-        log.info("upsert %s: %d rows written, %d tombstones, %d rows replaced (%d deletion vectors); %s",
-                 table_name, len(new_rows), len(tombstoned), replaced, len(dvs.added), stages)
+        log.info("upsert %s: %d rows written, %d tombstones, %d rows replaced (%d stale rows of foreign commits) "
+                 "(%d deletion vectors); %s", table_name, len(new_rows), len(tombstoned), replaced, stale,
+                 len(dvs.added), stages)
         return UpsertResult(snapshot_id, len(new_rows), len(tombstoned), replaced, rebuilt)
     finally:
         index.close()
@@ -176,8 +182,8 @@ def write_upserts(
 class Batch:
     """What a pass's staged data files hold, found by reading their key, offset, bucket and value columns."""
 
-    new_rows: dict[bytes, IndexEntry]  # each key's latest row in the pass, when it is not a tombstone
-    masked: dict[str, set[int]]  # positions in the new files of rows that are not their key's latest live row
+    new_rows: IndexRows  # each key's latest row in the pass, when it is not a tombstone (in key order)
+    masked: dict[str, list[int]]  # positions in the new files of rows that are not their key's latest live row
     tombstoned: list[bytes]  # keys whose latest record in the pass is a tombstone
 
 
@@ -186,52 +192,60 @@ def read_batch(data_files: list[iceberg_java.JavaDataFile], spec: TableSpec) -> 
 
     Every decoded row was written; a row superseded in the pass, a tombstone (null value) or a row without a key
     gets a deletion vector in the same commit (a DV applies to data files of its own commit). One pyarrow sort
-    over the key, offset and bucket columns: no Spark shuffle, no second decode.
+    over the key, offset and bucket columns, vectorised key encoding: no Spark shuffle, no second decode, no
+    Python work per row but building the keys' bytes.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
 
     width = len(spec.primary_key)
-    parts = []
-    for number, data_file in enumerate(data_files):
-        part = _read_columns(str(data_file.location()), spec)
-        parts.append(part.append_column("f", pa.array([number] * part.num_rows, pa.int32())).append_column(
-            "pos", pa.array(range(part.num_rows), pa.int64())))
+    locations = [str(f.location()) for f in data_files]
+    parts = [_numbered(_read_columns(location, spec), number) for number, location in enumerate(locations)]
     if not parts or not sum(p.num_rows for p in parts):
-        return Batch({}, {}, [])
-    rows = pa.concat_tables(parts)
-    order = [(f"k{i}", "ascending") for i in range(width)] + [("o", "descending"), ("b", "descending")]
+        return Batch(IndexRows([], [], [], [], []), {}, [])
+    rows, first = _sorted_first(pa.concat_tables(parts), width, [("o", "descending"), ("b", "descending")])
+    has_key = rows.column("has_key").combine_chunks()
+    tombstone = rows.column("t").combine_chunks()
+    latest = pc.and_(first, has_key)
+    keep = pc.and_(latest, pc.invert(tombstone))
+
+    dropped = rows.filter(pc.invert(keep))
+    numbers, positions = dropped.column("f").to_numpy(), dropped.column("pos").to_numpy()
+    masked = {locations[n]: positions[numbers == n].tolist() for n in np.unique(numbers).tolist()}
+    kept = rows.filter(keep)
+    new_rows = IndexRows(_keys(kept, width), locations, kept.column("f").to_pylist(), kept.column("pos").to_pylist(),
+                         kept.column("o").to_pylist())
+    return Batch(new_rows, masked, _keys(rows.filter(pc.and_(latest, tombstone)), width))
+
+
+def _numbered(part: Any, number: int) -> Any:
+    """A data file's columns with its number among the files read (f) and each row's position (pos)."""
+    import pyarrow as pa
+
+    return part.append_column("f", pa.array(np.full(part.num_rows, number, np.int32))).append_column(
+        "pos", pa.array(np.arange(part.num_rows, dtype=np.int64)))
+
+
+def _sorted_first(rows: Any, width: int, then: list[tuple[str, str]]) -> tuple[Any, Any]:
+    """The rows sorted by key (k0..), then by `then`; and which rows are the first of their key (its latest)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    order = [(name, direction, "at_end") for name, direction in [(f"k{i}", "ascending") for i in range(width)] + then]
     rows = rows.take(pc.sort_indices(rows, sort_keys=order))
     n = rows.num_rows
-    first = pa.array([True], pa.bool_())
+    first = pa.array([True] * min(n, 1), pa.bool_())
     if n > 1:  # sorted by key: a row is its key's latest when its key differs from the row before
         columns = [rows.column(f"k{i}").combine_chunks() for i in range(width)]
         changed = pc.fill_null(pc.not_equal(columns[0].slice(1), columns[0].slice(0, n - 1)), True)
         for column in columns[1:]:
             changed = pc.or_(changed, pc.fill_null(pc.not_equal(column.slice(1), column.slice(0, n - 1)), True))
         first = pa.concat_arrays([first, changed])
-    has_key = rows.column("has_key").combine_chunks()
-    tombstone = rows.column("t").combine_chunks()
-    latest = pc.and_(first, has_key)
-    keep = pc.and_(latest, pc.invert(tombstone))
-    locations = [str(f.location()) for f in data_files]
+    return rows, first
 
-    masked: dict[str, set[int]] = {}
-    dropped = rows.filter(pc.invert(keep))
-    for number, pos in zip(dropped.column("f").to_pylist(), dropped.column("pos").to_pylist(), strict=True):
-        masked.setdefault(locations[number], set()).add(pos)
 
-    def keys(part: pa.Table) -> list[bytes]:
-        columns = [part.column(f"k{i}").to_pylist() for i in range(width)]
-        return [encode_key(tuple(c[j] for c in columns)) for j in range(part.num_rows)]
-
-    kept = rows.filter(keep)
-    new_rows = {
-        key: IndexEntry(locations[number], pos, offset)
-        for key, number, pos, offset in zip(keys(kept), kept.column("f").to_pylist(), kept.column("pos").to_pylist(),
-                                             kept.column("o").to_pylist(), strict=True)
-    }
-    return Batch(new_rows, masked, keys(rows.filter(pc.and_(latest, tombstone))))
+def _keys(rows: Any, width: int) -> list[bytes]:
+    return encode_keys([rows.column(f"k{i}").combine_chunks() for i in range(width)])
 
 
 class _Stages:
@@ -253,60 +267,78 @@ class _Stages:
 def refresh_index(spark: Any, table_name: str, spec: TableSpec, index: PrimaryKeyIndex, base: int | None) -> bool:
     """Bring the index to the table's snapshot `base`; returns whether it had to be rebuilt.
 
-    When every snapshot since the index's is a REPLACE (external compaction: `rewrite_data_files`, or a
-    rewrite of delete files or manifests), the rows those snapshots moved are updated in place (Nobu's
-    mailbox, applied before the batch). Otherwise (no index, a crash before the index update, a foreign
-    append or DELETE) the index is rebuilt from the table: for each live data file of the snapshot (planned
-    from the manifests), pyarrow reads its key and offset columns and pyiceberg its deletion vector, whose
-    positions are left out. No Spark job, and the driver holds one data file's keys at a time.
+    The snapshots since the index's are followed one by one when each is a REPLACE (external compaction:
+    `rewrite_data_files`, or a rewrite of delete files or manifests) or an APPEND (an `INSERT INTO` by an
+    analyst, or a pass of ours whose index update a crash cut short): Nobu's mailbox, applied before the batch.
+    Otherwise (no index, a DELETE, UPDATE, MERGE or overwrite by someone else) the index is rebuilt from the
+    table: for each live data file of the snapshot (planned from the manifests), pyarrow reads its key and
+    offset columns and pyiceberg its deletion vector, whose positions are left out. No Spark job, and the
+    driver holds one data file's keys at a time. Either way a key the table holds twice keeps the row of the
+    later commit in the index and the other one becomes stale: the next commit marks it deleted.
     """
     known = index.snapshot_id()
     if known == base:
         return False
-    if known is not None and base is not None and apply_replaces(spark, table_name, spec, index, known):
+    if known is not None and base is not None and follow_snapshots(spark, table_name, spec, index, known):
         return False
     if base is None:
         index.rebuild(None, ())
         return True
     files = iceberg_java.live_data_files(iceberg_java.load_table(spark, table_name), base)
+    ordered = sorted((int(live.file.dataSequenceNumber() or 0), location, live.dv) for location, live in files.items())
 
-    def rows() -> Iterator[tuple[bytes, IndexEntry]]:
-        for location, live in files.items():
-            yield from _live_rows(location, live.dv, spec)
+    def parts() -> Iterator[tuple[int, IndexRows, list[int]]]:
+        for sequence, location, dv in ordered:
+            yield (sequence, *_live_rows(location, dv, spec))
 
-    count = index.rebuild(base, rows())
-    log.info("%s: primary-key index rebuilt from snapshot %d (%d keys)", table_name, base, count)
+    count = index.rebuild(base, parts())
+    stale = sum(len(p) for p in index.stale().values())
+    log.info("%s: primary-key index rebuilt from snapshot %d (%d keys, %d stale rows)", table_name, base, count,
+             stale)
     return True
 
 
-def apply_replaces(spark: Any, table_name: str, spec: TableSpec, index: PrimaryKeyIndex, known: int) -> bool:
-    """Move the index's rows to where the REPLACE snapshots since `known` put them; False if some snapshot
-    since is not a REPLACE (or `known` is not an ancestor): the caller rebuilds instead.
+def follow_snapshots(spark: Any, table_name: str, spec: TableSpec, index: PrimaryKeyIndex, known: int) -> bool:
+    """Follow the REPLACE and APPEND snapshots since `known`; False if another kind comes (or `known` is not an
+    ancestor, or a REPLACE comes while stale rows wait for their deletion vector): the caller rebuilds instead.
 
-    A compaction writes only live rows (it applies the deletion vectors), every live row of a file it
+    REPLACE: a compaction writes only live rows (it applies the deletion vectors), every live row of a file it
     rewrites goes to one of its new files, and a row keeps its offset: so a key whose index entry has the
     offset of a row in a new file moved there, at that row's position.
+    APPEND (rows added, none deleted: the commit is later than every row the index knows): each key's latest
+    row among the added ones (highest offset) becomes its row; its previous row, and the other added rows of
+    the key, become stale. Read one added file at a time.
     """
     table = iceberg_java.load_table(spark, table_name)
     since = iceberg_java.snapshots_since(table, known)
-    if since is None or any(str(s.operation()) != "replace" for s in since):
+    if since is None or any(str(s.operation()) not in ("replace", "append") for s in since):
         return False
     for snapshot in since:
+        snapshot_id = int(snapshot.snapshotId())
+        added = [str(f.location()) for f in iceberg_java.added_data_files(table, snapshot)]
+        if str(snapshot.operation()) == "append":
+            sequence = int(snapshot.sequenceNumber())
+            marked = index.follow_append(snapshot_id, ((sequence, *_live_rows(location, None, spec))
+                                                       for location in sorted(added)))
+            log.info("%s: primary-key index follows APPEND snapshot %d (%d files, %d stale rows: keys the table "
+                     "held already)", table_name, snapshot_id, len(added), marked)
+            continue
+        if index.stale():
+            return False
         moved: dict[bytes, IndexEntry] = {}
-        for data_file in iceberg_java.added_data_files(table, snapshot):
-            location = str(data_file.location())
-            for pos, (key, offset) in enumerate(_read_keys(location, spec)):
-                moved[key] = IndexEntry(location, pos, offset)
+        for location in added:
+            moved.update(_live_rows(location, None, spec)[0].entries())
         current = index.lookup(moved)
-        index.apply(int(snapshot.snapshotId()),
-                    {k: e for k, e in moved.items() if k in current and current[k].offset == e.offset}, ())
-        log.info("%s: primary-key index follows REPLACE snapshot %d (%d rows moved)", table_name,
-                 int(snapshot.snapshotId()), len(moved))
+        index.apply(snapshot_id, IndexRows.of(
+            {k: e for k, e in moved.items() if k in current and current[k].offset == e.offset}), ())
+        log.info("%s: primary-key index follows REPLACE snapshot %d (%d rows moved)", table_name, snapshot_id,
+                 len(moved))
     return True
 
 
-def _stage(spark: Any, table_name: str, rows: Any) -> iceberg_java.JavaSnapshot | None:
-    """Write the rows' data files as a staged snapshot (not published); None if Spark staged none."""
+def _stage(spark: Any, table_name: str, rows: Any) -> tuple[iceberg_java.JavaTable, iceberg_java.JavaSnapshot | None]:
+    """Write the rows' data files as a staged snapshot (not published): the table loaded after, and that snapshot
+    (None if Spark staged none)."""
     wap_id = uuid.uuid4().hex
     with _STAGE_LOCK:
         spark.conf.set("spark.wap.id", wap_id)
@@ -317,7 +349,8 @@ def _stage(spark: Any, table_name: str, rows: Any) -> iceberg_java.JavaSnapshot 
                 "fanout-enabled", "true").append()
         finally:
             spark.conf.unset("spark.wap.id")
-    return iceberg_java.staged_snapshot(iceberg_java.load_table(spark, table_name), wap_id)
+    table = iceberg_java.load_table(spark, table_name)
+    return table, iceberg_java.staged_snapshot(table, wap_id)
 
 
 def _open(location: str) -> tuple[Any, str]:
@@ -362,35 +395,28 @@ def _read_columns(location: str, spec: TableSpec) -> Any:
     return pa.table([*keys, offsets, buckets, tombstone, has_key], names=names)
 
 
-def _read_keys(location: str, spec: TableSpec) -> Iterator[tuple[bytes, int]]:
-    """(encoded key, offset) of each row of a data file, in file order (the row's position)."""
-    data = _read_columns(location, spec)
-    keys = [data.column(f"k{i}").to_pylist() for i in range(len(spec.primary_key))]
-    for i, offset in enumerate(data.column("o").to_pylist()):
-        yield encode_key(tuple(k[i] for k in keys)), int(offset)
-
-
-def _live_rows(
-    location: str, dv: iceberg_java.JavaDeleteFile | None, spec: TableSpec
-) -> Iterator[tuple[bytes, IndexEntry]]:
-    """(encoded key, index entry) of each row of a data file its deletion vector does not delete (pyarrow reads the
-    key and offset columns, pyiceberg the DV's Puffin file)."""
+def _live_rows(location: str, dv: iceberg_java.JavaDeleteFile | None, spec: TableSpec) -> tuple[IndexRows, list[int]]:
+    """The latest row per key among the rows of a data file its deletion vector does not delete (pyarrow reads the
+    key and offset columns, pyiceberg the DV's Puffin file); and the positions of the file's other live rows of
+    those keys (none in a file of ours: a pass masks its superseded rows)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     from pyiceberg.table.puffin import PuffinFile
 
-    data = _read_columns(location, spec)
+    width = len(spec.primary_key)
+    data = _numbered(_read_columns(location, spec), 0)
     keep = data.column("has_key").combine_chunks()
     if dv is not None:
         filesystem, path = _open(str(dv.location()))
         with filesystem.open_input_file(path) as handle:
             deleted = PuffinFile(handle.read()).to_vector()[location].combine_chunks()
-        positions = pa.array(range(data.num_rows), pa.int64())
-        keep = pc.and_(keep, pc.invert(pc.is_in(positions, value_set=deleted.cast(pa.int64()))))
-    live = data.append_column("pos", pa.array(range(data.num_rows), pa.int64())).filter(keep)
-    keys = [live.column(f"k{i}").to_pylist() for i in range(len(spec.primary_key))]
-    for i, (pos, offset) in enumerate(zip(live.column("pos").to_pylist(), live.column("o").to_pylist(), strict=True)):
-        yield encode_key(tuple(k[i] for k in keys)), IndexEntry(location, pos, offset)
+        keep = pc.and_(keep, pc.invert(pc.is_in(data.column("pos"), value_set=deleted.cast(pa.int64()))))
+    rows, first = _sorted_first(data.filter(keep), width, [("o", "descending"), ("pos", "descending")])
+    kept = rows.filter(first)
+    stale = rows.filter(pc.invert(first)).column("pos").to_pylist()
+    offsets = pc.fill_null(kept.column("o"), -1).to_pylist()
+    return IndexRows(_keys(kept, width), [location], [0] * kept.num_rows, kept.column("pos").to_pylist(),
+                     offsets), stale
 
 
 def _read_blob(dv: iceberg_java.JavaDeleteFile) -> bytes:

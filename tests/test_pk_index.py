@@ -1,0 +1,55 @@
+"""The primary-key index's merge rule, on a real LMDB environment (no Spark): which row a key held twice keeps,
+which become stale, and that an upsert commit clears the stale rows. The end-to-end behaviour (a Spark SQL
+INSERT of an existing key between archive passes) is in test_pk_tables.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+from icelog.lake.pk_index import IndexEntry, IndexRows, PrimaryKeyIndex, encode_key, encode_keys
+
+
+def file_rows(location: str, rows: list[tuple[bytes, int, int]]) -> IndexRows:
+    """One data file's rows: (key, position, offset)."""
+    return IndexRows([encode_key((k,)) for k, _p, _o in rows], [location], [0] * len(rows),
+                     [p for _k, p, _o in rows], [o for _k, _p, o in rows])
+
+
+def test_vectorised_key_encoding_matches_encode_key() -> None:
+    keys = [b"k1", b"", b"\x00\xff"]
+    assert encode_keys([pa.array(keys, pa.binary())]) == [encode_key((k,)) for k in keys]
+    assert encode_keys([pa.array(["eu", "us"]), pa.array([1, 2])]) == [encode_key(("eu", 1)), encode_key(("us", 2))]
+
+
+def test_a_key_held_twice_keeps_the_later_commit_then_the_higher_offset(tmp_path: Path) -> None:
+    index = PrimaryKeyIndex(tmp_path / "index")
+    try:
+        count = index.rebuild(7, [
+            (1, file_rows("f1", [(b"a", 0, 10), (b"b", 1, 11), (b"c", 2, 12)]), []),
+            (2, file_rows("f2", [(b"a", 0, 5)]), [3]),  # a later commit with a lower offset: it wins
+            (2, file_rows("f3", [(b"b", 0, 9), (b"d", 1, 1)]), []),  # same commit as f2; f1's b is older
+            (2, file_rows("f4", [(b"d", 0, 0)]), []),  # same commit as f3, lower offset: stale itself
+        ])
+        assert count == 4 and index.snapshot_id() == 7
+        assert dict(index.items()) == {
+            encode_key((b"a",)): IndexEntry("f2", 0, 5), encode_key((b"b",)): IndexEntry("f3", 0, 9),
+            encode_key((b"c",)): IndexEntry("f1", 2, 12), encode_key((b"d",)): IndexEntry("f3", 1, 1),
+        }
+        assert {f: sorted(p) for f, p in index.stale().items()} == {"f1": [0, 1], "f2": [3], "f4": [0]}
+
+        # A foreign APPEND: its rows win over the index's (an earlier commit), whatever their offsets.
+        marked = index.follow_append(8, [(3, file_rows("f5", [(b"c", 0, 1), (b"e", 1, 2)]), [])])
+        assert marked == 1 and index.snapshot_id() == 8
+        found = index.lookup([encode_key((b"c",)), encode_key((b"zz",))])
+        assert found == {encode_key((b"c",)): IndexEntry("f5", 0, 1)}
+        assert sorted(index.stale()["f1"]) == [0, 1, 2]
+
+        # The next upsert commit marks the stale rows deleted: the index forgets them with its update.
+        index.apply(9, file_rows("f6", [(b"a", 0, 20)]), [encode_key((b"b",))], stale_marked=True)
+        assert index.stale() == {} and index.snapshot_id() == 9
+        assert dict(index.items())[encode_key((b"a",))] == IndexEntry("f6", 0, 20)
+        assert encode_key((b"b",)) not in dict(index.items())
+    finally:
+        index.close()
