@@ -39,7 +39,7 @@ def _table_ranges(settings: Any, store: Any) -> dict[str, dict[int, tuple[int, i
     as not read back ('-') with a note on stderr.
     """
     from icelog.readback.lake import LakeTables, catalog_opener
-    from icelog.readback.source import partition_ranges
+    from icelog.readback.plan import partition_ranges
     from icelog.topic_configs.archive import archive_config
 
     opener = catalog_opener(settings)

@@ -110,6 +110,23 @@ def sqlite_catalog_path(settings: Settings) -> Path | None:
     return None
 
 
+def sqlite_metadata_locations(path: Path, catalog_name: str) -> dict[tuple[str, str], str]:
+    """Every table's current metadata file in the embedded JDBC catalog ((namespace, name) → location), in one
+    read-only query ({} while the catalog does not exist): how a reader notices a commit without loading tables."""
+    if not path.exists():
+        return {}
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    try:
+        rows = db.execute(
+            "SELECT table_namespace, table_name, metadata_location FROM iceberg_tables WHERE catalog_name = ? "
+            "AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL)",
+            (catalog_name,),
+        ).fetchall()
+    finally:
+        db.close()
+    return {(namespace, name): location for namespace, name, location in rows if location}
+
+
 def pyiceberg_catalog_opener(settings: Settings) -> Callable[[], Any | None] | None:
     """A function opening pyiceberg onto the archiver's catalog (it returns None while the embedded one does not
     exist yet), or None for a catalog pyiceberg cannot open as Spark does (a JDBC one on PostgreSQL, Hadoop).

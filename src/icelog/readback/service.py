@@ -1,4 +1,4 @@
-"""Read-back for the broker: one TableSource per archived partition, kept current in the background."""
+"""Read-back for the broker: a TableSource per archived partition, the tables' plans kept current in the background."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 import uuid
 
 from icelog.config import Settings
-from icelog.readback.lake import LakeTables, catalog_opener
+from icelog.readback.lake import LakeTables, catalog_locations, catalog_opener
 from icelog.readback.source import BatchCache, TableSource
 from icelog.schema.archive.rebuild import Schemas
 from icelog.topic_configs.archive import archive_config
@@ -22,7 +22,7 @@ class ReadBack:
         self.settings = settings
         self.schemas = schemas
         opener = catalog_opener(settings)
-        self.tables = LakeTables(opener) if opener is not None else None
+        self.tables = LakeTables(opener, catalog_locations(settings)) if opener is not None else None
         self.cache = BatchCache(cache_bytes or settings.archive.readback_cache_bytes)
         self._sources: dict[tuple[uuid.UUID, int], TableSource] = {}
         self._lock = threading.Lock()
@@ -52,13 +52,16 @@ class ReadBack:
         return source
 
     def refresh_all(self) -> None:
-        """Re-plan every source whose table has a new snapshot (a worker thread, about every second)."""
+        """Re-plan every table with a new commit, once for all its partitions, and hand each source its files
+        (a worker thread, about every second; one catalog query when nothing changed)."""
         with self._lock:
             sources = list(self._sources.values())
+        if self.tables is None or not sources:
+            return
+        self.tables.refresh({source.identifier for source in sources})
         for source in sources:
             try:
                 source.refresh()
-                source.index_row_groups()
             except Exception:
                 log.exception("read-back: planning %s partition %d failed; will retry",
                               ".".join(source.identifier), source.partition)

@@ -1,14 +1,15 @@
-"""One archived partition as an offset range source of the log: plan with pyiceberg, read with pyarrow, build batches.
+"""One archived partition as an offset range source of the log: its files from the table's plan, read with pyarrow.
 
-Planning: the partition's data files come from pyiceberg's scan planning (the partition column, kafka.partition
-or the table layout's __bucket, prunes by identity partition or by file statistics; delete files and deletion
-vectors ride along with each file), ordered by the file's offset lower bound; files whose offset ranges overlap
-(a table partitioned by value columns spreads an archive over several) form one segment. The plan is cached per
-table snapshot. Reading: a segment's rows for the partition (pyiceberg's ArrowScan applies deletes and projects
-evolved schemas by field id; a raw file without deletes is read one row group at a time with pyarrow), in offset
-order, become record batches grouped by the batch start, framed lazily a chunk of rows at a time; a segment's
-rows and batches are cached (an LRU bounded by bytes, shared by every partition) keyed by its data files and
-their delete files, which never change, so compaction and snapshot expiry simply make other files current.
+Planning: the partition's data files come from the table's plan (readback/plan.py: one per table and snapshot,
+shared by its partitions; the partition column, kafka.partition or the table layout's __bucket, selects a file by
+identity partition or by file statistics; delete files and deletion vectors ride along with each file), ordered by
+the file's offset lower bound; files whose offset ranges overlap (a table partitioned by value columns spreads an
+archive over several) form one segment. A file's Parquet footer is read when the file is first read. Reading: a
+segment's rows for the partition (pyiceberg's ArrowScan applies deletes and projects evolved schemas by field id; a
+raw file without deletes is read one row group at a time with pyarrow), in offset order, become record batches
+grouped by the batch start, framed lazily a chunk of rows at a time; a segment's rows and batches are cached (an
+LRU bounded by bytes, shared by every partition) keyed by its data files and their delete files, which never
+change, so compaction and snapshot expiry simply make other files current.
 A primary-key table (deletion vectors on replaced rows) so reads back as after Kafka's log compaction.
 
 Everything here runs on worker threads (Fetch reads off the event loop) or in the broker's background
@@ -18,7 +19,6 @@ refresh; `start_offset`/`end_offset` only read the cached plan, so the event loo
 from __future__ import annotations
 
 import bisect
-import json
 import logging
 import threading
 import time
@@ -30,18 +30,16 @@ from typing import Any
 import numpy as np
 
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.lake.layout import OFFSETS_PROPERTY, TOPIC_ID_PROPERTY, layout_of_properties
 from icelog.readback.batches import header_section
 from icelog.readback.columnar import as_binary, encode_batches
 from icelog.readback.lake import LakeTables
+from icelog.readback.plan import RECORD_LAYOUT, FileSlice, Layout, TablePlan
 from icelog.schema.archive.iceberg_types import RAW
 from icelog.schema.archive.rebuild import Rebuilder, Schemas, rebuild_headers, table_side_row
 from icelog.topic_configs.table import (
     BATCH_START,
-    BUCKET,
     HEADERS,
     KEY_BYTES,
-    LAYOUT_TABLE,
     OFFSET,
     SYSTEM_COLUMNS,
     TIMESTAMP,
@@ -53,42 +51,6 @@ from icelog.topic_configs.table import (
 log = logging.getLogger(__name__)
 
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
-
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where a table layout keeps what a record needs (column paths)."""
-
-    partition: str
-    offset: str
-    timestamp: str
-    batch_start: str
-    table: bool  # Fluss's layout: the value's fields and the system columns are top-level
-
-
-RECORD_LAYOUT = Layout("kafka.partition", "kafka.offset", "kafka.event_timestamp", "kafka.batch_start", False)
-TABLE_LAYOUT = Layout(BUCKET, OFFSET, TIMESTAMP, BATCH_START, True)
-
-
-def layout_of(table: Any) -> Layout:
-    """The layout a table was created with (lake/layout.py records it in the table property icelog.layout)."""
-    return TABLE_LAYOUT if layout_of_properties(table.properties) == LAYOUT_TABLE else RECORD_LAYOUT
-
-
-@dataclass(frozen=True)
-class FileSlice:
-    """One data file of the partition: its scan task and the offset / event time bounds of its rows."""
-
-    task: Any
-    lower: int
-    upper: int
-    max_timestamp_ms: int  # upper bound of the event timestamp (ms); large when unknown
-    size: int
-
-    @property
-    def key(self) -> tuple[str, frozenset[str]]:
-        return (self.task.file.file_path, frozenset(d.file_path for d in self.task.delete_files))
 
 
 @dataclass(frozen=True)
@@ -268,6 +230,7 @@ class TableSource:
         self._keys = Rebuilder(schemas)
         self._values = Rebuilder(schemas)
         self._plan = _EMPTY
+        self._planned: TablePlan | None = None  # the table's plan self._plan was taken from
         self._lock = threading.Lock()
         # data file → its Parquet footer and the offset range of each row group
         self._groups: dict[str, tuple[Any, list[tuple[int, int]]]] = {}
@@ -275,27 +238,28 @@ class TableSource:
 
     # -- the plan ------------------------------------------------------------------------------
     def refresh(self, fresh: bool = False) -> None:
-        """Re-plan if the table has a new snapshot (worker thread / background)."""
-        table = self.tables.table(self.identifier, fresh)
-        snapshot = None if table is None else table.current_snapshot()
-        snapshot_id = None if snapshot is None else snapshot.snapshot_id
+        """Take the table's current plan (worker thread / background); nothing to do while it is the one taken."""
+        planned = self.tables.plan(self.identifier, fresh)
         with self._lock:
-            if snapshot_id == self._plan.snapshot_id and (snapshot_id is not None or not self._plan.slices):
+            if planned is self._planned:
                 return
-        plan = _EMPTY
-        if snapshot is not None:
-            owner, covered = archive_summary(table)
-            if self.topic_id is not None and owner is not None and owner != self.topic_id:
-                log.warning("read-back: table %s holds the archive of another topic (id %s, this one is %s); "
-                            "not served", ".".join(self.identifier), owner, self.topic_id)
-                plan = _Plan(snapshot.snapshot_id, [], [], table=table)
-            else:
-                plan = _plan_partition(table, snapshot.snapshot_id, self.partition, covered.get(self.partition))
+        plan = self._partition_plan(planned)
         with self._lock:
-            self._plan = plan
-            self._raw = table is not None and _raw_layout(table.schema(), layout_of(table))
+            self._planned, self._plan, self._raw = planned, plan, planned.raw
             current = {f.task.file.file_path for s in plan.slices for f in s.files}
             self._groups = {path: groups for path, groups in self._groups.items() if path in current}
+
+    def _partition_plan(self, planned: TablePlan) -> _Plan:
+        """The partition's files of the table's plan, in offset order."""
+        if planned.snapshot_id is None:
+            return _EMPTY
+        if self.topic_id is not None and planned.owner is not None and planned.owner != self.topic_id:
+            log.warning("read-back: table %s holds the archive of another topic (id %s, this one is %s); "
+                        "not served", ".".join(self.identifier), planned.owner, self.topic_id)
+            return _Plan(planned.snapshot_id, [], [], table=planned.table)
+        segments = _segments(planned.slices(self.partition))
+        return _Plan(planned.snapshot_id, segments, [s.lower for s in segments], planned.layout,
+                     planned.covered.get(self.partition), planned.table)
 
     def start_offset(self) -> int | None:
         """The first offset the table holds for the partition (cached plan; None: nothing archived)."""
@@ -352,13 +316,6 @@ class TableSource:
                     offset = max(offset, built.last + 1)
         return out
 
-    def index_row_groups(self) -> None:
-        """Read the footers of the plan's files not indexed yet (background refresh): a seek then reads one row
-        group at once, not the file's footer first."""
-        plan = self._plan
-        for segment in plan.slices:
-            self._row_groups(plan, segment, 0)
-
     def _row_groups(self, plan: _Plan, segment: Segment, offset: int) -> list[int | None]:
         """The units a segment is read in: the row groups holding offsets >= `offset` of its one file when that
         can be read straight with pyarrow (so a seek decodes one row group, not the file), else all of it (None)."""
@@ -366,7 +323,7 @@ class TableSource:
             return [None]
         path = segment.files[0].task.file.file_path
         groups = self._groups.get(path)
-        if groups is None:
+        if groups is None:  # the file's first read: its footer, kept for the reads after
             groups = _offset_ranges(plan.table, path, plan.layout)
             with self._lock:
                 self._groups[path] = groups
@@ -454,7 +411,7 @@ class TableSource:
             import pyarrow.parquet as pq
 
             path = segment.files[0].task.file.file_path
-            known = self._groups.get(path)  # the footer read when the file was indexed: not parsed again
+            known = self._groups.get(path)  # the footer read by _row_groups: not parsed again
             with table.io.new_input(path).open() as stream:
                 parquet = pq.ParquetFile(stream, metadata=None if known is None else known[0])
                 arrow = parquet.read_row_group(group, columns=_raw_columns(layout))
@@ -515,23 +472,6 @@ def _raw_columns(layout: Layout) -> list[str]:
     return ["key", "value", "headers", "kafka"]
 
 
-def archive_summary(table: Any, max_ancestors: int = 1000) -> tuple[str | None, dict[int, int]]:
-    """(topic id, next offset per partition) the newest archive commit on the current lineage records (None, {}:
-    none left to say; snapshots of others, compaction or deletes, record nothing: pipeline/reconcile.py)."""
-    from pyiceberg.table.snapshots import ancestors_of
-
-    for hops, snapshot in enumerate(ancestors_of(table.current_snapshot(), table.metadata)):
-        if hops >= max_ancestors:
-            break
-        summary = snapshot.summary
-        offsets = None if summary is None else summary.get(OFFSETS_PROPERTY)
-        if offsets is not None:
-            topic_id = summary.get(TOPIC_ID_PROPERTY) if summary is not None else None
-            covered = {int(p): int(o) for p, o in json.loads(str(offsets)).items()}
-            return (None if topic_id is None else str(topic_id)), covered
-    return None, {}
-
-
 def _offset_ranges(table: Any, path: str, layout: Layout) -> tuple[Any, list[tuple[int, int]]]:
     """A data file's Parquet footer and the (min, max) offset of each row group, from its statistics."""
     import pyarrow.parquet as pq
@@ -548,16 +488,6 @@ def _offset_ranges(table: Any, path: str, layout: Layout) -> tuple[Any, list[tup
                 low, high = int(chunk.statistics.min), int(chunk.statistics.max)
         out.append((low, high))
     return metadata, out
-
-
-def _raw_layout(schema: Any, layout: Layout) -> bool:
-    """Whether every row holds its payloads as produced: the record layout's key and value structs hold only
-    `__raw__`, or a table layout table has no value columns to rebuild from (no __value_prefix: no schema)."""
-    if layout.table:
-        return VALUE_PREFIX not in {f.name for f in schema.fields}
-    return all(
-        [f.name for f in schema.find_field(side).field_type.fields] == [RAW] for side in ("key", "value")
-    )
 
 
 def _offsets_of(arrow: Any, layout: Layout) -> Any:
@@ -634,40 +564,6 @@ def _slices_from(plan: _Plan, offset: int) -> list[int]:
     return [i for i in range(first, len(plan.slices)) if plan.slices[i].upper >= offset]
 
 
-def _slices(table: Any, snapshot_id: int, partition: int | None) -> list[tuple[int, FileSlice]]:
-    """(Kafka partition, slice) of each data file the scan plans (pyiceberg: partition pruning, delete files).
-
-    The filter on the partition column prunes by the identity partition (record layout, table layout without a
-    bucket key) or by the file's column statistics (a bucket key spec: each file holds one Kafka partition).
-    """
-    from pyiceberg.conversions import from_bytes
-    from pyiceberg.expressions import AlwaysTrue, BooleanExpression
-    from pyiceberg.expressions.parser import parse
-    from pyiceberg.types import IntegerType, LongType, TimestamptzType
-
-    layout = layout_of(table)
-    schema = table.schema()
-    ids = {name: schema.find_field(path).field_id for name, path in (
-        ("partition", layout.partition), ("offset", layout.offset), ("timestamp", layout.timestamp))}
-
-    def bound(bounds: Any, name: str, kind: Any, default: int) -> int:
-        raw = bounds.get(ids[name]) if bounds else None
-        return default if raw is None else int(from_bytes(kind, raw))
-
-    row_filter: BooleanExpression = AlwaysTrue() if partition is None else parse(f"{layout.partition} = {partition}")
-    out = []
-    for task in table.scan(row_filter=row_filter, snapshot_id=snapshot_id).plan_files():
-        data = task.file
-        out.append((bound(data.lower_bounds, "partition", IntegerType(), -1), FileSlice(
-            task,
-            bound(data.lower_bounds, "offset", LongType(), 0),
-            bound(data.upper_bounds, "offset", LongType(), 2**62),
-            bound(data.upper_bounds, "timestamp", TimestamptzType(), 2**62 * 1000) // 1000,
-            int(data.file_size_in_bytes),
-        )))
-    return out
-
-
 def _segments(slices: list[FileSlice]) -> list[Segment]:
     """Files in offset order, those whose offset ranges overlap grouped into one segment."""
     out: list[list[FileSlice]] = []
@@ -679,21 +575,3 @@ def _segments(slices: list[FileSlice]) -> list[Segment]:
             out.append([file_slice])
         upper = max(upper, file_slice.upper)
     return [Segment(tuple(files)) for files in out]
-
-
-def _plan_partition(table: Any, snapshot_id: int, partition: int, covered: int | None = None) -> _Plan:
-    """The partition's data files in offset order."""
-    segments = _segments([s for _, s in _slices(table, snapshot_id, partition)])
-    return _Plan(snapshot_id, segments, [s.lower for s in segments], layout_of(table), covered, table)
-
-
-def partition_ranges(table: Any) -> dict[int, tuple[int, int, int]]:
-    """Per Kafka partition: (first offset, one past the last, data file bytes), from one scan plan (status)."""
-    snapshot = table.current_snapshot()
-    out: dict[int, tuple[int, int, int]] = {}
-    if snapshot is None:
-        return out
-    for partition, file_slice in _slices(table, snapshot.snapshot_id, None):
-        first, end, size = out.get(partition, (2**62, 0, 0))
-        out[partition] = (min(first, file_slice.lower), max(end, file_slice.upper + 1), size + file_slice.size)
-    return out
