@@ -196,18 +196,19 @@ for _ in sys.stdin:
 
 
 def test_a_running_session_sees_what_another_process_commits(
-    lake_broker: BrokerProcess, lake_settings: Settings
+    lake_broker: BrokerProcess, lake_settings: Settings, lake_archiver: Archiver
 ) -> None:
     """Processes share the catalog (archiver, `icelog sql`, maintenance): none may keep reading a stale one.
 
     Iceberg's JdbcCatalog leaves a ResultSet open when it opens a SQLite catalog whose tables exist, which pins
-    one pooled connection to that moment: that process then never saw another's commits.
+    one pooled connection to that moment: that process then never saw another's commits. Here the test
+    process's archiver commits and a second, long-lived process counts the rows.
     """
     topic = "archive-foreign-process"
     create_topic(lake_broker, topic)
     produced = produce(lake_broker, topic, 100, tag="a")
-    job = run_archive_cli(lake_settings, topic)  # the catalog database and the table exist from here on
-    assert job.returncode == 0, job.stderr[-3000:]
+    [first] = lake_archiver.run_pass(force=True, topics=[topic])  # the catalog and the table exist from here on
+    assert not first.error and first.records == 100
     env = {**os.environ, **ARCHIVE_ENV}
     reader = subprocess.Popen(
         [sys.executable, "-c", _READER, str(lake_settings.data_dir), topic],
@@ -218,8 +219,8 @@ def test_a_running_session_sees_what_another_process_commits(
         assert reader.stdout.readline().strip() == "open"
         for tag in ("b", "c"):
             produced += produce(lake_broker, topic, 100, tag=tag)
-            job = run_archive_cli(lake_settings, topic)
-            assert job.returncode == 0, job.stderr[-3000:]
+            [result] = lake_archiver.run_pass(force=True, topics=[topic])
+            assert not result.error and result.records == 100
             reader.stdin.write("count\n")
             reader.stdin.flush()
             assert int(reader.stdout.readline()) == len(produced)
