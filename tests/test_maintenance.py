@@ -35,6 +35,8 @@ from icelog.config import ArchiveSettings, Settings
 from icelog.faults import FAULT_ENV
 from icelog.lake.iceberg_java import load_table
 from icelog.pipeline.archiver import Archiver
+from icelog.pipeline.dead_letter import DLQ_SUFFIX, dlq_table_name, write_dead_letters
+from icelog.pipeline.decode import DeadLetter
 from icelog.pipeline.maintenance import MaintenancePolicy, maintain_table, table_state
 from icelog.pipeline.maintenance_schedule import STALL_POINT, MaintenanceScheduler
 from icelog.pipeline.reconcile import table_offsets
@@ -317,14 +319,28 @@ def test_the_archiver_maintains_due_tables_and_leaves_opted_out_ones_alone(
     create_topic(lake_broker, off, configs={TABLE_AUTO_MAINTENANCE: "false"})
     produced = archive_in_rounds(lake_broker, lake_archiver, on, rounds=3, per_round=90)
     archive_in_rounds(lake_broker, lake_archiver, off, rounds=3, per_round=90)
+    # The dead-letter table of `on`, as three archive passes that each met an undecodable batch leave it.
+    dlq = dlq_table_name("lake", "icelog", on)
+    letters = [DeadLetter(p, 1000 * i + p, 1000 * i + p + 4, bytes([i, p]) * 50, f"bad {i}") for i in (2, 0, 1)
+               for p in range(3)]
+    for i in range(3):
+        write_dead_letters(lake_spark, dlq, letters[3 * i:3 * i + 3])
     settings = lake_settings.model_copy(deep=True)
     settings.archive.maintenance_min_new_files = 5
     # Other tests' tables stay as they are: only topics that ask for it explicitly.
     settings.topic_defaults = {**settings.topic_defaults, TABLE_AUTO_MAINTENANCE: "false"}
     scheduler = MaintenanceScheduler(settings, lake_spark, lake_store)
     try:
-        [result] = scheduler.run_due()
+        result, dlq_result = scheduler.run_due()
         assert result.rewritten_files == 9 and result.after.data_files <= 6
+        # The dead-letter table too: one file per partition, rows as written, sorted by base offset.
+        assert dlq_result.rewritten_files == 9 and dlq_result.after.data_files == 3
+        stored = lake_spark.sql(f"SELECT `partition`, base_offset, last_offset, batch, error FROM {dlq}").collect()
+        assert sorted((r[0], r[1], r[2], bytes(r[3]), r[4]) for r in stored) == sorted(
+            (d.partition, d.base_offset, d.last_offset, d.batch, d.error) for d in letters)
+        for path in live_files(lake_spark, on + DLQ_SUFFIX):
+            bases = pq.read_table(local(path), columns=["base_offset"])["base_offset"].to_pylist()
+            assert bases == sorted(bases) and len(bases) == 3
         record = lake_store.maintenance_records()[f"icelog.{on}"]
         assert record.outcome == "ok" and record.data_files_after == result.after.data_files
         assert f"data files 9 -> {result.after.data_files}" in record.summary and record.orphans_checked_ms > 0

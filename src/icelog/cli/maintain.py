@@ -35,8 +35,9 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     from icelog.errors import IcelogError
     from icelog.lake.layout import quote_identifier
     from icelog.meta.store import open_store
+    from icelog.pipeline.dead_letter import DLQ_SUFFIX
     from icelog.pipeline.locks import ArchiverLock
-    from icelog.pipeline.maintenance import MaintenancePolicy, maintain_table
+    from icelog.pipeline.maintenance import DLQ_SORT_COLUMN, SORT_COLUMN, MaintenancePolicy, maintain_table
     from icelog.pipeline.maintenance_schedule import MAINTENANCE_LOCK, record_of, table_key
     from icelog.pipeline.service import lower_priority
     from icelog.topic_configs.archive import archive_config
@@ -74,14 +75,20 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         policy = MaintenancePolicy.from_settings(settings.archive)
         failed = 0
         try:
-            for config in configs:
-                name = quote_identifier(settings.archive.catalog_name, config.namespace, config.table)
-                key = table_key(config.namespace, config.table)
+            # Each archive table, then its dead-letter table where there is one (sorted by base offset).
+            tables = [(c, table, sort) for c in configs
+                      for table, sort in ((c.table, SORT_COLUMN), (c.table + DLQ_SUFFIX, DLQ_SORT_COLUMN))]
+            for config, table, sort_column in tables:
+                name = quote_identifier(settings.archive.catalog_name, config.namespace, table)
+                key = table_key(config.namespace, table)
                 if not spark.catalog.tableExists(name):
-                    print(f"{key}: no table yet (nothing archived)")
+                    if table == config.table:
+                        print(f"{key}: no table yet (nothing archived)")
                     continue
                 try:
-                    result = maintain_table(spark, name, policy, dry_run=args.dry_run, progress=Steps(key))
+                    result = maintain_table(
+                        spark, name, policy, dry_run=args.dry_run, progress=Steps(key), sort_column=sort_column
+                    )
                 except Exception as exc:
                     from icelog.pipeline.archiver import first_line
 

@@ -7,9 +7,9 @@ A round, in this order (each step is skipped when there is nothing for it to do)
      the table's sort order (`kafka.offset`: archive files are disjoint offset runs, so no range shuffle
      is needed), committed one by one (partial progress). A group of one file is left alone (fewer than
      `min-input-files`), so a lone file is never rewritten, and a compacted file (about a group's size)
-     is not rewritten round after round with every newer file; a small group keeps each rewrite task
-     short, so the archive passes' tasks, which share the Spark cores, wait at most one such task;
-     files whose deletes (deletion vectors, position deletes) cover `maintenance_delete_ratio` of their
+     is not rewritten round after round with every newer file (automatic rounds run in a process and a
+     Spark of their own, so a long rewrite task holds no slot an archive pass needs:
+     pipeline/maintenance_schedule.py); files whose deletes (deletion vectors, position deletes) cover `maintenance_delete_ratio` of their
      rows are rewritten with the deletes applied. Appends that commit meanwhile are no conflict (Iceberg
      re-applies the smaller side, the append, on its retry); a rewrite that loses a real race (its files
      were deleted meanwhile) is reported as `lost_race` and retried next round, never as an error;
@@ -92,7 +92,7 @@ class MaintenancePolicy:
             "delete-ratio-threshold": str(self.delete_ratio),
             "partial-progress.enabled": "true",
             "partial-progress.max-commits": "10",
-            # One group at a time: the archive passes keep their share of the Spark cores.
+            # One group at a time: a round takes one core at most (at a low CPU priority).
             "max-concurrent-file-group-rewrites": "1",
             "remove-dangling-deletes": "true",
         }
