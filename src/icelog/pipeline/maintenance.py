@@ -9,10 +9,11 @@ A round, in this order (each step is skipped when there is nothing for it to do)
      `min-input-files`), so a lone file is never rewritten, and a compacted file (about a group's size)
      is not rewritten round after round with every newer file (automatic rounds run in a process and a
      Spark of their own, so a long rewrite task holds no slot an archive pass needs:
-     pipeline/maintenance_schedule.py); files whose deletes (deletion vectors, position deletes) cover `maintenance_delete_ratio` of their
-     rows are rewritten with the deletes applied. Appends that commit meanwhile are no conflict (Iceberg
-     re-applies the smaller side, the append, on its retry); a rewrite that loses a real race (its files
-     were deleted meanwhile) is reported as `lost_race` and retried next round, never as an error;
+     pipeline/maintenance_schedule.py); files whose deletes (deletion vectors, position deletes) cover
+     `maintenance_delete_ratio` of their rows are rewritten with the deletes applied. Appends that commit
+     meanwhile are no conflict (Iceberg re-applies the smaller side, the append, on its retry); a rewrite
+     that loses a real race (its files were deleted meanwhile) is reported as `lost_race` and retried next
+     round, never as an error;
   2. snapshot expiry: snapshots older than `history.expire.max-snapshot-age-ms`, keeping
      `history.expire.min-snapshots-to-keep` (icelog's defaults where the table sets neither) and always
      the newest snapshot that records `icelog.archive.offsets` with every snapshot after it, so

@@ -147,8 +147,11 @@ class MaintenanceScheduler:
         if self._child is not None:
             if self._child.poll() is None:
                 return
-            if self._child.returncode:
-                log.warning("the maintenance round exited with %s (retried when due)", self._child.returncode)
+            now_ms = int(self.clock() * 1000)
+            if self._child.returncode:  # (it could not start Spark?) not one JVM start per look: wait a while
+                log.warning("the maintenance round exited with %s; looking again in %d ms",
+                            self._child.returncode, self.settings.archive.maintenance_interval_ms)
+                self._last_look_ms = now_ms + self.settings.archive.maintenance_interval_ms
             self._child = None
         now_ms = int(self.clock() * 1000)
         if now_ms - self._last_look_ms < min(LOOK_EVERY_MS, self.settings.archive.maintenance_interval_ms):
@@ -157,6 +160,11 @@ class MaintenanceScheduler:
         self._looking = self._thread.submit(self._look)
 
     def _look(self) -> None:
+        try:
+            self.lock.acquire(wait_s=0)  # only to see that no `icelog maintain` holds it: no JVM start in vain
+            self.lock.release()
+        except IcelogError:
+            return
         try:
             due = self.due_tables()
         except Exception:
