@@ -10,8 +10,9 @@ auto-maintenance is switched off (IncrementalAlterConfigs), so the second phase 
 The maintenance interval is `--interval-s` (`archive.maintenance_interval_ms`; the default 300 s would
 give a short run one round at most); every other maintenance setting is icelog's default unless
 `--group-mib` sets `archive.maintenance_group_bytes` (default 32 MiB). At the end of each phase:
-  - the table's data-file count when the stream ends and, with maintenance, once a round that started
-    after the stream's end has finished (the table at rest; the scan is measured then);
+  - the table's data-file count when the stream ends and, with maintenance, once the table is at rest: a
+    round that started after the stream's end has finished, or none became due (fewer than
+    `maintenance_min_new_files` files left over); the scan is measured then;
   - with maintenance: each round's line from the archiver's log, and the peak resident memory of the
     round's process tree (its Python and its Spark JVM: the cost of a second JVM);
   - a full-table Spark scan (every value read; median of 3) against the baseline: the same rows written
@@ -46,6 +47,7 @@ from icelog.lake.iceberg_java import load_table  # noqa: E402
 from icelog.lake.layout import archive_table_ddl, quote_identifier  # noqa: E402
 from icelog.lake.table_stats import open_catalog, table_stats  # noqa: E402
 from icelog.pipeline.maintenance import table_state  # noqa: E402
+from icelog.pipeline.maintenance_schedule import LOOK_EVERY_MS  # noqa: E402
 from icelog.topic_configs.archive import TABLE_AUTO_MAINTENANCE  # noqa: E402
 
 
@@ -73,17 +75,8 @@ def run_phase(broker: BrokerProcess, settings: Any, topic: str, maintenance: boo
         sent, _acks, elapsed = steady_produce(prod, topic, args.minutes * 60, args.rate_mb)
         child.wait_caught_up(max(300, 2 * args.minutes * 60))  # a loaded machine leaves a backlog
         stream_end = stats(settings, topic)
-        if maintenance:  # let a round that starts after the stream's end finish (bounded): the table at rest
-            ended_ms = time.time() * 1000
-            print(f"{topic}: stream archived; waiting for a round that starts after it", flush=True)
-            deadline = time.monotonic() + args.interval_s + 900
-            while time.monotonic() < deadline:
-                record = child.store.maintenance_records().get(f"icelog.{topic}")
-                if record is not None and record.finished_ms - record.duration_ms > ended_ms:
-                    break
-                time.sleep(1)
-            else:
-                print(f"{topic}: no round started after the stream within the wait", flush=True)
+        if maintenance:
+            wait_until_at_rest(child, topic, args.interval_s)
         memory.stop()
     log = child.log_path.read_text(errors="replace")
     rounds = [line.split(": ", 1)[1] for line in log.splitlines() if "maintained icelog." in line]
@@ -93,6 +86,28 @@ def run_phase(broker: BrokerProcess, settings: Any, topic: str, maintenance: boo
         "archiver_passes": passes, "round_process_peak_rss_mb": memory.peak_mb,
         "round_process_start_s": round_starts(log),
     }
+
+
+def wait_until_at_rest(child: Any, topic: str, interval_s: float) -> None:
+    """After the stream: until a round that started after its end has finished, or no round runs and the
+    scheduler has had the interval and a look (LOOK_EVERY_MS) since the last one without starting one
+    (nothing is due: fewer than maintenance_min_new_files files left over). Bounded."""
+    ended_ms = time.time() * 1000
+    print(f"{topic}: stream archived; waiting for the table to be at rest", flush=True)
+    quiet_ms = interval_s * 1000 + LOOK_EVERY_MS + 20_000
+    deadline = time.monotonic() + interval_s + 1200
+    while time.monotonic() < deadline:
+        record = child.store.maintenance_records().get(f"icelog.{topic}")
+        if record is not None and record.finished_ms - record.duration_ms > ended_ms:
+            return
+        log = child.log_path.read_text(errors="replace")
+        running = log.rfind("starting a maintenance round") > log.rfind("maintenance_schedule: maintained ")
+        last_ms = record.finished_ms if record is not None else ended_ms
+        if not running and time.time() * 1000 - max(last_ms, ended_ms) > quiet_ms:
+            print(f"{topic}: no round due after the stream (the table is at rest)", flush=True)
+            return
+        time.sleep(1)
+    print(f"{topic}: still maintaining at the end of the wait", flush=True)
 
 
 def round_starts(log: str) -> list[float]:
