@@ -11,8 +11,7 @@ The maintenance interval is `--interval-s` (`archive.maintenance_interval_ms`; t
 give a short run one round at most); every other maintenance setting is icelog's default unless
 `--group-mib` sets `archive.maintenance_group_bytes` (default 32 MiB). At the end of each phase:
   - the table's data-file count when the stream ends and, with maintenance, once the table is at rest: a
-    round that started after the stream's end has finished, or none became due (fewer than
-    `maintenance_min_new_files` files left over); the scan is measured then;
+    round that started after the stream's end has finished, or none became due; the scan is measured then;
   - with maintenance: each round's line from the archiver's log, and the peak resident memory of the
     round's process tree (its Python and its Spark JVM: the cost of a second JVM);
   - a full-table Spark scan (every value read; median of 3) against the baseline: the same rows written
@@ -90,8 +89,8 @@ def run_phase(broker: BrokerProcess, settings: Any, topic: str, maintenance: boo
 
 def wait_until_at_rest(child: Any, topic: str, interval_s: float) -> None:
     """After the stream: until a round that started after its end has finished, or no round runs and the
-    scheduler has had the interval and a look (LOOK_EVERY_MS) since the last one without starting one
-    (nothing is due: fewer than maintenance_min_new_files files left over). Bounded."""
+    scheduler has had the interval and a look (LOOK_EVERY_MS) since the last one (and since the stream's
+    end) without starting one: nothing is due. Bounded."""
     ended_ms = time.time() * 1000
     print(f"{topic}: stream archived; waiting for the table to be at rest", flush=True)
     quiet_ms = interval_s * 1000 + LOOK_EVERY_MS + 20_000

@@ -117,6 +117,7 @@ class TableState:
     snapshots: int = 0
     manifests: int = 0
     oldest_snapshot_ms: int = -1
+    current_snapshot_ms: int = -1  # when the table last changed
 
 
 @dataclass
@@ -180,6 +181,7 @@ def table_state(table: JavaTable) -> TableState:
         snapshots=len(times),
         manifests=manifest_count(table),
         oldest_snapshot_ms=min(times),
+        current_snapshot_ms=int(snapshot.timestampMillis()),
     )
 
 

@@ -11,7 +11,8 @@ smaller side) and a rewrite that loses is retried next round (pipeline/maintenan
 
 A table of a topic with `icelog.table.auto.maintenance=true` (and its dead-letter table `<table>__dlq`,
 when there is one) is due when `archive.maintenance_interval_ms` has passed since its last round and
-there is work: `maintenance_min_new_files` data files added since, delete files, snapshots past their
+there is work: `maintenance_min_new_files` data files added since (or `maintenance_min_input_files`, once
+the table has not changed for the interval: a stream that stopped), delete files, snapshots past their
 age, too many manifests, or no orphan check for `maintenance_orphan_age_ms` (a first round always
 checks). Rounds are recorded in the metadata store, so the schedule and `icelog status --tables` survive
 restarts. A failing round is logged and recorded; it never touches the topic's archive state.
@@ -81,6 +82,9 @@ def due_reason(
     new_files = state.data_files - (last.data_files_after if last is not None else 0)
     if new_files >= min_new_files:
         reasons.append(f"{new_files} new data files")
+    elif new_files >= policy.min_input_files and 0 <= state.current_snapshot_ms <= now_ms - interval_ms:
+        # A stream that stopped (or slowed) leaves its last small files compacted, not waiting for more.
+        reasons.append(f"{new_files} new data files, no change for {interval_ms} ms")
     if state.delete_files:
         reasons.append(f"{state.delete_files} delete files")
     max_age_ms, min_keep = policy.expiry(properties)
