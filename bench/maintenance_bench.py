@@ -1,17 +1,19 @@
 """Maintenance benchmark: a steady stream with automatic table maintenance on and off.
 
-Run: .venv/bin/python bench/maintenance_bench.py [--minutes 10] [--rate-mb 5] [--interval-s 60] [--group-mib 1]
+Run: .venv/bin/python bench/maintenance_bench.py [--minutes 10] [--rate-mb 5] [--interval-s 60] [--group-mib N]
 
 Two phases on one broker, each with `icelog archive` running continuously on its default archive delays
-(the archiver process runs the automatic maintenance): a steady `--rate-mb` MB/s of 100-byte records for
-`--minutes` to a 4-partition topic, once with `icelog.table.auto.maintenance=true` and once `false`. The
-maintenance interval is `--interval-s` (`archive.maintenance_interval_ms`; the default 300 s would give a
-short run no round). The compaction group size is `--group-mib` (`archive.maintenance_group_bytes`, default
-32 MiB): the bench's values compress ~90x in Parquet, so 1 MiB of its files holds ~900 k rows (~90 MB of
-values), about what 32 MiB holds of data that compresses ~3x; with 32 MiB every round here would rewrite
-the whole table in one long task per partition. At the end of each phase:
-  - the table's data-file count when the stream ends and, with maintenance, once the round that follows
-    has finished (the table at rest; the scan is measured then);
+(the archiver starts the automatic maintenance rounds, each in a child process `icelog maintain --due`):
+a steady `--rate-mb` MB/s of 100-byte records for `--minutes` to a 4-partition topic, once with
+`icelog.table.auto.maintenance=true` and once `false`. Before the second phase the first topic's
+auto-maintenance is switched off (IncrementalAlterConfigs), so the second phase runs no round at all.
+The maintenance interval is `--interval-s` (`archive.maintenance_interval_ms`; the default 300 s would
+give a short run one round at most); every other maintenance setting is icelog's default unless
+`--group-mib` sets `archive.maintenance_group_bytes` (default 32 MiB). At the end of each phase:
+  - the table's data-file count when the stream ends and, with maintenance, once the table is at rest: a
+    round that started after the stream's end has finished, or none became due; the scan is measured then;
+  - with maintenance: each round's line from the archiver's log, and the peak resident memory of the
+    round's process tree (its Python and its Spark JVM: the cost of a second JVM);
   - a full-table Spark scan (every value read; median of 3) against the baseline: the same rows written
     once, as one file set (an identical table filled by one Spark append), measured in the same run;
     target with maintenance: scan <= 1.2 x baseline;
@@ -28,7 +30,9 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +46,7 @@ from icelog.lake.iceberg_java import load_table  # noqa: E402
 from icelog.lake.layout import archive_table_ddl, quote_identifier  # noqa: E402
 from icelog.lake.table_stats import open_catalog, table_stats  # noqa: E402
 from icelog.pipeline.maintenance import table_state  # noqa: E402
+from icelog.pipeline.maintenance_schedule import LOOK_EVERY_MS  # noqa: E402
 from icelog.topic_configs.archive import TABLE_AUTO_MAINTENANCE  # noqa: E402
 
 
@@ -56,31 +61,128 @@ def run_phase(broker: BrokerProcess, settings: Any, topic: str, maintenance: boo
         "ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg",
         "ICELOG_REGISTRY_LISTEN": settings.registry_listen,
         "ICELOG_ARCHIVE__MAINTENANCE_INTERVAL_MS": str(int(args.interval_s * 1000)),
-        "ICELOG_ARCHIVE__MAINTENANCE_GROUP_BYTES": str(int(args.group_mib * 1024 * 1024)),
     }
+    if args.group_mib is not None:
+        env["ICELOG_ARCHIVE__MAINTENANCE_GROUP_BYTES"] = str(int(args.group_mib * 1024 * 1024))
     prod = producer(broker.bootstrap)
+    memory = PeakMemory()
     with running_archiver(
         broker.data_dir, settings.metadata_url, topic, prod, env, f"archiver-{topic}.log"
     ) as child:
+        memory.start()
         print(f"{topic}: archiver up; streaming {args.rate_mb} MB/s for {args.minutes} min", flush=True)
         sent, _acks, elapsed = steady_produce(prod, topic, args.minutes * 60, args.rate_mb)
         child.wait_caught_up(max(300, 2 * args.minutes * 60))  # a loaded machine leaves a backlog
         stream_end = stats(settings, topic)
-        if maintenance:  # let the round that follows the stream finish (bounded): the table at rest
-            ended_ms = time.time() * 1000
-            deadline = time.monotonic() + args.interval_s + 300
-            while time.monotonic() < deadline:
-                record = child.store.maintenance_records().get(f"icelog.{topic}")
-                if record is not None and record.finished_ms > ended_ms:
-                    break
-                time.sleep(1)
+        if maintenance:
+            wait_until_at_rest(child, topic, args.interval_s)
+        memory.stop()
     log = child.log_path.read_text(errors="replace")
     rounds = [line.split(": ", 1)[1] for line in log.splitlines() if "maintained icelog." in line]
     passes = pass_stats(child.log_path, topic)
     return {
         "sent": sent, "elapsed": elapsed, "maintenance_rounds": rounds, "at_stream_end": stream_end,
-        "archiver_passes": passes,
+        "archiver_passes": passes, "round_process_peak_rss_mb": memory.peak_mb,
+        "round_process_start_s": round_starts(log),
     }
+
+
+def wait_until_at_rest(child: Any, topic: str, interval_s: float) -> None:
+    """After the stream: until a round that started after its end has finished, or no round runs and the
+    scheduler has had the interval and a look (LOOK_EVERY_MS) since the last one (and since the stream's
+    end) without starting one: nothing is due. Bounded."""
+    ended_ms = time.time() * 1000
+    print(f"{topic}: stream archived; waiting for the table to be at rest", flush=True)
+    quiet_ms = interval_s * 1000 + LOOK_EVERY_MS + 20_000
+    deadline = time.monotonic() + interval_s + 1200
+    while time.monotonic() < deadline:
+        record = child.store.maintenance_records().get(f"icelog.{topic}")
+        if record is not None and record.finished_ms - record.duration_ms > ended_ms:
+            return
+        log = child.log_path.read_text(errors="replace")
+        running = log.rfind("starting a maintenance round") > log.rfind("maintenance_schedule: maintained ")
+        last_ms = record.finished_ms if record is not None else ended_ms
+        if not running and time.time() * 1000 - max(last_ms, ended_ms) > quiet_ms:
+            print(f"{topic}: no round due after the stream (the table is at rest)", flush=True)
+            return
+        time.sleep(1)
+    print(f"{topic}: still maintaining at the end of the wait", flush=True)
+
+
+def round_starts(log: str) -> list[float]:
+    """Per round: seconds from the archiver starting its process to the round's first table (Spark start)."""
+    def at(line: str) -> float:
+        return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+    starts, started = [], None
+    for line in log.splitlines():
+        if "starting a maintenance round" in line:
+            started = at(line)
+        elif "maintenance_schedule: maintaining " in line and started is not None:
+            starts.append(round(at(line) - started, 1))
+            started = None
+    return starts
+
+
+def auto_maintenance_off(broker: BrokerProcess, topic: str) -> None:
+    """Switch a topic's auto-maintenance off, so a later phase's archiver runs no round for its table."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    entry = ConfigEntry(TABLE_AUTO_MAINTENANCE, "false", incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[entry])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+
+
+class PeakMemory:
+    """Peak resident memory of the maintenance round processes (`icelog maintain --due` and its
+    descendants, the Spark JVM among them), sampled every second from /proc."""
+
+    def __init__(self) -> None:
+        self.peak_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            self.peak_mb = max(self.peak_mb, round(round_tree_rss() / 2**20, 1))
+
+
+def round_tree_rss() -> int:
+    """Bytes resident in every `icelog maintain --due` process and its descendants now."""
+    parents: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    roots = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        parents[pid] = int(stat.rsplit(")", 1)[1].split()[1])
+        rss[pid] = next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+        if b"icelog maintain --due" in cmdline:
+            roots.add(pid)
+    total = 0
+    for pid in rss:
+        ancestor = pid
+        while ancestor not in roots and ancestor in parents and ancestor > 1:
+            ancestor = parents[ancestor]
+        if ancestor in roots:
+            total += rss[pid]
+    return total
 
 
 def stats(settings: Any, topic: str) -> dict[str, int]:
@@ -125,6 +227,8 @@ def measure(spark: Any, settings: Any, topic: str, phase: dict[str, Any]) -> dic
     scan_s, base_s = scan_seconds(spark, name), scan_seconds(spark, baseline)
     return {
         "maintenance_rounds": phase["maintenance_rounds"],
+        "round_process_peak_rss_mb": phase["round_process_peak_rss_mb"],
+        "round_process_start_s": phase["round_process_start_s"],
         "at_stream_end": phase["at_stream_end"],
         "data_files": state.data_files,
         "avg_file_bytes": state.bytes // max(1, state.data_files),
@@ -143,7 +247,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10)
     parser.add_argument("--rate-mb", type=float, default=5.0)
     parser.add_argument("--interval-s", type=float, default=60, help="archive.maintenance_interval_ms / 1000")
-    parser.add_argument("--group-mib", type=float, default=1, help="archive.maintenance_group_bytes / 2**20")
+    parser.add_argument("--group-mib", type=float, default=None,
+                        help="archive.maintenance_group_bytes / 2**20 (default: icelog's, 32 MiB)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="icelog-maintenance-bench-"))
     broker = BrokerProcess(
@@ -164,6 +269,8 @@ def main() -> None:
         for topic, maintenance in (("bench-maint-on", True), ("bench-maint-off", False)):
             phases[topic] = run_phase(broker, settings, topic, maintenance, args)
             print(topic, "produced and archived", flush=True)
+            if maintenance:
+                auto_maintenance_off(broker, topic)
         from icelog.lake.spark import create_session
 
         spark = create_session(settings, "icelog-maintenance-bench")

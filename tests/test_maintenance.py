@@ -6,6 +6,7 @@ tests/archive_fixtures.py; rows are read back with Spark SQL, pyiceberg and Duck
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -26,20 +27,24 @@ from archive_fixtures import (
     produce,
     spark_rows,
     table,
+    wait_for,
 )
 from conftest import BrokerProcess
 
-from icelog.config import Settings
+from icelog.config import ArchiveSettings, Settings
+from icelog.faults import FAULT_ENV
 from icelog.lake.iceberg_java import load_table
 from icelog.pipeline.archiver import Archiver
+from icelog.pipeline.dead_letter import DLQ_SUFFIX, dlq_table_name, write_dead_letters
+from icelog.pipeline.decode import DeadLetter
 from icelog.pipeline.maintenance import MaintenancePolicy, maintain_table, table_state
-from icelog.pipeline.maintenance_schedule import MaintenanceScheduler
+from icelog.pipeline.maintenance_schedule import STALL_POINT, MaintenanceScheduler
 from icelog.pipeline.reconcile import table_offsets
 from icelog.topic_configs.archive import TABLE_AUTO_MAINTENANCE
 
 pytestmark = pytest.mark.slow
 
-POLICY = MaintenancePolicy()
+POLICY = MaintenancePolicy.from_settings(ArchiveSettings())
 
 
 def spark_name(topic: str) -> str:
@@ -129,7 +134,7 @@ def test_a_compacted_file_that_fills_a_group_is_not_rewritten_again(
         f"SELECT file_path, file_size_in_bytes FROM {table(topic)}.files WHERE content = 0").collect()}
     more = archive_in_rounds(lake_broker, lake_archiver, topic, rounds=4, per_round=150)
     before = table_state(load_table(lake_spark, spark_name(topic)))
-    small_groups = MaintenancePolicy(group_bytes=min(sizes.values()))
+    small_groups = dataclasses.replace(POLICY, group_bytes=min(sizes.values()))
 
     result = maintain_table(lake_spark, spark_name(topic), small_groups)
 
@@ -314,14 +319,28 @@ def test_the_archiver_maintains_due_tables_and_leaves_opted_out_ones_alone(
     create_topic(lake_broker, off, configs={TABLE_AUTO_MAINTENANCE: "false"})
     produced = archive_in_rounds(lake_broker, lake_archiver, on, rounds=3, per_round=90)
     archive_in_rounds(lake_broker, lake_archiver, off, rounds=3, per_round=90)
+    # The dead-letter table of `on`, as three archive passes that each met an undecodable batch leave it.
+    dlq = dlq_table_name("lake", "icelog", on)
+    letters = [DeadLetter(p, 1000 * i + p, 1000 * i + p + 4, bytes([i, p]) * 50, f"bad {i}") for i in (2, 0, 1)
+               for p in range(3)]
+    for i in range(3):
+        write_dead_letters(lake_spark, dlq, letters[3 * i:3 * i + 3])
     settings = lake_settings.model_copy(deep=True)
     settings.archive.maintenance_min_new_files = 5
     # Other tests' tables stay as they are: only topics that ask for it explicitly.
     settings.topic_defaults = {**settings.topic_defaults, TABLE_AUTO_MAINTENANCE: "false"}
     scheduler = MaintenanceScheduler(settings, lake_spark, lake_store)
     try:
-        [result] = scheduler.run_due()
+        result, dlq_result = scheduler.run_due()
         assert result.rewritten_files == 9 and result.after.data_files <= 6
+        # The dead-letter table too: one file per partition, rows as written, sorted by base offset.
+        assert dlq_result.rewritten_files == 9 and dlq_result.after.data_files == 3
+        stored = lake_spark.sql(f"SELECT `partition`, base_offset, last_offset, batch, error FROM {dlq}").collect()
+        assert sorted((r[0], r[1], r[2], bytes(r[3]), r[4]) for r in stored) == sorted(
+            (d.partition, d.base_offset, d.last_offset, d.batch, d.error) for d in letters)
+        for path in live_files(lake_spark, on + DLQ_SUFFIX):
+            bases = pq.read_table(local(path), columns=["base_offset"])["base_offset"].to_pylist()
+            assert bases == sorted(bases) and len(bases) == 3
         record = lake_store.maintenance_records()[f"icelog.{on}"]
         assert record.outcome == "ok" and record.data_files_after == result.after.data_files
         assert f"data files 9 -> {result.after.data_files}" in record.summary and record.orphans_checked_ms > 0
@@ -331,3 +350,46 @@ def test_the_archiver_maintains_due_tables_and_leaves_opted_out_ones_alone(
     finally:
         scheduler.close()
     assert_exact(lake_spark, lake_settings, on, produced)
+
+
+
+def test_an_archive_pass_commits_while_a_maintenance_round_holds_a_spark_slot(
+    lake_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any, lake_store: Any, lake_archiver: Archiver,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Never blocks the stream: the archiver's scheduler starts a round that holds a Spark task slot, as a
+    long rewrite task does (the maintenance-stall fault hook), and the archiver's next pass commits while
+    that slot is held; then the round compacts the table, rows exact."""
+    topic = "maint-never-blocks"
+    create_topic(lake_broker, topic, configs={TABLE_AUTO_MAINTENANCE: "true"})
+    produced = archive_in_rounds(lake_broker, lake_archiver, topic, rounds=2, per_round=90)
+    settings = lake_settings.model_copy(deep=True)
+    settings.archive.maintenance_interval_ms = 1000
+    settings.archive.maintenance_min_new_files = 1
+    settings.topic_defaults = {**settings.topic_defaults, TABLE_AUTO_MAINTENANCE: "false"}  # this topic only
+    stall = settings.data_dir / STALL_POINT
+    started, ended, release = (Path(f"{stall}.{s}") for s in ("started", "ended", "release"))
+    monkeypatch.setenv(FAULT_ENV, STALL_POINT)  # for the round's child process
+    scheduler = MaintenanceScheduler(settings, lake_spark, lake_store)
+    key = f"icelog.{topic}"
+    try:
+        scheduler.poll()  # due (6 new data files): the round starts in a child process
+        wait_for(started.exists, 300)
+
+        more = produce(lake_broker, topic, 90, tag="during-")
+        [result] = lake_archiver.run_pass(force=True, topics=[topic])
+        assert not result.error and not result.skipped, result
+        assert not ended.exists() and key not in lake_store.maintenance_records()  # the round still holds it
+        expected = sorted(produced + more, key=lambda r: (r[0], r[1]))
+        assert as_produced(spark_rows(lake_spark, topic)) == expected
+
+        release.touch()
+        wait_for(lambda: key in lake_store.maintenance_records(), 300)
+        record = lake_store.maintenance_records()[key]
+        assert record.outcome == "ok" and "(9 rewritten into" in record.summary, record
+        assert_exact(lake_spark, lake_settings, topic, expected)
+    finally:
+        release.touch()
+        scheduler.close()
+        for marker in (started, ended, release):
+            marker.unlink(missing_ok=True)

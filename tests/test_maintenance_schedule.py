@@ -44,6 +44,11 @@ def test_a_table_is_due_only_after_the_interval_and_with_work() -> None:
     assert due(TableState(data_files=3, snapshots=1), last(3, 600_000, orphans_ago_ms=25 * HOUR)) == "orphan check"
     assert due(TableState(data_files=3, snapshots=2), None) == ""  # never maintained, no work: a new table waits
     assert due(TableState(data_files=60, snapshots=2), None) == "60 new data files"
+    # A stream that stopped: too few new files for the trigger, but the table has not changed for an interval.
+    quiet = TableState(data_files=28, snapshots=9, oldest_snapshot_ms=NOW - 600_000, current_snapshot_ms=NOW - 300_000)
+    assert due(quiet, last(files=4, ago_ms=400_000)) == "24 new data files, no change for 300000 ms"
+    assert due(dataclasses.replace(quiet, current_snapshot_ms=NOW - 60_000), last(files=4, ago_ms=400_000)) == ""
+    assert due(dataclasses.replace(quiet, data_files=5), last(files=4, ago_ms=400_000)) == ""  # one file: no rewrite
 
 
 def test_files_appended_while_a_round_ran_count_as_new_for_the_next_one() -> None:

@@ -137,6 +137,13 @@ class ArchiveSettings(BaseModel):
     maintenance_max_manifests: int = Field(
         32, ge=2, description="Rewrite a table's manifests once its current snapshot has more than this many."
     )
+    maintenance_nice: int = Field(
+        19,
+        ge=0,
+        le=19,
+        description="CPU niceness of maintenance rounds: the archiver runs each round as a child process "
+        "(`icelog maintain --due`, a Spark of its own) at this niceness, so archive passes get the CPU first.",
+    )
 
 
 class Settings(BaseSettings):

@@ -13,6 +13,8 @@ The archive job's points (pipeline/archiver.py, pipeline/upsert.py):
   after-commit               the table has the archive, the metadata store does not know yet
   after-commit-before-index  an upsert table's snapshot is committed, its primary-key index not updated
   after-dead-letters         undecodable batches are in the dead-letter table, the archive not yet committed
+Not a kill, a hold (pipeline/maintenance_schedule.py, checked with `armed`):
+  maintenance-stall          a maintenance round holds one Spark task slot until <data_dir>/maintenance-stall.release
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""`icelog maintain [--topic T] [--dry-run]`: one maintenance round of archive tables now (a Spark job)."""
+"""`icelog maintain [--topic T] [--dry-run]`: one maintenance round of archive tables now (a Spark job).
+
+`icelog maintain --due` is how the archiver runs its automatic rounds (pipeline/maintenance_schedule.py):
+only the due tables, recorded as the schedule needs, at once skipped if another round holds the lock.
+Either way the process (and its Spark) runs at CPU niceness `archive.maintenance_nice`.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from icelog.config import load_settings
+from icelog.config import Settings
 
 
 def add_parser(sub: Any) -> None:
@@ -18,26 +23,33 @@ def add_parser(sub: Any) -> None:
     maintain.add_argument("--topic", action="append", dest="topics", metavar="NAME",
                           help="only this topic's table (repeatable; default: every archived topic)")
     maintain.add_argument("--dry-run", action="store_true", help="print what would be done; change nothing")
+    maintain.add_argument("--due", action="store_true",
+                          help="only the tables due for automatic maintenance (what the archiver runs)")
     maintain.add_argument("--data-dir", help="the broker's data directory (default ./icelog-data)")
     maintain.add_argument("--spark-master", help="spark.master (default from config: local[*])")
     maintain.set_defaults(func=cmd_maintain)
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
+    from icelog.cli.archive import archiver_settings
     from icelog.errors import IcelogError
     from icelog.lake.layout import quote_identifier
     from icelog.meta.store import open_store
+    from icelog.pipeline.dead_letter import DLQ_SUFFIX
     from icelog.pipeline.locks import ArchiverLock
-    from icelog.pipeline.maintenance import MaintenancePolicy, maintain_table
+    from icelog.pipeline.maintenance import DLQ_SORT_COLUMN, SORT_COLUMN, MaintenancePolicy, maintain_table
     from icelog.pipeline.maintenance_schedule import MAINTENANCE_LOCK, record_of, table_key
+    from icelog.pipeline.service import lower_priority
     from icelog.topic_configs.archive import archive_config
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = load_settings(args.config, data_dir=args.data_dir)
-    if args.spark_master:
-        settings.archive.spark_master = args.spark_master
+    level = logging.INFO if args.due else logging.WARNING  # --due: the archiver's log says what a round did
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = archiver_settings(args)  # the archiver's own settings when it started this round
     if settings.meta_url is None and not (settings.data_dir / "meta.db").exists():
         raise IcelogError(f"no icelog data in {settings.data_dir} (no meta.db); pass the broker's --data-dir")
+    lower_priority(settings.archive.maintenance_nice)  # before Spark starts: its JVM inherits it
+    if args.due:
+        return run_due(settings)
     store = open_store(settings.metadata_url)
     lock = ArchiverLock(settings.data_dir, MAINTENANCE_LOCK)
     try:
@@ -63,14 +75,20 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         policy = MaintenancePolicy.from_settings(settings.archive)
         failed = 0
         try:
-            for config in configs:
-                name = quote_identifier(settings.archive.catalog_name, config.namespace, config.table)
-                key = table_key(config.namespace, config.table)
+            # Each archive table, then its dead-letter table where there is one (sorted by base offset).
+            tables = [(c, table, sort) for c in configs
+                      for table, sort in ((c.table, SORT_COLUMN), (c.table + DLQ_SUFFIX, DLQ_SORT_COLUMN))]
+            for config, table, sort_column in tables:
+                name = quote_identifier(settings.archive.catalog_name, config.namespace, table)
+                key = table_key(config.namespace, table)
                 if not spark.catalog.tableExists(name):
-                    print(f"{key}: no table yet (nothing archived)")
+                    if table == config.table:
+                        print(f"{key}: no table yet (nothing archived)")
                     continue
                 try:
-                    result = maintain_table(spark, name, policy, dry_run=args.dry_run, progress=Steps(key))
+                    result = maintain_table(
+                        spark, name, policy, dry_run=args.dry_run, progress=Steps(key), sort_column=sort_column
+                    )
                 except Exception as exc:
                     from icelog.pipeline.archiver import first_line
 
@@ -86,6 +104,24 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     finally:
         lock.release()
         store.close()
+
+
+def run_due(settings: Settings) -> int:
+    """The automatic round: every due table, in a Spark session of this process (skipped if locked)."""
+    from icelog.lake.spark import create_session
+    from icelog.meta.store import open_store
+    from icelog.pipeline.maintenance_schedule import MaintenanceScheduler
+
+    store = open_store(settings.metadata_url)
+    spark = create_session(settings, "icelog-maintenance")
+    scheduler = MaintenanceScheduler(settings, spark, store)
+    try:
+        scheduler.run_due()
+    finally:
+        scheduler.close()
+        spark.stop()
+        store.close()
+    return 0
 
 
 class Steps:

@@ -41,8 +41,9 @@ def spark_conf(settings: Settings, app_name: str = "icelog") -> dict[str, str]:
         "spark.default.parallelism": str(local_threads(settings.archive.spark_master)),
         "spark.driver.memory": "2g",
         "spark.python.worker.reuse": "true",
-        # Table maintenance runs its jobs in a pool of its own (pipeline/maintenance_schedule.py): FAIR
-        # interleaves their tasks with the archive passes' instead of queueing a pass behind a rewrite.
+        # Jobs that threads of one session start together share its task slots in turn rather than in
+        # submission order. (Automatic maintenance has a process and a session of its own:
+        # pipeline/maintenance_schedule.py.)
         "spark.scheduler.mode": "FAIR",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         # Workers decode batches in Python: give them the driver's interpreter (and its packages).

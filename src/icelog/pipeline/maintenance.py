@@ -7,12 +7,13 @@ A round, in this order (each step is skipped when there is nothing for it to do)
      the table's sort order (`kafka.offset`: archive files are disjoint offset runs, so no range shuffle
      is needed), committed one by one (partial progress). A group of one file is left alone (fewer than
      `min-input-files`), so a lone file is never rewritten, and a compacted file (about a group's size)
-     is not rewritten round after round with every newer file; a small group keeps each rewrite task
-     short, so the archive passes' tasks, which share the Spark cores, wait at most one such task;
-     files whose deletes (deletion vectors, position deletes) cover `maintenance_delete_ratio` of their
-     rows are rewritten with the deletes applied. Appends that commit meanwhile are no conflict (Iceberg
-     re-applies the smaller side, the append, on its retry); a rewrite that loses a real race (its files
-     were deleted meanwhile) is reported as `lost_race` and retried next round, never as an error;
+     is not rewritten round after round with every newer file (automatic rounds run in a process and a
+     Spark of their own, so a long rewrite task holds no slot an archive pass needs:
+     pipeline/maintenance_schedule.py); files whose deletes (deletion vectors, position deletes) cover
+     `maintenance_delete_ratio` of their rows are rewritten with the deletes applied. Appends that commit
+     meanwhile are no conflict (Iceberg re-applies the smaller side, the append, on its retry); a rewrite
+     that loses a real race (its files were deleted meanwhile) is reported as `lost_race` and retried next
+     round, never as an error;
   2. snapshot expiry: snapshots older than `history.expire.max-snapshot-age-ms`, keeping
      `history.expire.min-snapshots-to-keep` (icelog's defaults where the table sets neither) and always
      the newest snapshot that records `icelog.archive.offsets` with every snapshot after it, so
@@ -49,7 +50,8 @@ from icelog.pipeline.reconcile import OFFSETS_PROPERTY
 
 log = logging.getLogger(__name__)
 
-SORT_COLUMN = "kafka.offset"
+SORT_COLUMN = "kafka.offset"  # archive tables (their sort order)
+DLQ_SORT_COLUMN = "base_offset"  # dead-letter tables `<table>__dlq` (no sort order: compaction sorts by it)
 MAX_SNAPSHOT_AGE = "history.expire.max-snapshot-age-ms"
 MIN_SNAPSHOTS_TO_KEEP = "history.expire.min-snapshots-to-keep"
 
@@ -58,16 +60,16 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class MaintenancePolicy:
-    """The knobs of a round (from `archive.maintenance_*`)."""
+    """The knobs of a round: `archive.maintenance_*` (ArchiveSettings holds the defaults)."""
 
-    small_file_bytes: int = 32 * 1024 * 1024
-    group_bytes: int = 32 * 1024 * 1024
-    min_input_files: int = 2
-    delete_ratio: float = 0.3
-    snapshot_age_ms: int = 3_600_000
-    min_snapshots: int = 10
-    orphan_age_ms: int = 86_400_000
-    max_manifests: int = 32
+    small_file_bytes: int
+    group_bytes: int
+    min_input_files: int
+    delete_ratio: float
+    snapshot_age_ms: int
+    min_snapshots: int
+    orphan_age_ms: int
+    max_manifests: int
 
     @classmethod
     def from_settings(cls, archive: ArchiveSettings) -> MaintenancePolicy:
@@ -91,7 +93,7 @@ class MaintenancePolicy:
             "delete-ratio-threshold": str(self.delete_ratio),
             "partial-progress.enabled": "true",
             "partial-progress.max-commits": "10",
-            # One group at a time: the archive passes keep their share of the Spark cores.
+            # One group at a time: a round takes one core at most (at a low CPU priority).
             "max-concurrent-file-group-rewrites": "1",
             "remove-dangling-deletes": "true",
         }
@@ -115,6 +117,7 @@ class TableState:
     snapshots: int = 0
     manifests: int = 0
     oldest_snapshot_ms: int = -1
+    current_snapshot_ms: int = -1  # when the table last changed
 
 
 @dataclass
@@ -178,6 +181,7 @@ def table_state(table: JavaTable) -> TableState:
         snapshots=len(times),
         manifests=manifest_count(table),
         oldest_snapshot_ms=min(times),
+        current_snapshot_ms=int(snapshot.timestampMillis()),
     )
 
 
@@ -208,8 +212,12 @@ def maintain_table(
     remove_orphans: bool = True,
     progress: Progress | None = None,
     clock: Callable[[], float] = time.time,
+    sort_column: str = SORT_COLUMN,
 ) -> MaintenanceResult:
-    """One maintenance round of the Iceberg table `name` (a Spark identifier); see the module docstring."""
+    """One maintenance round of the Iceberg table `name` (a Spark identifier); see the module docstring.
+
+    `sort_column`: the rows' order in compacted files (a dead-letter table: DLQ_SORT_COLUMN).
+    """
     say = progress or (lambda _step: None)
     started = time.monotonic()
     table = load_table(spark, name)
@@ -219,7 +227,7 @@ def maintain_table(
     if dry_run:
         result.compaction_candidates = compaction_candidates(spark, name, policy)
     elif result.before.data_files >= policy.min_input_files or result.before.delete_files:
-        compact(spark, table, policy, result)
+        compact(spark, table, policy, result, sort_column)
 
     say("expiring snapshots")
     table.refresh()
@@ -257,11 +265,14 @@ def maintain_table(
     return result
 
 
-def compact(spark: Any, table: JavaTable, policy: MaintenancePolicy, result: MaintenanceResult) -> None:
+def compact(
+    spark: Any, table: JavaTable, policy: MaintenancePolicy, result: MaintenanceResult, sort_column: str = SORT_COLUMN
+) -> None:
     """RewriteDataFiles (bin-pack, local sort); a lost commit race is noted in the result, not raised."""
     try:
         # Archive files are contiguous offset runs, each in offset order: a local sort per group is enough.
-        done = rewrite_data_files(spark, table, policy.rewrite_options(), SORT_COLUMN, presorted=True)
+        # (A dead-letter table has no sort order: the sort strategy orders its few rows by `sort_column`.)
+        done = rewrite_data_files(spark, table, policy.rewrite_options(), sort_column, presorted=True)
     except Exception as exc:  # a conflict with a concurrent delete/rewrite: the next round tries again
         result.lost_race = f"{type(exc).__name__}: {first_line(exc)}"
         log.info("compaction of %s did not commit (retried next round): %s", result.table, result.lost_race)

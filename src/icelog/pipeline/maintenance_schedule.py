@@ -1,47 +1,65 @@
-"""When the archiver maintains which table: automatic maintenance on its own thread, never in a pass's way.
+"""When the archiver maintains which table, and how a round stays out of the archive passes' way.
 
-The archiver process calls `poll()` after every pass. At most one round runs at a time, on a thread of
-its own whose Spark jobs go to the `maintenance` pool of Spark's FAIR scheduler (the archive passes keep
-the default pool, so their tasks are interleaved with the rewrite's rather than queued behind it). A
-table of a topic with `icelog.table.auto.maintenance=true` is due when `archive.maintenance_interval_ms`
-has passed since its last round and there is work: `maintenance_min_new_files` data files added since,
-delete files, snapshots past their age, too many manifests, or no orphan check for
-`maintenance_orphan_age_ms` (a first round always checks). The decision reads table metadata only
-(snapshot summary, snapshot list, manifest list). Rounds are recorded in the metadata store, so the
-schedule and `icelog status --tables` survive restarts. A failing round is logged and
-recorded; it never touches the topic's archive state.
+The archiver process calls `poll()` after every pass. At most every LOOK_EVERY_MS it looks, on a thread of
+its own, for due tables, reading table metadata only (snapshot summary, snapshot list, manifest list: no
+Spark job). If some table is due it starts the round as a child process, `icelog maintain --due`, with a
+Spark of its own at CPU niceness `archive.maintenance_nice` (19), and looks again only once that child has
+exited. So a round never takes the archiver's Spark task slots (its passes never queue behind a rewrite
+task, however long), its driver's memory or GIL, and the kernel gives the passes the CPU first; the two
+meet only at the catalog, where an append that races a rewrite is re-applied on Iceberg's retry (the
+smaller side) and a rewrite that loses is retried next round (pipeline/maintenance.py).
+
+A table of a topic with `icelog.table.auto.maintenance=true` (and its dead-letter table `<table>__dlq`,
+when there is one) is due when `archive.maintenance_interval_ms` has passed since its last round and
+there is work: `maintenance_min_new_files` data files added since (or `maintenance_min_input_files`, once
+the table has not changed for the interval: a stream that stopped), delete files, snapshots past their
+age, too many manifests, or no orphan check for `maintenance_orphan_age_ms` (a first round always
+checks). Rounds are recorded in the metadata store, so the schedule and `icelog status --tables` survive
+restarts. A failing round is logged and recorded; it never touches the topic's archive state.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from icelog.config import Settings
 from icelog.errors import IcelogError
+from icelog.faults import armed
 from icelog.lake.iceberg_java import load_table, table_properties
 from icelog.lake.layout import quote_identifier
 from icelog.meta.store import MaintenanceRecord, MetadataStore
 from icelog.pipeline.archiver import first_line
+from icelog.pipeline.dead_letter import DLQ_SUFFIX
 from icelog.pipeline.locks import ArchiverLock
 from icelog.pipeline.maintenance import (
+    DLQ_SORT_COLUMN,
+    SORT_COLUMN,
     MaintenancePolicy,
     MaintenanceResult,
     TableState,
     maintain_table,
     table_state,
 )
+from icelog.pipeline.service import SETTINGS_ENV
 from icelog.topic_configs.archive import archive_config
 
 log = logging.getLogger(__name__)
 
-SCHEDULER_POOL = "maintenance"  # Spark FAIR scheduler pool of maintenance jobs (lake/spark.py sets FAIR)
-LOOK_EVERY_MS = 10_000  # how often the scheduler looks for due tables at most
+LOOK_EVERY_MS = 10_000  # how often the scheduler looks for due tables at most (or every interval, if shorter)
 MAINTENANCE_LOCK = "maintenance.lock"  # one maintenance round per data directory (archiver or `icelog maintain`)
+# Test hook (ICELOG_TEST_FAULT, see icelog/faults.py): before each table, a round holds one Spark task slot
+# of its session until <data_dir>/maintenance-stall.release exists, as a long rewrite task would (`.started`
+# and `.ended` mark the task's start and end).
+STALL_POINT = "maintenance-stall"
 
 
 def table_key(namespace: str, table: str) -> str:
@@ -64,6 +82,9 @@ def due_reason(
     new_files = state.data_files - (last.data_files_after if last is not None else 0)
     if new_files >= min_new_files:
         reasons.append(f"{new_files} new data files")
+    elif new_files >= policy.min_input_files and 0 <= state.current_snapshot_ms <= now_ms - interval_ms:
+        # A stream that stopped (or slowed) leaves its last small files compacted, not waiting for more.
+        reasons.append(f"{new_files} new data files, no change for {interval_ms} ms")
     if state.delete_files:
         reasons.append(f"{state.delete_files} delete files")
     max_age_ms, min_keep = policy.expiry(properties)
@@ -91,8 +112,20 @@ def record_of(key: str, result: MaintenanceResult, orphans_checked_ms: int) -> M
     )
 
 
+@dataclass(frozen=True)
+class DueTable:
+    """A table a round should maintain now, and why."""
+
+    key: str  # namespace.table
+    name: str  # Spark identifier
+    sort_column: str
+    last: MaintenanceRecord | None
+    reason: str
+    check_orphans: bool
+
+
 class MaintenanceScheduler:
-    """Runs due maintenance rounds, one at a time, on its own thread."""
+    """Finds due tables (`due_tables`, `run_due`); in the archiver, runs rounds in a child process (`poll`)."""
 
     def __init__(
         self, settings: Settings, spark: Any, store: MetadataStore, clock: Callable[[], float] = time.time
@@ -104,22 +137,95 @@ class MaintenanceScheduler:
         self.policy = MaintenancePolicy.from_settings(settings.archive)
         self.lock = ArchiverLock(Path(settings.data_dir), MAINTENANCE_LOCK)
         self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="maintenance")
-        self._running: concurrent.futures.Future[list[MaintenanceResult]] | None = None
+        self._looking: concurrent.futures.Future[None] | None = None
+        self._child: subprocess.Popen[bytes] | None = None
         self._last_look_ms = -LOOK_EVERY_MS
 
+    # -- in the archiver -------------------------------------------------------------------------------
     def poll(self) -> None:
-        """Start a look for due tables unless one is running or one ran within LOOK_EVERY_MS."""
-        now_ms = int(self.clock() * 1000)
-        if self._running is not None and not self._running.done():
+        """Look for due tables (on the scheduler's thread) unless a look or a round is under way, or a look
+        ran within LOOK_EVERY_MS (or the maintenance interval); a due table starts a round as a child
+        process. Never waits."""
+        if self._looking is not None and not self._looking.done():
             return
-        if now_ms - self._last_look_ms < LOOK_EVERY_MS:
+        if self._child is not None:
+            if self._child.poll() is None:
+                return
+            now_ms = int(self.clock() * 1000)
+            if self._child.returncode:  # (it could not start Spark?) not one JVM start per look: wait a while
+                log.warning("the maintenance round exited with %s; looking again in %d ms",
+                            self._child.returncode, self.settings.archive.maintenance_interval_ms)
+                self._last_look_ms = now_ms + self.settings.archive.maintenance_interval_ms
+            self._child = None
+        now_ms = int(self.clock() * 1000)
+        if now_ms - self._last_look_ms < min(LOOK_EVERY_MS, self.settings.archive.maintenance_interval_ms):
             return
         self._last_look_ms = now_ms
-        self._running = self._thread.submit(self.run_due)
+        self._looking = self._thread.submit(self._look)
+
+    def _look(self) -> None:
+        try:
+            self.lock.acquire(wait_s=0)  # only to see that no `icelog maintain` holds it: no JVM start in vain
+            self.lock.release()
+        except IcelogError:
+            return
+        try:
+            due = self.due_tables()
+        except Exception:
+            log.exception("looking for tables to maintain failed; trying again later")
+            return
+        if due:
+            log.info("starting a maintenance round (%s)", "; ".join(f"{t.key}: {t.reason}" for t in due))
+            self._child = start_round_process(self.settings)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
+        child = self._child
+        if child is not None and child.poll() is None:  # the round ends with the archiver (it is retried)
+            child.terminate()
+            try:
+                child.wait(15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+    # -- what is due, and the round itself (in `icelog maintain --due`) -------------------------------
+    def due_tables(self) -> list[DueTable]:
+        """The tables of auto-maintained topics (and their dead-letter tables) that are due now."""
+        records = self.store.maintenance_records()
+        due = []
+        for topic in self.store.list_topics():
+            config = archive_config(topic.name, topic.configs, self.settings.topic_defaults, self.settings.archive)
+            if not config.enabled or not config.auto_maintenance:
+                continue
+            for table, sort_column in ((config.table, SORT_COLUMN), (config.table + DLQ_SUFFIX, DLQ_SORT_COLUMN)):
+                key = table_key(config.namespace, table)
+                try:
+                    found = self._due(key, sort_column, records.get(key))
+                except Exception as exc:  # the catalog is down, the table is being dropped: next look
+                    log.warning("could not read %s to schedule maintenance: %s", key, first_line(exc))
+                    continue
+                if found is not None:
+                    due.append(found)
+        return due
+
+    def _due(self, key: str, sort_column: str, last: MaintenanceRecord | None) -> DueTable | None:
+        name = quote_identifier(self.settings.archive.catalog_name, *key.rsplit(".", 1))
+        if not self.spark.catalog.tableExists(name):
+            return None
+        table = load_table(self.spark, name)
+        now_ms = int(self.clock() * 1000)
+        reason = due_reason(
+            table_state(table), last, self.policy, table_properties(table),
+            self.settings.archive.maintenance_interval_ms, self.settings.archive.maintenance_min_new_files, now_ms,
+        )
+        if not reason:
+            return None
+        orphans = last is None or now_ms - last.orphans_checked_ms >= self.policy.orphan_age_ms
+        return DueTable(key, name, sort_column, last, reason, orphans)
 
     def run_due(self) -> list[MaintenanceResult]:
-        """Maintain every due table now (on the caller's thread); the rounds that ran."""
-        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", SCHEDULER_POOL)
+        """Maintain every due table now, in this process's Spark session; the rounds that ran."""
         results = []
         try:
             self.lock.acquire(wait_s=0)
@@ -127,50 +233,56 @@ class MaintenanceScheduler:
             log.info("a maintenance round runs elsewhere (icelog maintain); looking again later")
             return []
         try:
-            records = self.store.maintenance_records()
-            for topic in self.store.list_topics():
-                config = archive_config(topic.name, topic.configs, self.settings.topic_defaults, self.settings.archive)
-                if not config.enabled or not config.auto_maintenance:
-                    continue
-                key = table_key(config.namespace, config.table)
-                result = self._maintain_if_due(key, records.get(key))
+            for table in self.due_tables():
+                if armed(STALL_POINT):
+                    hold_task_slot(self.spark, Path(self.settings.data_dir) / STALL_POINT)
+                result = self._maintain(table)
                 if result is not None:
                     results.append(result)
-        except Exception:
-            log.exception("looking for tables to maintain failed; trying again later")
         finally:
             self.lock.release()
         return results
 
-    def _maintain_if_due(self, key: str, last: MaintenanceRecord | None) -> MaintenanceResult | None:
-        name = quote_identifier(self.settings.archive.catalog_name, *key.rsplit(".", 1))
+    def _maintain(self, table: DueTable) -> MaintenanceResult | None:
+        log.info("maintaining %s (%s)", table.key, table.reason)
         now_ms = int(self.clock() * 1000)
+        last = table.last
         try:
-            if not self.spark.catalog.tableExists(name):
-                return None
-            table = load_table(self.spark, name)
-            reason = due_reason(
-                table_state(table), last, self.policy, table_properties(table),
-                self.settings.archive.maintenance_interval_ms, self.settings.archive.maintenance_min_new_files,
-                now_ms,
+            result = maintain_table(
+                self.spark, table.name, self.policy, remove_orphans=table.check_orphans, clock=self.clock,
+                sort_column=table.sort_column,
             )
-            if not reason:
-                return None
-            log.info("maintaining %s (%s)", key, reason)
-            orphans = last is None or now_ms - last.orphans_checked_ms >= self.policy.orphan_age_ms
-            result = maintain_table(self.spark, name, self.policy, remove_orphans=orphans, clock=self.clock)
         except Exception as exc:  # the catalog is down, the table is being dropped: next round
             message = f"{type(exc).__name__}: {first_line(exc)}"
-            log.warning("maintenance of %s failed (retried next round): %s", key, message)
+            log.warning("maintenance of %s failed (retried next round): %s", table.key, message)
             self.store.record_maintenance(MaintenanceRecord(
-                key, int(self.clock() * 1000), 0, "failed", message,
+                table.key, int(self.clock() * 1000), 0, "failed", message,
                 last.data_files_after if last else 0, last.orphans_checked_ms if last else -1,
             ))
             return None
         checked = now_ms if result.orphans_checked else (last.orphans_checked_ms if last else -1)
-        self.store.record_maintenance(record_of(key, result, checked))
-        log.info("maintained %s: %s", key, result.summary())
+        self.store.record_maintenance(record_of(table.key, result, checked))
+        log.info("maintained %s: %s", table.key, result.summary())
         return result
 
-    def close(self) -> None:
-        self._thread.shutdown(wait=False, cancel_futures=True)
+
+def start_round_process(settings: Settings) -> subprocess.Popen[bytes]:
+    """`icelog maintain --due` with these settings (its output goes to the archiver's)."""
+    env = {**os.environ, SETTINGS_ENV: settings.model_dump_json()}
+    return subprocess.Popen([sys.executable, "-m", "icelog", "maintain", "--due"], env=env)
+
+
+def hold_task_slot(spark: Any, marker: Path) -> None:
+    """Test hook: one Spark task that writes `<marker>.started`, waits for `<marker>.release` (at most 300 s),
+    then writes `<marker>.ended`."""
+    started, release, ended = (Path(f"{marker}.{suffix}") for suffix in ("started", "release", "ended"))
+
+    def wait(_row: object) -> None:
+        started.touch()
+        deadline = time.time() + 300
+        while not release.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        ended.touch()
+
+    log.warning("fault injection: %s holds a Spark task slot until %s exists", STALL_POINT, release)
+    spark.sparkContext.parallelize([0], 1).foreach(wait)

@@ -74,7 +74,8 @@ class ArchiveService:
         return self._archiver
 
     def maintenance(self) -> MaintenanceScheduler:
-        """The automatic table maintenance (started with the archiver's Spark session, on its own thread)."""
+        """The automatic table maintenance: looks for due tables with the archiver's Spark session, on a thread
+        of its own, and runs each round as a child process with a Spark of its own (never in a pass's way)."""
         if self._maintenance is None:
             from icelog.pipeline.maintenance_schedule import MaintenanceScheduler
 
@@ -105,7 +106,7 @@ class ArchiveService:
             try:
                 if archived_topics_exist(self.settings, self.store):
                     topic_failed = any(r.error and not r.skipped for r in self.archiver().run_pass(force=False))
-                    self.maintenance().poll()  # starts a due round on its own thread; never waits for one
+                    self.maintenance().poll()  # may start a round in a child process; never waits for one
             except Exception:
                 log.exception("archive pass failed")
                 failed = True
