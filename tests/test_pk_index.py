@@ -4,9 +4,11 @@ INSERT of an existing key between archive passes) is in test_pk_tables.py."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 from icelog.lake.pk_index import IndexEntry, IndexRows, PrimaryKeyIndex, encode_key, encode_keys
 
@@ -53,3 +55,49 @@ def test_a_key_held_twice_keeps_the_later_commit_then_the_higher_offset(tmp_path
         assert encode_key((b"b",)) not in dict(index.items())
     finally:
         index.close()
+
+
+def test_data_file_numbers_survive_a_reopen_and_an_aborted_update(tmp_path: Path) -> None:
+    index = PrimaryKeyIndex(tmp_path / "index")
+    try:
+        index.rebuild(1, [(1, file_rows("f1", [(b"a", 0, 1)]), [])])
+
+        def parts_then_crash() -> Iterator[tuple[int, IndexRows, list[int]]]:
+            yield 2, file_rows("lost", [(b"b", 0, 2)]), []
+            raise RuntimeError("the pass died while reading a data file")
+
+        with pytest.raises(RuntimeError):
+            index.follow_append(2, parts_then_crash())
+        assert index.snapshot_id() == 1  # the aborted transaction left nothing, not even its file number
+        index.apply(3, file_rows("f2", [(b"c", 4, 3)]), [])
+    finally:
+        index.close()
+    reopened = PrimaryKeyIndex(tmp_path / "index")
+    try:
+        assert dict(reopened.items()) == {encode_key((b"a",)): IndexEntry("f1", 0, 1),
+                                          encode_key((b"c",)): IndexEntry("f2", 4, 3)}
+    finally:
+        reopened.close()
+
+
+def test_an_index_of_the_older_format_is_emptied_so_the_next_pass_rebuilds_it(tmp_path: Path) -> None:
+    import struct
+
+    import lmdb
+
+    from icelog.lake.pk_index import describe_index, index_directory
+
+    directory = index_directory(tmp_path, "uuid-1")
+    directory.mkdir(parents=True)
+    env = lmdb.open(str(directory), max_dbs=3, subdir=True)  # format 1: the location inside every row
+    with env.begin(write=True) as txn:
+        txn.put(encode_key((b"a",)), struct.pack(">qq", 1, 0) + b"file:/w/f1.parquet", db=env.open_db(b"rows", txn=txn))
+        txn.put(b"snapshot", b"42", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    assert describe_index(tmp_path, "uuid-1", 42) == "stale (older format)"
+    index = PrimaryKeyIndex.for_table(tmp_path, "uuid-1")
+    try:
+        assert index.snapshot_id() is None and len(index) == 0
+    finally:
+        index.close()
+    assert describe_index(tmp_path, "uuid-1", 42) == "stale (empty)"
