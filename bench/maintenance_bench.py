@@ -12,8 +12,8 @@ give a short run one round at most); every other maintenance setting is icelog's
 `--group-mib` sets `archive.maintenance_group_bytes` (default 32 MiB). At the end of each phase:
   - the table's data-file count when the stream ends and, with maintenance, once the table is at rest: a
     round that started after the stream's end has finished, or none became due; the scan is measured then;
-  - with maintenance: each round's line from the archiver's log, and the peak resident memory of the
-    round's process tree (its Python and its Spark JVM: the cost of a second JVM);
+  - with maintenance: each round's line from the archiver's log, and the peak resident memory and the CPU
+    seconds of the rounds' process trees (their Python and Spark JVM: the cost of a second JVM);
   - a full-table Spark scan (every value read; median of 3) against the baseline: the same rows written
     once, as one file set (an identical table filled by one Spark append), measured in the same run;
     target with maintenance: scan <= 1.2 x baseline;
@@ -83,7 +83,7 @@ def run_phase(broker: BrokerProcess, settings: Any, topic: str, maintenance: boo
     return {
         "sent": sent, "elapsed": elapsed, "maintenance_rounds": rounds, "at_stream_end": stream_end,
         "archiver_passes": passes, "round_process_peak_rss_mb": memory.peak_mb,
-        "round_process_start_s": round_starts(log),
+        "round_process_cpu_s": memory.cpu_s, "round_process_start_s": round_starts(log),
     }
 
 
@@ -136,13 +136,19 @@ def auto_maintenance_off(broker: BrokerProcess, topic: str) -> None:
 
 
 class PeakMemory:
-    """Peak resident memory of the maintenance round processes (`icelog maintain --due` and its
-    descendants, the Spark JVM among them), sampled every second from /proc."""
+    """Peak resident memory and CPU time of the maintenance round processes (`icelog maintain --due` and their
+    descendants, the Spark JVM among them), sampled every second from /proc (CPU: each process's last sample,
+    so up to a second of each is missed)."""
 
     def __init__(self) -> None:
         self.peak_mb = 0.0
+        self._cpu: dict[tuple[int, int], float] = {}  # (pid, start time) -> CPU seconds at its last sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def cpu_s(self) -> float:
+        return round(sum(self._cpu.values()), 1)
 
     def start(self) -> None:
         self._thread.start()
@@ -153,13 +159,18 @@ class PeakMemory:
 
     def _run(self) -> None:
         while not self._stop.wait(1.0):
-            self.peak_mb = max(self.peak_mb, round(round_tree_rss() / 2**20, 1))
+            tree = round_tree()
+            self.peak_mb = max(self.peak_mb, round(sum(rss for rss, _cpu in tree.values()) / 2**20, 1))
+            for key, (_rss, cpu) in tree.items():
+                self._cpu[key] = cpu
 
 
-def round_tree_rss() -> int:
-    """Bytes resident in every `icelog maintain --due` process and its descendants now."""
+def round_tree() -> dict[tuple[int, int], tuple[int, float]]:
+    """(pid, start time) -> (resident bytes, CPU seconds so far) of every `icelog maintain --due` process and
+    its descendants now."""
+    ticks = os.sysconf("SC_CLK_TCK")
     parents: dict[int, int] = {}
-    rss: dict[int, int] = {}
+    usage: dict[int, tuple[int, int, float]] = {}
     roots = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -171,18 +182,20 @@ def round_tree_rss() -> int:
         except OSError:
             continue
         pid = int(entry.name)
-        parents[pid] = int(stat.rsplit(")", 1)[1].split()[1])
-        rss[pid] = next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+        fields = stat.rsplit(")", 1)[1].split()  # fields from the state on (stat(5) field 3)
+        parents[pid] = int(fields[1])
+        rss = next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+        usage[pid] = (int(fields[19]), rss, (int(fields[11]) + int(fields[12])) / ticks)  # starttime, rss, utime+stime
         if b"icelog maintain --due" in cmdline:
             roots.add(pid)
-    total = 0
-    for pid in rss:
+    found = {}
+    for pid, (start, rss, cpu) in usage.items():
         ancestor = pid
         while ancestor not in roots and ancestor in parents and ancestor > 1:
             ancestor = parents[ancestor]
         if ancestor in roots:
-            total += rss[pid]
-    return total
+            found[(pid, start)] = (rss, cpu)
+    return found
 
 
 def stats(settings: Any, topic: str) -> dict[str, int]:
@@ -228,6 +241,7 @@ def measure(spark: Any, settings: Any, topic: str, phase: dict[str, Any]) -> dic
     return {
         "maintenance_rounds": phase["maintenance_rounds"],
         "round_process_peak_rss_mb": phase["round_process_peak_rss_mb"],
+        "round_process_cpu_s": phase["round_process_cpu_s"],
         "round_process_start_s": phase["round_process_start_s"],
         "at_stream_end": phase["at_stream_end"],
         "data_files": state.data_files,
