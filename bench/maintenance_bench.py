@@ -1,17 +1,19 @@
 """Maintenance benchmark: a steady stream with automatic table maintenance on and off.
 
-Run: .venv/bin/python bench/maintenance_bench.py [--minutes 10] [--rate-mb 5] [--interval-s 60] [--group-mib N]
+Run: .venv/bin/python bench/maintenance_bench.py [--minutes 10] [--rate-mb 5] [--interval-s 300] [--group-mib N]
 
 Two phases on one broker, each with `icelog archive` running continuously on its default archive delays
 (the archiver starts the automatic maintenance rounds, each in a child process `icelog maintain --due`):
 a steady `--rate-mb` MB/s of 100-byte records for `--minutes` to a 4-partition topic, once with
 `icelog.table.auto.maintenance=true` and once `false`. Before the second phase the first topic's
 auto-maintenance is switched off (IncrementalAlterConfigs), so the second phase runs no round at all.
-The maintenance interval is `--interval-s` (`archive.maintenance_interval_ms`; the default 300 s would
-give a short run one round at most); every other maintenance setting is icelog's default unless
+The maintenance interval is icelog's (`archive.maintenance_interval_ms`, 300 s: two or three rounds in 10
+minutes) unless `--interval-s` sets it; every other maintenance setting is icelog's default unless
 `--group-mib` sets `archive.maintenance_group_bytes` (default 32 MiB). At the end of each phase:
   - the table's data-file count when the stream ends and, with maintenance, once the table is at rest: a
-    round that started after the stream's end has finished, or none became due; the scan is measured then;
+    round that started after the stream's end has finished, or none became due; the scan is measured then,
+    and also of the snapshot that was current when the stream ended (time travel: what readers saw
+    between rounds while the stream ran);
   - with maintenance: each round's line from the archiver's log, and the peak resident memory and the CPU
     seconds of the rounds' process trees (their Python and Spark JVM: the cost of a second JVM);
   - a full-table Spark scan (every value read; median of 3) against the baseline: the same rows written
@@ -60,8 +62,9 @@ def run_phase(broker: BrokerProcess, settings: Any, topic: str, maintenance: boo
     env = {
         "ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg",
         "ICELOG_REGISTRY_LISTEN": settings.registry_listen,
-        "ICELOG_ARCHIVE__MAINTENANCE_INTERVAL_MS": str(int(args.interval_s * 1000)),
     }
+    if args.interval_s is not None:
+        env["ICELOG_ARCHIVE__MAINTENANCE_INTERVAL_MS"] = str(int(args.interval_s * 1000))
     if args.group_mib is not None:
         env["ICELOG_ARCHIVE__MAINTENANCE_GROUP_BYTES"] = str(int(args.group_mib * 1024 * 1024))
     prod = producer(broker.bootstrap)
@@ -75,7 +78,9 @@ def run_phase(broker: BrokerProcess, settings: Any, topic: str, maintenance: boo
         child.wait_caught_up(max(300, 2 * args.minutes * 60))  # a loaded machine leaves a backlog
         stream_end = stats(settings, topic)
         if maintenance:
-            wait_until_at_rest(child, topic, args.interval_s)
+            interval_s = args.interval_s if args.interval_s is not None else (
+                settings.archive.maintenance_interval_ms / 1000)
+            wait_until_at_rest(child, topic, interval_s)
         memory.stop()
     log = child.log_path.read_text(errors="replace")
     rounds = [line.split(": ", 1)[1] for line in log.splitlines() if "maintained icelog." in line]
@@ -199,10 +204,17 @@ def round_tree() -> dict[tuple[int, int], tuple[int, float]]:
 
 
 def stats(settings: Any, topic: str) -> dict[str, int]:
-    """Data files and snapshots from the table's metadata (pyiceberg, while the archiver runs)."""
-    found = table_stats(open_catalog(settings), "icelog", topic)
+    """Data files, snapshots and the current snapshot's id from the table's metadata (pyiceberg, while the
+    archiver runs)."""
+    catalog = open_catalog(settings)
+    found = table_stats(catalog, "icelog", topic)
     assert found is not None
-    return {"data_files": found.data_files, "avg_file_bytes": found.average_file_bytes, "snapshots": found.snapshots}
+    current = catalog.load_table(("icelog", topic)).current_snapshot()
+    assert current is not None
+    return {
+        "data_files": found.data_files, "avg_file_bytes": found.average_file_bytes, "snapshots": found.snapshots,
+        "snapshot_id": current.snapshot_id,
+    }
 
 
 def freshness(table: Any, sent: dict[int, Any], elapsed: float) -> dict[str, Any]:
@@ -217,12 +229,14 @@ def freshness(table: Any, sent: dict[int, Any], elapsed: float) -> dict[str, Any
     }
 
 
-def scan_seconds(spark: Any, name: str, repeat: int = 3) -> float:
-    """Median time of a full scan that reads every value (no metadata-only count)."""
+def scan_seconds(spark: Any, name: str, repeat: int = 3, snapshot_id: int | None = None) -> float:
+    """Median time of a full scan that reads every value (no metadata-only count); of `snapshot_id` if given
+    (time travel: the table as it stood then)."""
+    version = "" if snapshot_id is None else f" VERSION AS OF {snapshot_id}"
     times = []
     for _ in range(repeat):
         started = time.perf_counter()
-        spark.sql(f"SELECT count(*), sum(length(value.__raw__)), max(kafka.offset) FROM {name}").collect()
+        spark.sql(f"SELECT count(*), sum(length(value.__raw__)), max(kafka.offset) FROM {name}{version}").collect()
         times.append(time.perf_counter() - started)
     return statistics.median(times)
 
@@ -238,6 +252,9 @@ def measure(spark: Any, settings: Any, topic: str, phase: dict[str, Any]) -> dic
     spark.table(name).writeTo(baseline).append()  # table distribution and sort: one file per partition+day
     base_state = table_state(load_table(spark, baseline))
     scan_s, base_s = scan_seconds(spark, name), scan_seconds(spark, baseline)
+    # The same rows as they stood when the stream ended (before a last round after it): what readers of a
+    # table that is still being written see between rounds.
+    end_s = scan_seconds(spark, name, snapshot_id=phase["at_stream_end"]["snapshot_id"])
     return {
         "maintenance_rounds": phase["maintenance_rounds"],
         "round_process_peak_rss_mb": phase["round_process_peak_rss_mb"],
@@ -251,6 +268,8 @@ def measure(spark: Any, settings: Any, topic: str, phase: dict[str, Any]) -> dic
         "baseline_data_files": base_state.data_files,
         "baseline_scan_s": round(base_s, 2),
         "scan_vs_baseline": round(scan_s / base_s, 2),
+        "scan_at_stream_end_s": round(end_s, 2),
+        "scan_at_stream_end_vs_baseline": round(end_s / base_s, 2),
         "freshness": freshness(table, phase["sent"], phase["elapsed"]),
         "archiver_passes": phase["archiver_passes"],
     }
@@ -260,7 +279,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=10)
     parser.add_argument("--rate-mb", type=float, default=5.0)
-    parser.add_argument("--interval-s", type=float, default=60, help="archive.maintenance_interval_ms / 1000")
+    parser.add_argument("--interval-s", type=float, default=None,
+                        help="archive.maintenance_interval_ms / 1000 (default: icelog's, 300 s)")
     parser.add_argument("--group-mib", type=float, default=None,
                         help="archive.maintenance_group_bytes / 2**20 (default: icelog's, 32 MiB)")
     args = parser.parse_args()
@@ -272,7 +292,8 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
         "minutes": args.minutes,
         "rate_mb_s": args.rate_mb,
-        "interval_s": args.interval_s,
+        "interval_s": args.interval_s if args.interval_s is not None else (
+            load_settings().archive.maintenance_interval_ms / 1000),
         "group_mib": args.group_mib,
         "partitions": PARTITIONS,
         "record_bytes": RECORD_SIZE,
