@@ -62,9 +62,8 @@ def run_phase(broker: BrokerProcess, settings: Any, topic: str, maintenance: boo
     env = {
         "ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg",
         "ICELOG_REGISTRY_LISTEN": settings.registry_listen,
+        "ICELOG_ARCHIVE__MAINTENANCE_INTERVAL_MS": str(int(args.interval_s * 1000)),
     }
-    if args.interval_s is not None:
-        env["ICELOG_ARCHIVE__MAINTENANCE_INTERVAL_MS"] = str(int(args.interval_s * 1000))
     if args.group_mib is not None:
         env["ICELOG_ARCHIVE__MAINTENANCE_GROUP_BYTES"] = str(int(args.group_mib * 1024 * 1024))
     prod = producer(broker.bootstrap)
@@ -78,9 +77,7 @@ def run_phase(broker: BrokerProcess, settings: Any, topic: str, maintenance: boo
         child.wait_caught_up(max(300, 2 * args.minutes * 60))  # a loaded machine leaves a backlog
         stream_end = stats(settings, topic)
         if maintenance:
-            interval_s = args.interval_s if args.interval_s is not None else (
-                settings.archive.maintenance_interval_ms / 1000)
-            wait_until_at_rest(child, topic, interval_s)
+            wait_until_at_rest(child, topic, args.interval_s)
         memory.stop()
     log = child.log_path.read_text(errors="replace")
     rounds = [line.split(": ", 1)[1] for line in log.splitlines() if "maintained icelog." in line]
@@ -206,14 +203,11 @@ def round_tree() -> dict[tuple[int, int], tuple[int, float]]:
 def stats(settings: Any, topic: str) -> dict[str, int]:
     """Data files, snapshots and the current snapshot's id from the table's metadata (pyiceberg, while the
     archiver runs)."""
-    catalog = open_catalog(settings)
-    found = table_stats(catalog, "icelog", topic)
-    assert found is not None
-    current = catalog.load_table(("icelog", topic)).current_snapshot()
-    assert current is not None
+    found = table_stats(open_catalog(settings), "icelog", topic)
+    assert found is not None and found.snapshot_id is not None
     return {
         "data_files": found.data_files, "avg_file_bytes": found.average_file_bytes, "snapshots": found.snapshots,
-        "snapshot_id": current.snapshot_id,
+        "snapshot_id": found.snapshot_id,
     }
 
 
@@ -284,6 +278,8 @@ def main() -> None:
     parser.add_argument("--group-mib", type=float, default=None,
                         help="archive.maintenance_group_bytes / 2**20 (default: icelog's, 32 MiB)")
     args = parser.parse_args()
+    if args.interval_s is None:
+        args.interval_s = load_settings().archive.maintenance_interval_ms / 1000
     work = Path(tempfile.mkdtemp(prefix="icelog-maintenance-bench-"))
     broker = BrokerProcess(
         work / "data", env={"ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg", "ICELOG_ARCHIVE__ENABLED": "false"}
@@ -292,8 +288,7 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
         "minutes": args.minutes,
         "rate_mb_s": args.rate_mb,
-        "interval_s": args.interval_s if args.interval_s is not None else (
-            load_settings().archive.maintenance_interval_ms / 1000),
+        "interval_s": args.interval_s,
         "group_mib": args.group_mib,
         "partitions": PARTITIONS,
         "record_bytes": RECORD_SIZE,
