@@ -204,22 +204,35 @@ def newest_intake_file(broker: BrokerProcess) -> Path:
     return intake_file.file_path(directory, intake_file.list_files(directory)[-1])
 
 
-def _append_garbage(path: Path) -> None:
-    with open(path, "ab") as handle:
+def _frames_end(path: Path) -> int:
+    """Where the last whole frame ends: a killed broker leaves its preallocated zeros after it."""
+    return intake_file.scan_frames(path, 0)[1]
+
+
+def _write_garbage(path: Path) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(_frames_end(path))
         handle.write(os.urandom(100) + b"not a frame" * 10)
 
 
-def _append_cut_frame(path: Path) -> None:
-    """A copy of the last frame, cut in the middle: the write a crash interrupted."""
-    frames, _, _ = intake_file.scan_frames(path, 0)
+def _write_cut_frame(path: Path) -> None:
+    """A copy of the last frame, cut in the middle, after the frames: the write a crash interrupted."""
+    frames, end, _ = intake_file.scan_frames(path, 0)
     last = frames[-1]
     data = path.read_bytes()
     frame = data[last.payload_position - intake_file.FRAME_HEADER_SIZE : last.end_position]
-    with open(path, "ab") as handle:
+    with open(path, "r+b") as handle:
+        handle.seek(end)
         handle.write(frame[: len(frame) * 2 // 3])
 
 
-@pytest.mark.parametrize("damage", [_append_garbage, _append_cut_frame], ids=["garbage", "cut-frame"])
+def _leave_preallocated_tail(path: Path) -> None:
+    """Nothing but the kill: the zeros the writer allocated ahead of its frames."""
+
+
+@pytest.mark.parametrize(
+    "damage", [_write_garbage, _write_cut_frame, _leave_preallocated_tail], ids=["garbage", "cut-frame", "zeros"]
+)
 def test_torn_intake_tail_is_truncated_on_restart(
     fresh_broker: BrokerProcess, topic_name: str, damage: Callable[[Path], None]
 ) -> None:
@@ -237,11 +250,13 @@ def test_torn_intake_tail_is_truncated_on_restart(
     broker.kill()
 
     path = newest_intake_file(broker)
-    size = path.stat().st_size
+    size = _frames_end(path)
+    assert path.stat().st_size > size, "the active intake file is allocated ahead of its frames"
     damage(path)
     broker.start()
 
-    assert "torn or corrupt tail" in broker.log() and "truncating" in broker.log()
+    torn = "torn or corrupt tail" in broker.log() and "truncating" in broker.log()
+    assert torn == (damage is not _leave_preallocated_tail), "only bytes that are not zeros are reported as torn"
     assert path.stat().st_size == size
     logs = [read_partition(broker, topic_name, p)[0] for p in range(2)]
     for value, (partition, offset) in deliveries.acked.items():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
@@ -148,6 +149,9 @@ def test_frame_written_but_not_indexed_is_recovered(tmp_path: Path, caplog: pyte
             await append(logs, batch_values("unacked", 2))
         with pytest.raises(KafkaApiError):  # the writer stops after a failed commit
             await append(logs, [b"refused"])
+        assert logs.writer._task is not None
+        with pytest.raises(OSError, match="simulated crash"):  # what the broker waits on to stop
+            await logs.writer._task
 
     caplog.set_level(logging.INFO, logger="icelog")
     run(data_dir, write, store=store)
@@ -408,3 +412,44 @@ def test_long_polls_on_an_idle_partition_leave_no_waiter_behind(tmp_path: Path) 
         assert part.waiter_count == 0
 
     run(tmp_path / "data", body)
+
+
+def test_preallocated_files_end_at_their_frames_and_a_zero_tail_is_not_torn(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The writer allocates ahead of its frames; rolled and cleanly closed files are cut back to them.
+
+    A killed writer leaves zeros after its last frame: recovery cuts them quietly (they are not a torn
+    write) and the next frame goes right after the last one.
+    """
+    data_dir = tmp_path / "data"
+    sizes_while_open: list[int] = []
+
+    async def write(logs: LogManager) -> None:
+        logs.create_topic(TOPIC, 1, {})
+        for i in range(12):
+            await append(logs, batch_values(f"b{i}", 30))
+            sizes_while_open.append(intake_files(data_dir)[-1].stat().st_size)
+
+    run(data_dir, write, segment_bytes=4096)
+    files = intake_files(data_dir)
+    assert len(files) >= 2, "the test needs a roll"
+    assert max(sizes_while_open) == 4096, "the active file is allocated up to the segment size"
+    for path in files:
+        frames, end, size = intake_file.scan_frames(path, 0)
+        assert frames and end == size, f"{path.name} ends at its last frame"
+
+    last = files[-1]
+    frames_end = last.stat().st_size
+    os.truncate(last, 4096)  # what a kill leaves: the allocated zeros after the frames
+    caplog.set_level(logging.INFO, logger="icelog")
+
+    async def check(logs: LogManager) -> None:
+        assert "torn or corrupt tail" not in caplog.text
+        assert "preallocated bytes" in caplog.text
+        assert values(read_all(logs)) == [v for i in range(12) for v in batch_values(f"b{i}", 30)]
+        assert await append(logs, [b"after"]) == 360
+
+    run(data_dir, check, segment_bytes=4096)
+    frames, end, size = intake_file.scan_frames(last, 0)
+    assert end == size and frames[-1].payload_position == frames_end + intake_file.FRAME_HEADER_SIZE

@@ -28,6 +28,13 @@ class IntakeSettings(BaseModel):
         16 * 1024 * 1024, gt=0, description="Upper bound on the bytes one group commit (one fsync) carries."
     )
     fsync: bool = Field(True, description="fsync each group commit before acknowledging (turn off only in tests).")
+    preallocate_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=0,
+        description="Allocate the active intake file this far ahead of its writes (Kafka's log.preallocate): "
+        "an fsync of writes inside allocated space skips the block allocation an appending write costs. "
+        "0 turns it off.",
+    )
     producer_snapshot_interval_ms: int = Field(
         30000, gt=0, description="How often partitions that moved get a producer-state snapshot (start-up replays "
         "only the intake after it)."

@@ -3,6 +3,12 @@
 Appends queue up while the previous group commit is on disk; the next commit takes everything queued
 (up to `flush_max_bytes`), writes one frame per partition, fsyncs once and indexes the frames in the
 metadata store. Only then are the appends acknowledged and the high watermarks moved.
+
+The active file is allocated ahead of its writes (`preallocate_bytes`, zeros past the last frame): an
+fdatasync of data written inside allocated space does not wait on the block allocation an appending
+write needs, which on ext4 made the I/O thread's kernel time 2-4x that of the same writes preallocated.
+A file is cut to its last frame when the writer rolls past it, and recovery cuts the zero tail as it cuts
+a torn one (a zero header is not a frame).
 """
 
 from __future__ import annotations
@@ -15,7 +21,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,14 +122,18 @@ class IntakeWriter:
         self.settings = settings
         self.stats = IntakeStats()
         self._on_durable = on_durable
-        self._pending: list[_PendingAppend] = []
-        self._pending_bytes = 0
-        self._wakeup: asyncio.Event | None = None
+        self._pending: list[_PendingAppend] = []  # guarded by _ready: the loop appends, the I/O thread takes
+        self._ready = threading.Condition()
+        self._closing = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._failure: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
-        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="intake-io")
         self._fd = -1
         self.active_file_id = 0
         self._active_size = 0
+        self._allocated = 0  # the active file's size on disk: frames up to _active_size, then zeros
+        self._preallocate = settings.preallocate_bytes
         self.failed: BaseException | None = None
 
     # -- start-up ------------------------------------------------------------------------------
@@ -146,11 +155,14 @@ class IntakeWriter:
             start = tail.position if tail and file_id == tail.file_id else 0
             frames, end, size = intake_file.scan_frames(path, start)
             if end < size:
-                log.warning(
-                    "intake file %s: torn or corrupt tail at byte %d; truncating %d bytes "
-                    "(never acknowledged: acknowledgement waits for fsync)",
-                    path.name, end, size - end,
-                )
+                if intake_file.is_zero_tail(path, end):
+                    log.info("intake file %s: cutting %d preallocated bytes after its frames", path.name, size - end)
+                else:
+                    log.warning(
+                        "intake file %s: torn or corrupt tail at byte %d; truncating %d bytes "
+                        "(never acknowledged: acknowledgement waits for fsync)",
+                        path.name, end, size - end,
+                    )
                 with open(path, "r+b") as handle:
                     handle.truncate(end)
                     os.fsync(handle.fileno())
@@ -170,15 +182,38 @@ class IntakeWriter:
     def _open_active(self, file_id: int, size: int = 0) -> None:
         path = intake_file.file_path(self.directory, file_id)
         created = not path.exists()
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         if created:
             intake_file.fsync_directory(self.directory)
         self.active_file_id = file_id
         self._active_size = size
+        self._allocated = os.fstat(self._fd).st_size
+
+    def _allocate(self, end: int) -> None:
+        """Make sure the active file is allocated up to `end`, `preallocate_bytes` at a time."""
+        if not self._preallocate or end <= self._allocated:
+            return
+        target = max(end, self._allocated + self._preallocate)
+        target = max(end, min(target, self.settings.segment_bytes))
+        try:
+            os.posix_fallocate(self._fd, self._allocated, target - self._allocated)
+        except OSError as exc:  # no space for the step, or a file system without fallocate: append instead
+            log.warning("intake preallocation stopped (%s); writes append to the file", exc)
+            self._preallocate = 0
+            return
+        self._allocated = target
 
     def start(self) -> None:
-        self._wakeup = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="intake-writer")
+        """Start the I/O thread; `task` ends, raising, should a group commit ever fail."""
+        self._loop = asyncio.get_running_loop()
+        self._failure = self._loop.create_future()
+        self._thread = threading.Thread(target=self._commit_loop, name="intake-io", daemon=True)
+        self._thread.start()
+        self._task = self._loop.create_task(self._watch(), name="intake-writer")
+
+    async def _watch(self) -> None:
+        assert self._failure is not None
+        await self._failure
 
     # -- appends -------------------------------------------------------------------------------
     def submit(
@@ -188,38 +223,62 @@ class IntakeWriter:
         """Queue batches whose offsets are assigned; the future resolves once they are durable."""
         if self.failed is not None:
             raise KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, f"intake writer failed: {self.failed}")
-        assert self._wakeup is not None, "start() the writer first"
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append(
-            _PendingAppend(topic_id, partition, payload, base_offset, end_offset, max_timestamp, done)
-        )
-        self._pending_bytes += len(payload)
-        self._wakeup.set()
+        assert self._loop is not None, "start() the writer first"
+        done: asyncio.Future[None] = self._loop.create_future()
+        with self._ready:
+            self._pending.append(
+                _PendingAppend(topic_id, partition, payload, base_offset, end_offset, max_timestamp, done)
+            )
+            self._ready.notify()
         return done
 
-    async def _run(self) -> None:
-        assert self._wakeup is not None
-        loop = asyncio.get_running_loop()
+    def _commit_loop(self) -> None:
+        """The I/O thread: take what is queued, commit it, hand the result to the event loop, repeat.
+
+        The next group starts as soon as the last one is durable, without waiting for the event loop to
+        see the completion (the loop may be busy decoding a request), so disk and loop work overlap.
+        """
+        assert self._loop is not None
         while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            while self._pending:
+            with self._ready:
+                while not self._pending and not self._closing:
+                    self._ready.wait()
+                if not self._pending:
+                    return
                 group = self._take_group()
-                try:
-                    chunks = await loop.run_in_executor(self._io, self._write_group, group)
-                except BaseException as exc:  # disk or store failure: stop accepting, fail waiters
-                    self.failed = exc
-                    log.critical("intake group commit failed; the broker must restart to recover: %s", exc)
-                    for item in group + self._pending:
-                        if not item.done.done():
-                            item.done.set_exception(
-                                KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, "intake write failed")
-                            )
-                    raise
-                self._on_durable(chunks)
-                for item in group:
-                    if not item.done.done():
-                        item.done.set_result(None)
+            try:
+                chunks = self._write_group(group)
+            except BaseException as exc:  # disk or store failure: stop accepting, fail waiters
+                self._loop.call_soon_threadsafe(self._fail, group, exc)
+                return
+            self._loop.call_soon_threadsafe(self._complete, group, chunks)
+
+    def _complete(self, group: list[_PendingAppend], chunks: list[IntakeChunk]) -> None:
+        """On the event loop, in commit order: index the chunks in memory, then acknowledge."""
+        if self.failed is not None:  # an earlier group failed: nothing after it is acknowledged
+            self._fail(group, self.failed)
+            return
+        try:
+            self._on_durable(chunks)
+        except Exception as exc:  # the in-memory index cannot follow the disk: stop as a failed commit does
+            self._fail(group, exc)
+            return
+        for item in group:
+            if not item.done.done():
+                item.done.set_result(None)
+
+    def _fail(self, group: list[_PendingAppend], exc: BaseException) -> None:
+        if self.failed is None:
+            self.failed = exc
+            log.critical("intake group commit failed; the broker must restart to recover: %s", exc)
+        with self._ready:
+            waiting, self._pending = group + self._pending, []
+            self._closing = True  # the I/O thread stops after the group it may be writing
+        for item in waiting:
+            if not item.done.done():
+                item.done.set_exception(KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, "intake write failed"))
+        if self._failure is not None and not self._failure.done():
+            self._failure.set_exception(exc)
 
     def _take_group(self) -> list[_PendingAppend]:
         taken = 0
@@ -230,7 +289,6 @@ class IntakeWriter:
             size += len(item.payload)
             taken += 1
         group, self._pending = self._pending[:taken], self._pending[taken:]
-        self._pending_bytes -= size
         return group
 
     def _write_group(self, group: list[_PendingAppend]) -> list[IntakeChunk]:
@@ -254,7 +312,8 @@ class IntakeWriter:
             position += intake_file.FRAME_HEADER_SIZE
             chunks.append(IntakeChunk(topic_id, partition, base, end, self.active_file_id, position, length, max_ts))
             position += length
-        _write_all(self._fd, parts, total)
+        self._allocate(position)
+        _write_all(self._fd, parts, self._active_size, total)
         started = time.perf_counter()
         if self.settings.fsync:
             os.fdatasync(self._fd)
@@ -267,19 +326,29 @@ class IntakeWriter:
         return chunks
 
     def _roll(self) -> None:
+        if self._allocated > self._active_size:
+            # Readers go by the index, but a file's size should still end at its last frame. Not fsync'd:
+            # should a crash undo the cut, recovery cuts the zero tail again.
+            os.ftruncate(self._fd, self._active_size)
         os.close(self._fd)
         self._open_active(self.active_file_id + 1)
 
     async def close(self) -> None:
         """Finish queued commits, then stop."""
+        if self._thread is not None:
+            with self._ready:
+                self._closing = True
+                self._ready.notify()
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+            await asyncio.sleep(0)  # the last completions, queued before the join returned
+            self._thread = None
         if self._task is not None:
-            while self._pending and self.failed is None:
-                await asyncio.sleep(0.001)
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-        self._io.shutdown(wait=True)
         if self._fd >= 0:
+            if self._allocated > self._active_size and self.failed is None:
+                os.ftruncate(self._fd, self._active_size)  # a clean stop leaves no zero tail to cut
             os.close(self._fd)
             self._fd = -1
 
@@ -287,10 +356,10 @@ class IntakeWriter:
 _IOV_MAX = 512
 
 
-def _write_all(fd: int, parts: list[bytes | bytearray], total: int) -> None:
-    """writev in slices under IOV_MAX; a short write raises (recovery truncates the torn frame)."""
+def _write_all(fd: int, parts: list[bytes | bytearray], position: int, total: int) -> None:
+    """pwritev at `position` in slices under IOV_MAX; a short write raises (recovery truncates the torn frame)."""
     written = 0
     for start in range(0, len(parts), _IOV_MAX):
-        written += os.writev(fd, parts[start : start + _IOV_MAX])
+        written += os.pwritev(fd, parts[start : start + _IOV_MAX], position + written)
     if written != total:
         raise OSError(f"short write to intake file: {written} of {total} bytes")

@@ -97,6 +97,16 @@ def scan_frames(path: Path, start: int) -> tuple[list[Frame], int, int]:
     return frames, pos, size
 
 
+def is_zero_tail(path: Path, start: int) -> bool:
+    """Whether every byte from `start` to the end of the file is zero (preallocated, never written)."""
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        while block := handle.read(1 << 20):
+            if block.count(0) != len(block):
+                return False
+    return True
+
+
 def fsync_directory(directory: Path) -> None:
     """Make a created or deleted file name durable."""
     fd = os.open(directory, os.O_RDONLY)
