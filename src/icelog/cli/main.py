@@ -19,6 +19,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from icelog.cli.allocator import keep_large_buffers
     from icelog.broker import Broker
 
     settings = _settings(args)
@@ -26,6 +27,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    keep_large_buffers()
     asyncio.run(Broker(settings).run())
     return 0
 
