@@ -1,6 +1,7 @@
 """Broker benchmark: produce and consume throughput, ack latency, against the disk's fsync'd bandwidth.
 
-Run: .venv/bin/python bench/broker_bench.py [--records 400000] [--partitions 6]
+Run: .venv/bin/python bench/broker_bench.py [--records 400000] [--partitions 6] [--replay-only]
+(--replay-only: the disk baseline and the replayed requests alone, e.g. to A/B two checkouts by PYTHONPATH.)
 Everything is measured in one run so the ratios hold on a shared, noisy machine.
 """
 
@@ -276,6 +277,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=400_000)
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--latency-seconds", type=float, default=15)
+    parser.add_argument("--replay-only", action="store_true", help="only the disk baseline and replayed requests")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=Path(__file__).parent) as tmp:
         data = Path(tmp) / "data"
@@ -284,6 +286,13 @@ def main() -> None:
         try:
             print("disk baseline (dd conv=fsync)...", file=sys.stderr)
             disk = disk_baseline(data)
+            if args.replay_only:
+                create_topic(broker.bootstrap, "bench-replay", args.partitions)
+                replayed = produce_throughput_replayed(broker.bootstrap, "bench-replay", args.partitions, args.records)
+                print(json.dumps({"disk_fsync_mb_per_s": round(disk, 1),
+                                  "produce_replayed": {k: round(v, 1) for k, v in replayed.items()},
+                                  "produce_replayed_vs_disk": round(replayed["mb_per_s"] / disk, 2)}))
+                return
             create_topic(broker.bootstrap, "bench", args.partitions)
             print("produce throughput...", file=sys.stderr)
             assert broker.proc is not None
