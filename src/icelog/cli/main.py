@@ -19,8 +19,8 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from icelog.cli.allocator import keep_large_buffers
     from icelog.broker import Broker
+    from icelog.cli.allocator import keep_large_buffers
 
     settings = _settings(args)
     logging.basicConfig(
