@@ -7,6 +7,7 @@ import logging
 import shutil
 import signal
 import socket
+from typing import Any
 
 from icelog.config import Settings
 from icelog.coordinator.groups import GroupCoordinator, GroupSettings
@@ -107,7 +108,8 @@ class Broker:
         writer_task = self.logs.writer._task
         assert writer_task is not None
         stop_wait = asyncio.create_task(self._stopping.wait())
-        await asyncio.wait({stop_wait, writer_task}, return_when=asyncio.FIRST_COMPLETED)
+        waiters: set[asyncio.Future[Any]] = {stop_wait, writer_task}
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         upkeep.cancel()
         pressure_task.cancel()
         readback_task.cancel()

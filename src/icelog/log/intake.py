@@ -127,8 +127,7 @@ class IntakeWriter:
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._failure: asyncio.Future[None] | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Future[None] | None = None  # ends, raising, should a group commit fail
         self._fd = -1
         self.active_file_id = 0
         self._active_size = 0
@@ -193,8 +192,7 @@ class IntakeWriter:
         """Make sure the active file is allocated up to `end`, `preallocate_bytes` at a time."""
         if not self._preallocate or end <= self._allocated:
             return
-        target = max(end, self._allocated + self._preallocate)
-        target = max(end, min(target, self.settings.segment_bytes))
+        target = max(end, min(self._allocated + self._preallocate, self.settings.segment_bytes))
         try:
             os.posix_fallocate(self._fd, self._allocated, target - self._allocated)
         except OSError as exc:  # no space for the step, or a file system without fallocate: append instead
@@ -204,16 +202,11 @@ class IntakeWriter:
         self._allocated = target
 
     def start(self) -> None:
-        """Start the I/O thread; `task` ends, raising, should a group commit ever fail."""
+        """Start the I/O thread; `_task` ends, raising, should a group commit ever fail."""
         self._loop = asyncio.get_running_loop()
-        self._failure = self._loop.create_future()
+        self._task = self._loop.create_future()
         self._thread = threading.Thread(target=self._commit_loop, name="intake-io", daemon=True)
         self._thread.start()
-        self._task = self._loop.create_task(self._watch(), name="intake-writer")
-
-    async def _watch(self) -> None:
-        assert self._failure is not None
-        await self._failure
 
     # -- appends -------------------------------------------------------------------------------
     def submit(
@@ -277,8 +270,8 @@ class IntakeWriter:
         for item in waiting:
             if not item.done.done():
                 item.done.set_exception(KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, "intake write failed"))
-        if self._failure is not None and not self._failure.done():
-            self._failure.set_exception(exc)
+        if self._task is not None and not self._task.done():
+            self._task.set_exception(exc)
 
     def _take_group(self) -> list[_PendingAppend]:
         taken = 0
@@ -325,11 +318,17 @@ class IntakeWriter:
         self.stats.bytes_written += total
         return chunks
 
-    def _roll(self) -> None:
+    def _cut_to_frames(self) -> None:
+        """End the active file at its last frame (readers go by the index, but a file's size should too).
+
+        Not fsync'd: should a crash undo the cut, recovery cuts the zero tail again.
+        """
         if self._allocated > self._active_size:
-            # Readers go by the index, but a file's size should still end at its last frame. Not fsync'd:
-            # should a crash undo the cut, recovery cuts the zero tail again.
             os.ftruncate(self._fd, self._active_size)
+            self._allocated = self._active_size
+
+    def _roll(self) -> None:
+        self._cut_to_frames()
         os.close(self._fd)
         self._open_active(self.active_file_id + 1)
 
@@ -339,16 +338,16 @@ class IntakeWriter:
             with self._ready:
                 self._closing = True
                 self._ready.notify()
+            # The completions the thread queued (call_soon_threadsafe, in order) run before this await returns.
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
-            await asyncio.sleep(0)  # the last completions, queued before the join returned
             self._thread = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         if self._fd >= 0:
-            if self._allocated > self._active_size and self.failed is None:
-                os.ftruncate(self._fd, self._active_size)  # a clean stop leaves no zero tail to cut
+            if self.failed is None:
+                self._cut_to_frames()  # a clean stop leaves no zero tail for recovery to cut
             os.close(self._fd)
             self._fd = -1
 
