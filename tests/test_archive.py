@@ -217,6 +217,43 @@ def test_max_bytes_makes_one_file_per_archive(
     assert max(f.record_count for f in files) <= 2  # ~1 KB chunks, archives of at most 3000 intake bytes
 
 
+def test_partitions_archived_by_one_task_keep_one_file_per_archive(
+    lake_broker: BrokerProcess, lake_spark: Any, lake_archiver: Archiver
+) -> None:
+    """The archiver packs several partitions' archives into one Spark task (plan.task_groups); each archive
+    still becomes one data file of one partition, holding exactly its offsets."""
+    topic = "archive-packed-tasks"
+    create_topic(lake_broker, topic, partitions=3, configs={"icelog.archive.max.bytes": "3000"})
+    producer = Producer({"bootstrap.servers": lake_broker.bootstrap, "linger.ms": 0})
+    for i in range(12):  # one ~1 KB batch each: two archives per partition
+        producer.produce(topic, value=bytes([i]) * 1000, partition=i % 3)
+        producer.flush(10)
+    [result] = lake_archiver.run_pass(force=True, topics=[topic])
+    assert result.records == 12
+    rows = lake_spark.sql(
+        f"SELECT kafka.partition AS p, min(kafka.offset) AS lo, max(kafka.offset) AS hi, count(*) AS n, "
+        f"input_file_name() AS f FROM {table(topic)} GROUP BY input_file_name(), kafka.partition"
+    ).collect()
+    assert len(rows) == result.archives == 6  # one partition per file, one file per archive
+    assert sorted((r.p, r.lo, r.hi) for r in rows) == [(p, lo, lo + 1) for p in range(3) for lo in (0, 2)]
+
+
+def test_spark_python_workers_import_pyspark_from_site_packages_not_sparks_zips(lake_spark: Any) -> None:
+    """lake/spark_daemon.py: with Spark's zips on the workers' path, every task re-read them (~0.1 s a task)."""
+
+    def where(_rows: Any) -> Any:
+        import sys
+
+        import pyspark
+
+        zips = [e for e in sys.path_importer_cache if ".zip" in e and "pyspark" in e or "py4j-" in e]
+        yield pyspark.__file__, len(zips)
+
+    [(module, zips)] = lake_spark.sparkContext.parallelize([0], 1).mapPartitions(where).collect()
+    assert ".zip" not in module and module.endswith("pyspark/__init__.py")
+    assert zips == 0
+
+
 def test_delays_hold_an_archive_until_due(
     lake_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any, lake_store: MetadataStore
 ) -> None:

@@ -6,7 +6,7 @@ import uuid
 
 from icelog.config import ArchiveSettings
 from icelog.meta.store import IntakeChunk
-from icelog.pipeline.plan import monotonic_ingest_times, next_due_ms, plan_partition
+from icelog.pipeline.plan import PlannedArchive, monotonic_ingest_times, next_due_ms, plan_partition, task_groups
 from icelog.topic_configs.archive import archive_config
 
 TOPIC = uuid.uuid4()
@@ -90,3 +90,23 @@ def test_table_override_and_namespace() -> None:
         "orders",
     )
     assert not config(**{"icelog.archive.kind": "none"}).enabled
+
+
+def test_task_groups_pack_partitions_into_few_tasks_and_never_two_archives_of_one_partition() -> None:
+    def archive(partition: int, start: int) -> PlannedArchive:
+        return PlannedArchive(TOPIC, partition, start, start + 10, (), "forced")
+
+    # Steady state: one archive per partition, one task slot: one task, in partition order.
+    steady = [archive(2, 0), archive(0, 0), archive(1, 0)]
+    assert task_groups(steady, 1) == [[1, 2, 0]]
+    assert task_groups(steady, 2) == [[1, 0], [2]]
+    assert task_groups(steady, 8) == [[1], [2], [0]]
+    # Catch-up: partition 0 has three archives; each lands in its own task (one data file each), in offset order.
+    catch_up = [archive(0, 20), archive(1, 0), archive(0, 0), archive(0, 10)]
+    groups = task_groups(catch_up, 1)
+    assert len(groups) == 3 and sorted(i for g in groups for i in g) == [0, 1, 2, 3]
+    for group in groups:
+        partitions = [catch_up[i].partition for i in group]
+        assert partitions == sorted(partitions) and len(set(partitions)) == len(partitions)
+    assert [i for g in groups for i in g if catch_up[i].partition == 0] == [2, 3, 0]
+    assert task_groups([], 1) == []

@@ -4,8 +4,9 @@ A pass, per archived topic:
   1. reconcile: read the offsets the table contains from its snapshot summary (the truth) and copy
      them to the metadata store (which drives retention and `icelog status`);
   2. plan the archives that are due from the intake index (plan.py);
-  3. decode the archives in Spark's Python workers (one task and one data file per archive) and append
-     them with DataFrameWriterV2, the snapshot summary carrying the full next-offset map;
+  3. decode the archives in Spark's Python workers (one data file per archive; a task decodes several
+     partitions' archives in turn, as few tasks as the master has slots: plan.task_groups) and append them
+     with DataFrameWriterV2, the snapshot summary carrying the full next-offset map;
   4. record the new offsets in the metadata store.
 A crash after 3's files are written but before its commit leaves unreferenced files and no snapshot;
 a crash after the commit but before 4 leaves the store behind the table. Either way the next pass starts
@@ -41,7 +42,7 @@ from icelog.lake.layout import (
 from icelog.meta.store import IntakeChunk, MetadataStore, PartitionRecord, TopicRecord
 from icelog.pipeline.dead_letter import dead_letter_counts, dlq_table_name, is_worker_failure, write_dead_letters
 from icelog.pipeline.decode import find_dead_letters
-from icelog.pipeline.plan import PlannedArchive, plan_partition
+from icelog.pipeline.plan import PlannedArchive, plan_partition, task_groups
 from icelog.pipeline.reconcile import (
     COMMIT_USER,
     COMMIT_USER_PROPERTY,
@@ -132,6 +133,13 @@ class Archiver:
         # (each keeps its py4j connection). A topic still running is in _in_flight and is not started again.
         self._workers = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="archive-topic")
         self._in_flight: dict[uuid.UUID, tuple[TopicRecord, concurrent.futures.Future[TopicPassResult]]] = {}
+        self._slots: int | None = None
+
+    def _task_slots(self) -> int:
+        """Spark tasks per archive job: the master's task slots (spark.default.parallelism; local[N]: N)."""
+        if self._slots is None:
+            self._slots = max(1, int(self.spark.sparkContext.defaultParallelism))
+        return self._slots
 
     # -- naming --------------------------------------------------------------------------------
     def table_name(self, config: ArchiveTopicConfig) -> str:
@@ -388,7 +396,7 @@ class Archiver:
         schema: ArchiveSchema | None = None,
         spec: TableSpec = RECORD_SPEC,
     ) -> int:
-        """Decode the archives in Spark workers (one task and one file each) and append them in one commit.
+        """Decode the archives in Spark workers (plan.task_groups) and append them in one commit.
 
         A batch that cannot be decoded fails the job in a worker; then the driver finds such batches,
         commits them to the dead-letter table `<table>__dlq` first (idempotent by offset) and appends the
@@ -425,14 +433,15 @@ class Archiver:
         spec: TableSpec = RECORD_SPEC,
     ) -> None:
         intake_dir = self.intake_dir
-        planned = list(archives)
+        groups = [[archives[i] for i in group] for group in task_groups(archives, self._task_slots())]
 
         def decode(batches: Any) -> Any:
             from icelog.pipeline.decode import decode_archive
 
             for batch in batches:
-                for index in batch.column(0).to_pylist():
-                    yield from decode_archive(intake_dir, planned[index])
+                for task in batch.column(0).to_pylist():
+                    for archive in groups[task]:
+                        yield from decode_archive(intake_dir, archive)
 
         ddl = SPARK_SCHEMA_DDL
         if schema is not None and schema.layout == LAYOUT_TABLE:
@@ -444,8 +453,9 @@ class Archiver:
 
                 decoders: dict[str, Any] = {}
                 for batch in batches:
-                    for index in batch.column(0).to_pylist():
-                        yield from decode_archive_table(intake_dir, planned[index], key, value, arrow, decoders)
+                    for task in batch.column(0).to_pylist():
+                        for archive in groups[task]:
+                            yield from decode_archive_table(intake_dir, archive, key, value, arrow, decoders)
 
         elif schema is not None:
             key, value, arrow = schema.key, schema.value, schema.arrow_schema()
@@ -456,10 +466,11 @@ class Archiver:
 
                 decoders: dict[str, Any] = {}
                 for batch in batches:
-                    for index in batch.column(0).to_pylist():
-                        yield from decode_archive_protobuf(intake_dir, planned[index], key, value, arrow, decoders)
+                    for task in batch.column(0).to_pylist():
+                        for archive in groups[task]:
+                            yield from decode_archive_protobuf(intake_dir, archive, key, value, arrow, decoders)
 
-        frame = self.spark.range(0, len(planned), 1, len(planned)).mapInArrow(decode, ddl)
+        frame = self.spark.range(0, len(groups), 1, len(groups)).mapInArrow(decode, ddl)
         summary = {
             OFFSETS_PROPERTY: encode_offsets(new_offsets),
             TOPIC_ID_PROPERTY: str(topic.topic_id),
@@ -471,7 +482,7 @@ class Archiver:
             return
         writer = (
             frame.writeTo(self.table_name(config))
-            # Each task holds one partition's archive in offset order already: no shuffle, no re-sort.
+            # Each task holds whole archives in partition and offset order already: no shuffle, no re-sort.
             .option("use-table-distribution-and-ordering", "false")
         )
         for name, text in summary.items():

@@ -147,3 +147,23 @@ def next_due_ms(
     if not ingest:
         return None
     return min(ingest[0] + config.complete_delay_max_ms, ingest[-1] + config.idle_max_ms)
+
+
+def task_groups(archives: Sequence[PlannedArchive], slots: int) -> list[list[int]]:
+    """The archives (indexes) each Spark task decodes and writes, in turn: as few tasks as the master has slots.
+
+    Spark's fixed cost per Python task (~50 ms here, as much as decoding 20 k records) is paid per task, not per
+    archive. A task never holds two archives of one partition, so each archive stays one data file (its rows
+    are the task's only rows of that Kafka partition, which every table's partition spec separates): a catch-up
+    pass with k archives of a partition runs at least k tasks. A task's archives are in partition order, so its
+    rows stay clustered by Iceberg partition (the record layout's clustered writer needs it).
+    """
+    order = sorted(range(len(archives)), key=lambda i: (archives[i].partition, archives[i].start_offset))
+    per_partition: dict[int, int] = {}
+    for i in order:
+        per_partition[archives[i].partition] = per_partition.get(archives[i].partition, 0) + 1
+    tasks = max(min(max(1, slots), len(order)), max(per_partition.values(), default=0))
+    groups: list[list[int]] = [[] for _ in range(tasks)]
+    for n, i in enumerate(order):  # a partition's archives are consecutive here, and at most `tasks` many
+        groups[n % tasks].append(i)
+    return [group for group in groups if group]

@@ -343,8 +343,8 @@ def _stage(spark: Any, table_name: str, rows: Any) -> tuple[iceberg_java.JavaTab
     with _STAGE_LOCK:
         spark.conf.set("spark.wap.id", wap_id)
         try:
-            # Each task holds one Kafka partition's archive in offset order (the anti-join keeps it): no shuffle,
-            # no re-sort, as for an append; one open file per table partition value in the task.
+            # Each task holds whole archives in partition and offset order: no shuffle, no re-sort, as for an
+            # append; one open file per table partition value in the task.
             rows.writeTo(table_name).option("use-table-distribution-and-ordering", "false").option(
                 "fanout-enabled", "true").append()
         finally:
