@@ -38,6 +38,8 @@ from icelog.config import ArchiveSettings
 from icelog.lake.iceberg_java import (
     JavaTable,
     ancestry,
+    as_dict,
+    each,
     expire_snapshots,
     load_table,
     manifest_count,
@@ -171,8 +173,8 @@ def table_state(table: JavaTable) -> TableState:
     snapshot = table.currentSnapshot()
     if snapshot is None:
         return TableState()
-    summary = snapshot.summary()
-    times = [int(s.timestampMillis()) for s in table.snapshots()]
+    summary = as_dict(snapshot.summary())
+    times = [int(s.timestampMillis()) for s in each(table.snapshots())]
     return TableState(
         data_files=int(summary.get("total-data-files", 0)),
         delete_files=int(summary.get("total-delete-files", 0)),
@@ -200,7 +202,9 @@ def expirable(table: JavaTable, older_than_ms: int, retain_last: int) -> int:
     """Snapshots an expiry with these bounds removes (those older than the cutoff, but the retained ancestors)."""
     kept = {int(s.snapshotId()) for s in ancestry(table, retain_last)}
     return sum(
-        1 for s in table.snapshots() if int(s.timestampMillis()) < older_than_ms and int(s.snapshotId()) not in kept
+        1
+        for s in each(table.snapshots())
+        if int(s.timestampMillis()) < older_than_ms and int(s.snapshotId()) not in kept
     )
 
 
@@ -238,10 +242,10 @@ def maintain_table(
     if dry_run or not due:
         result.snapshots_expired = due
     else:
-        before = sum(1 for _ in table.snapshots())
+        before = len(each(table.snapshots()))
         expire_snapshots(spark, table, cutoff_ms, retain)
         table.refresh()
-        result.snapshots_expired = before - sum(1 for _ in table.snapshots())
+        result.snapshots_expired = before - len(each(table.snapshots()))
 
     if remove_orphans:
         say("removing orphan files")
@@ -258,7 +262,7 @@ def maintain_table(
             result.manifests_rewritten = manifests
         else:
             done = rewrite_manifests(spark, table)
-            result.manifests_rewritten = sum(1 for _ in done.rewrittenManifests())
+            result.manifests_rewritten = len(each(done.rewrittenManifests()))
             table.refresh()
     result.after = result.before if dry_run else table_state(table)
     result.duration_ms = int((time.monotonic() - started) * 1000)
