@@ -24,7 +24,7 @@ def spark_archive(entry: str) -> str | None:
         archive = entry[: cut + len(suffix)] if cut >= 0 else entry
         name = os.path.basename(archive)
         if archive.endswith(suffix) and os.path.isfile(archive) and (
-            suffix == ".jar" or name == "pyspark.zip" or name.startswith("py4j-")
+            name == "pyspark.zip" or name.startswith("py4j-" if suffix == ".zip" else "spark-core")
         ):
             return archive
     return None
