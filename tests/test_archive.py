@@ -246,12 +246,14 @@ def test_spark_python_workers_import_pyspark_from_site_packages_not_sparks_zips(
 
         import pyspark
 
-        zips = [e for e in sys.path_importer_cache if ".zip" in e and "pyspark" in e or "py4j-" in e]
-        yield pyspark.__file__, len(zips)
+        from icelog.lake.spark_daemon import spark_archive
 
-    [(module, zips)] = lake_spark.sparkContext.parallelize([0], 1).mapPartitions(where).collect()
+        archives = [e for e in [*sys.path, *sys.path_importer_cache] if spark_archive(e) is not None]
+        yield pyspark.__file__, archives
+
+    [(module, archives)] = lake_spark.sparkContext.parallelize([0], 1).mapPartitions(where).collect()
     assert ".zip" not in module and module.endswith("pyspark/__init__.py")
-    assert zips == 0
+    assert archives == []
 
 
 def test_delays_hold_an_archive_until_due(

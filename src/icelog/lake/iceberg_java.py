@@ -141,17 +141,9 @@ class JavaFileScanTask(Protocol):
     def deletes(self) -> JavaIterable[JavaDeleteFile]: ...
 
 
-class JavaTaskIterator(Protocol):
-    """java.util.Iterator<FileScanTask>."""
-
-    def hasNext(self) -> bool: ...
-    def next(self) -> JavaFileScanTask: ...
-
-
-class JavaScanTasks(Protocol):
+class JavaScanTasks(JavaIterable[JavaFileScanTask], Protocol):
     """org.apache.iceberg.io.CloseableIterable<FileScanTask>."""
 
-    def iterator(self) -> JavaTaskIterator: ...
     def close(self) -> None: ...
 
 
@@ -459,9 +451,7 @@ def live_data_files(
         return found
     tasks = table.newScan().useSnapshot(snapshot_id).planFiles()
     try:
-        iterator = tasks.iterator()
-        while iterator.hasNext():
-            task = iterator.next()
+        for task in each(tasks):
             data_file = task.file()
             location = str(data_file.location())
             if wanted is not None and location not in wanted:

@@ -21,7 +21,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,13 +133,8 @@ class Archiver:
         # (each keeps its py4j connection). A topic still running is in _in_flight and is not started again.
         self._workers = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="archive-topic")
         self._in_flight: dict[uuid.UUID, tuple[TopicRecord, concurrent.futures.Future[TopicPassResult]]] = {}
-        self._slots: int | None = None
-
-    def _task_slots(self) -> int:
-        """Spark tasks per archive job: the master's task slots (spark.default.parallelism; local[N]: N)."""
-        if self._slots is None:
-            self._slots = max(1, int(self.spark.sparkContext.defaultParallelism))
-        return self._slots
+        # Spark tasks per archive job at most (plan.task_groups): the master's slots (local[N]: N).
+        self.task_slots = max(1, int(spark.sparkContext.defaultParallelism))
 
     # -- naming --------------------------------------------------------------------------------
     def table_name(self, config: ArchiveTopicConfig) -> str:
@@ -433,15 +428,19 @@ class Archiver:
         spec: TableSpec = RECORD_SPEC,
     ) -> None:
         intake_dir = self.intake_dir
-        groups = [[archives[i] for i in group] for group in task_groups(archives, self._task_slots())]
+        groups = [[archives[i] for i in group] for group in task_groups(archives, self.task_slots)]
+
+        def task_archives(batches: Any) -> Iterator[PlannedArchive]:
+            """A task's archives, in turn (its input rows are the numbers of its groups)."""
+            for batch in batches:
+                for task in batch.column(0).to_pylist():
+                    yield from groups[task]
 
         def decode(batches: Any) -> Any:
             from icelog.pipeline.decode import decode_archive
 
-            for batch in batches:
-                for task in batch.column(0).to_pylist():
-                    for archive in groups[task]:
-                        yield from decode_archive(intake_dir, archive)
+            for archive in task_archives(batches):
+                yield from decode_archive(intake_dir, archive)
 
         ddl = SPARK_SCHEMA_DDL
         if schema is not None and schema.layout == LAYOUT_TABLE:
@@ -452,10 +451,8 @@ class Archiver:
                 from icelog.pipeline.decode_table import decode_archive_table
 
                 decoders: dict[str, Any] = {}
-                for batch in batches:
-                    for task in batch.column(0).to_pylist():
-                        for archive in groups[task]:
-                            yield from decode_archive_table(intake_dir, archive, key, value, arrow, decoders)
+                for archive in task_archives(batches):
+                    yield from decode_archive_table(intake_dir, archive, key, value, arrow, decoders)
 
         elif schema is not None:
             key, value, arrow = schema.key, schema.value, schema.arrow_schema()
@@ -465,10 +462,8 @@ class Archiver:
                 from icelog.pipeline.decode_protobuf import decode_archive_protobuf
 
                 decoders: dict[str, Any] = {}
-                for batch in batches:
-                    for task in batch.column(0).to_pylist():
-                        for archive in groups[task]:
-                            yield from decode_archive_protobuf(intake_dir, archive, key, value, arrow, decoders)
+                for archive in task_archives(batches):
+                    yield from decode_archive_protobuf(intake_dir, archive, key, value, arrow, decoders)
 
         frame = self.spark.range(0, len(groups), 1, len(groups)).mapInArrow(decode, ddl)
         summary = {

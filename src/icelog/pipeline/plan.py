@@ -11,6 +11,7 @@ Pure functions of (intake index, archived offsets, now): the archive job and the
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -159,9 +160,7 @@ def task_groups(archives: Sequence[PlannedArchive], slots: int) -> list[list[int
     rows stay clustered by Iceberg partition (the record layout's clustered writer needs it).
     """
     order = sorted(range(len(archives)), key=lambda i: (archives[i].partition, archives[i].start_offset))
-    per_partition: dict[int, int] = {}
-    for i in order:
-        per_partition[archives[i].partition] = per_partition.get(archives[i].partition, 0) + 1
+    per_partition = Counter(archive.partition for archive in archives)
     tasks = max(min(max(1, slots), len(order)), max(per_partition.values(), default=0))
     groups: list[list[int]] = [[] for _ in range(tasks)]
     for n, i in enumerate(order):  # a partition's archives are consecutive here, and at most `tasks` many
