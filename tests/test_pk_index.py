@@ -101,3 +101,35 @@ def test_an_index_of_the_older_format_is_emptied_so_the_next_pass_rebuilds_it(tm
     finally:
         index.close()
     assert describe_index(tmp_path, "uuid-1", 42) == "stale (empty)"
+
+
+def test_a_prepared_update_shows_nothing_until_the_table_commit_and_then_everything(tmp_path: Path) -> None:
+    """The index writes a pass's rows while the table commit runs (PreparedUpdate): readers (and a crash) see the
+    index before the commit until commit(snapshot id); an abort, a failed commit or leaving the block leaves it so."""
+    index = PrimaryKeyIndex(tmp_path / "index")
+    a, b, c = (encode_key((k,)) for k in (b"a", b"b", b"c"))
+    try:
+        index.rebuild(1, [(1, file_rows("f1", [(b"a", 0, 1), (b"b", 1, 2)]), [5])])
+        with index.prepare(file_rows("f2", [(b"a", 0, 3), (b"c", 1, 4)]), [b], stale_marked=True) as update:
+            # Another thread writes the rows now; a reader still sees the index at snapshot 1.
+            assert index.snapshot_id() == 1 and index.lookup([a, b, c]) == {
+                a: IndexEntry("f1", 0, 1), b: IndexEntry("f1", 1, 2)}
+            update.commit(2)
+        assert index.snapshot_id() == 2 and index.stale() == {}
+        assert dict(index.items()) == {a: IndexEntry("f2", 0, 3), c: IndexEntry("f2", 1, 4)}
+
+        with index.prepare(file_rows("f3", [(b"a", 0, 9)]), [c]) as update:
+            update.abort()  # the table commit failed
+        with index.prepare(file_rows("f4", [(b"b", 0, 9)]), [a]):
+            pass  # the pass raised before committing: leaving the block aborts
+        assert index.snapshot_id() == 2
+        assert dict(index.items()) == {a: IndexEntry("f2", 0, 3), c: IndexEntry("f2", 1, 4)}
+        index.forget_snapshot()  # the writer is free again after an abort (LMDB has one writer)
+        assert index.snapshot_id() is None
+
+        broken = IndexRows([a, c], ["f5"], [0], [0], [1])  # columns of unequal length: the update fails
+        with index.prepare(broken, []) as update, pytest.raises(ValueError):
+            update.commit(3)
+        assert index.snapshot_id() is None and dict(index.items())[a] == IndexEntry("f2", 0, 3)
+    finally:
+        index.close()

@@ -21,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 import decimal
+import queue
 import struct
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,12 +201,21 @@ class PrimaryKeyIndex:
         """After a commit: keys' new rows, keys deleted, and the new snapshot id, in one transaction.
         stale_marked: the commit marked the stale rows deleted, so the list is cleared."""
         with self._write() as txn:
-            for key in deleted:
-                txn.delete(key, db=self._rows)
-            txn.cursor(db=self._rows).putmulti(rows.packed(self._numbers(txn, rows.files)))
-            if stale_marked:
-                txn.drop(self._stale, delete=False)
+            self._put_rows(txn, rows, deleted, stale_marked)
             txn.put(_SNAPSHOT_KEY, str(snapshot_id).encode(), db=self._meta)
+
+    def prepare(self, rows: IndexRows, deleted: Iterable[bytes], stale_marked: bool = False) -> PreparedUpdate:
+        """apply's work, done now in its own thread while the caller commits to the table: the write transaction
+        stays open, invisible to readers, until the caller's PreparedUpdate.commit(snapshot_id) or abort(). The
+        caller must not write to the index before then (LMDB has one writer: it would wait for this one)."""
+        return PreparedUpdate(self, rows, list(deleted), stale_marked)
+
+    def _put_rows(self, txn: Any, rows: IndexRows, deleted: Iterable[bytes], stale_marked: bool) -> None:
+        for key in deleted:
+            txn.delete(key, db=self._rows)
+        txn.cursor(db=self._rows).putmulti(rows.packed(self._numbers(txn, rows.files)))
+        if stale_marked:
+            txn.drop(self._stale, delete=False)
 
     def follow_append(self, snapshot_id: int, files: Iterable[tuple[int, IndexRows, list[int]]]) -> int:
         """A snapshot that only added rows (e.g. a foreign INSERT): `files` as for rebuild, all of that snapshot.
@@ -281,6 +292,62 @@ class PrimaryKeyIndex:
     def __len__(self) -> int:
         with self._env.begin(db=self._rows) as txn:
             return int(txn.stat(self._rows)["entries"])
+
+
+class _Aborted(Exception):
+    """Ends a prepared update's transaction without committing it."""
+
+
+class PreparedUpdate:
+    """An index update whose rows are being written by its own thread (PrimaryKeyIndex.prepare) while the table
+    commit runs; the transaction commits with the commit's snapshot id, or aborts, when the caller says so. A
+    crash or a failed table commit leaves the index wholly before the commit, as apply after the commit would.
+    Use as a context manager: leaving it without commit() aborts."""
+
+    def __init__(self, index: PrimaryKeyIndex, rows: IndexRows, deleted: list[bytes], stale_marked: bool) -> None:
+        self._decision: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._decided = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(index, rows, deleted, stale_marked), name="pk-index-update", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, index: PrimaryKeyIndex, rows: IndexRows, deleted: list[bytes], stale_marked: bool) -> None:
+        # LMDB ties a write transaction to its thread: it is begun, filled and ended here.
+        try:
+            with index._write() as txn:
+                index._put_rows(txn, rows, deleted, stale_marked)
+                snapshot_id = self._decision.get()
+                if snapshot_id is None:
+                    raise _Aborted
+                txn.put(_SNAPSHOT_KEY, str(snapshot_id).encode(), db=index._meta)
+        except _Aborted:
+            pass
+        except BaseException as exc:  # handed to the caller's commit()
+            self._error = exc
+
+    def commit(self, snapshot_id: int) -> None:
+        """The table commit landed as `snapshot_id`: the index takes the rows with it (raises what the update met)."""
+        self._finish(snapshot_id)
+        if self._error is not None:
+            raise self._error
+
+    def abort(self) -> None:
+        """Nothing of the update reaches the index."""
+        self._finish(None)
+
+    def _finish(self, snapshot_id: int | None) -> None:
+        if not self._decided:
+            self._decided = True
+            self._decision.put(snapshot_id)
+        self._thread.join()
+
+    def __enter__(self) -> PreparedUpdate:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.abort()
 
 
 def index_directory(data_dir: str | Path, table_uuid: str) -> Path:

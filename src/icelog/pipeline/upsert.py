@@ -21,7 +21,7 @@ A pass (the rows decoded by the archiver's Spark workers, as for an append table
      concurrent compaction or DELETE of a referenced file fails it; the next pass starts over);
   6. the index takes the new rows and the new snapshot id, and forgets the stale rows, in one transaction
      (unless a concurrent commit landed between the base and this one: then the index is marked stale and
-     rebuilt next pass);
+     rebuilt next pass); its thread writes the rows while 4 and 5 run, and commits with 5's snapshot id;
   7. once more than STAGED_SNAPSHOTS_KEPT staged snapshots are left (their files now belong to committed
      snapshots, or to crashed passes: orphans that maintenance removes), they are dropped from the metadata.
 A crash before 5 leaves unreferenced files and a staged snapshot; after 5, an index behind the table, which 1
@@ -128,43 +128,48 @@ def write_upserts(
             positions.setdefault(entry.file, set()).add(entry.pos)
         referenced = list(positions)  # rows of the base: the commit checks their files are still live
 
-        dvs = iceberg_java.WrittenDVs([], [])
-        if positions or masked:
-            files = {} if base is None else iceberg_java.live_data_files(table, base, referenced)
-            missing = sorted(set(referenced) - set(files))
-            if missing:
+        # The index takes the pass's rows in its own thread while the deletion vectors and the commit are
+        # written; its transaction commits with the snapshot id, or aborts (see PreparedUpdate).
+        with index.prepare(new_rows, tombstoned, stale_marked=True) as update:
+            dvs = iceberg_java.WrittenDVs([], [])
+            if positions or masked:
+                files = {} if base is None else iceberg_java.live_data_files(table, base, referenced)
+                missing = sorted(set(referenced) - set(files))
+                if missing:
+                    update.abort()
+                    index.forget_snapshot()
+                    raise IcelogError(
+                        f"{table_name}: the primary-key index names data files the table no longer has "
+                        f"({missing[0]}{' and more' if len(missing) > 1 else ''}); it is rebuilt on the next pass"
+                    )
+                previous = {
+                    path: iceberg_java.read_deletion_vector(spark, live.dv, _read_blob(live.dv))
+                    for path, live in files.items()
+                    if live.dv is not None
+                }
+                for data_file in data_files:  # this pass's own superseded rows, tombstones and keyless rows
+                    location = str(data_file.location())
+                    if location in masked:
+                        files[location] = iceberg_java.LiveDataFile(data_file, None)
+                        positions[location] = set(masked[location])
+                stages.done("plan")
+                dvs = iceberg_java.write_deletion_vectors(spark, table, positions, files, previous)
+                stages.done("dvs")
+            fault("after-write")
+            snapshot_id = iceberg_java.commit_row_delta(table, base, data_files, dvs, referenced, summary)
+            stages.done("commit")
+            fault("after-commit-before-index")
+            committed = table.snapshot(snapshot_id)
+            if committed is not None and committed.parentId() != base:
+                # Another commit the validation allows (e.g. a compaction of files this pass did not touch)
+                # landed between the base and this commit: the index does not know its changes, so it is rebuilt.
+                update.abort()
                 index.forget_snapshot()
-                raise IcelogError(
-                    f"{table_name}: the primary-key index names data files the table no longer has ({missing[0]}"
-                    f"{' and more' if len(missing) > 1 else ''}); it is rebuilt on the next pass"
-                )
-            previous = {
-                path: iceberg_java.read_deletion_vector(spark, live.dv, _read_blob(live.dv))
-                for path, live in files.items()
-                if live.dv is not None
-            }
-            for data_file in data_files:  # this pass's own superseded rows, tombstones and keyless rows
-                location = str(data_file.location())
-                if location in masked:
-                    files[location] = iceberg_java.LiveDataFile(data_file, None)
-                    positions[location] = set(masked[location])
-            stages.done("plan")
-            dvs = iceberg_java.write_deletion_vectors(spark, table, positions, files, previous)
-            stages.done("dvs")
-        fault("after-write")
-        snapshot_id = iceberg_java.commit_row_delta(table, base, data_files, dvs, referenced, summary)
-        stages.done("commit")
-        fault("after-commit-before-index")
-        committed = table.snapshot(snapshot_id)
-        if committed is not None and committed.parentId() != base:
-            # Another commit the validation allows (e.g. a compaction of files this pass did not touch) landed
-            # between the base and this commit: the index does not know its changes, so it is rebuilt.
-            index.forget_snapshot()
-            log.warning("%s: a concurrent commit landed during the upsert pass; the index is rebuilt next pass",
-                        table_name)
-        else:
-            index.apply(snapshot_id, new_rows, tombstoned, stale_marked=True)
-        stages.done("index-update")
+                log.warning("%s: a concurrent commit landed during the upsert pass; the index is rebuilt next pass",
+                            table_name)
+            else:
+                update.commit(snapshot_id)
+            stages.done("index-update")
         staged_left = iceberg_java.staged_snapshots(table)
         if len(staged_left) > STAGED_SNAPSHOTS_KEPT:  # the staged snapshots of passes committed (or crashed)
             iceberg_java.drop_snapshots(table, [int(s.snapshotId()) for s in staged_left])
