@@ -35,6 +35,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,11 +108,14 @@ def write_upserts(
     current = table.currentSnapshot()
     base = None if current is None else int(current.snapshotId())
     index = PrimaryKeyIndex.for_table(data_dir, iceberg_java.table_uuid(table))
+    planner = ThreadPoolExecutor(1, thread_name_prefix="upsert-plan")
     try:
         stages = _Stages()
         rebuilt = refresh_index(spark, table_name, spec, index, base)
         stages.done("index")
 
+        # The base's live data files and their DVs are planned (manifests only) while Spark writes the pass.
+        planned = None if base is None else planner.submit(iceberg_java.live_data_files, table, base)
         # One Spark job, as for an append: decode and write every row (superseded ones too) as a staged snapshot.
         table, staged = _stage(spark, table_name, frame)
         stages.done("stage")
@@ -133,7 +137,8 @@ def write_upserts(
         with index.prepare(new_rows, tombstoned, stale_marked=True) as update:
             dvs = iceberg_java.WrittenDVs([], [])
             if positions or masked:
-                files = {} if base is None else iceberg_java.live_data_files(table, base, referenced)
+                live = {} if planned is None else planned.result()
+                files = {path: live[path] for path in referenced if path in live}
                 missing = sorted(set(referenced) - set(files))
                 if missing:
                     update.abort()
@@ -180,6 +185,7 @@ def write_upserts(
                  len(dvs.added), stages)
         return UpsertResult(snapshot_id, len(new_rows), len(tombstoned), replaced, rebuilt)
     finally:
+        planner.shutdown(wait=True, cancel_futures=True)
         index.close()
 
 
