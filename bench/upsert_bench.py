@@ -1,7 +1,7 @@
 """Upsert benchmark: one archive pass into primary-key tables of 1 M and 10 M rows, against a plain append and
 Spark MERGE INTO of the same batch.
 
-Run: .venv/bin/python bench/upsert_bench.py [--sizes 1000000,10000000] [--batch 100000] [--updates 0.1]
+Run: .venv/bin/python bench/upsert_bench.py [--sizes 1000000,10000000] [--batch 100000] [--updates 0.1] [--rounds 3]
 
 One run, same machine and moment (a real broker, confluent-kafka producing, the real archiver):
   1. per size N, a compacted table-layout topic (4 partitions) whose table holds N rows of distinct keys, as
@@ -12,13 +12,16 @@ One run, same machine and moment (a real broker, confluent-kafka producing, the 
      pass of one record per partition builds the primary-key index from the table (it follows the seed's
      APPEND snapshot from its added files; timed, reported; its records replace the first pass's, so the
      deletion-vector writer is warm before the timed passes, as in a running archiver);
-  2. the same batch of `--batch` records (`--updates` of them update seeded keys, the rest new keys) goes to
-     each topic and to a plain `append` topic; one archive pass each is timed: append time / upsert time
-     (target >= 0.5) and the upsert times of the two sizes (target <= 1.5x apart);
-  3. baseline: a branch of each upsert table at its pre-batch snapshot takes the batch's rows (read from the
-     upsert table and cached before timing: MERGE does not pay for decoding) by Spark SQL `MERGE INTO`
-     (merge-on-read: Spark writes DVs too), after a warm-up MERGE of 1 000 rows into another branch of each table;
-     MERGE time / upsert time (target >= 3). Both end with equal rows.
+  2. `--rounds` times, the same batch of `--batch` records (`--updates` of them update seeded keys, others each
+     round; the rest new keys) goes to each topic and to a plain `append` topic; one archive pass each is timed:
+     append time / upsert time (target >= 0.5) and the upsert times of the two sizes (target <= 1.5x apart);
+  3. baseline, in the same round: a branch of each upsert table (made at its pre-batch snapshot, before round 1)
+     takes the batch's rows (read from the upsert table and cached before timing: MERGE does not pay for
+     decoding) by Spark SQL `MERGE INTO` (merge-on-read: Spark writes DVs too), after a warm-up MERGE of 1 000
+     rows into another branch of each table before round 1; MERGE time / upsert time (target >= 3). Both hold
+     equal rows after each round.
+Each ratio is reported per round and as the median of the rounds (one pass or one MERGE swings by a third on a
+shared machine).
 The archiver logs every upsert pass's stage times (icelog.pipeline.upsert at INFO).
 """
 
@@ -29,9 +32,11 @@ import logging
 import os
 import platform
 import sqlite3
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +134,10 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000000,10000000")
     parser.add_argument("--batch", type=int, default=100_000)
     parser.add_argument("--updates", type=float, default=0.1)
+    parser.add_argument("--rounds", type=int, default=3, help="batches, each timed; ratios are the medians")
     args = parser.parse_args()
+    if not 1 <= args.rounds <= 7:  # round tags b..h; the seed's rows use a, i and w
+        parser.error("--rounds must be between 1 and 7")
     sizes = [int(s) for s in args.sizes.split(",")]
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("icelog.pipeline.upsert").setLevel(logging.INFO)  # where an upsert pass's time goes
@@ -168,44 +176,58 @@ def main() -> None:
 
         updated = max(1, int(args.batch * args.updates))
         step = max(1, min(sizes) // updated)
-        batch = list(range(0, min(sizes), step))[:updated] + list(range(big, big + args.batch - updated))
-        print(f"batch {len(batch)} records ({updated} updates of seeded keys), load {os.getloadavg()[0]:.1f}",
-              flush=True)
-        for topic in topics:
-            produce(broker.bootstrap, topic, batch, "b")
-        append_s = timed_pass(archiver, "append")
-        upsert_s = {n: timed_pass(archiver, f"up{n}") for n in sizes}
-        merge_s: dict[int, float] = {}
-        for n in sizes:  # MERGE is warm too: a MERGE of 1 000 of the batch's rows into another branch first
+        for n in sizes:  # MERGE is warm too: a MERGE of 1 000 seeded rows into another branch first
             table = f"lake.icelog.up{n}"
-            spark.table(table).where("substring(__value, 1, 1) = X'62'").limit(1000).createOrReplaceTempView("warm")
+            spark.table(table).limit(1000).createOrReplaceTempView("warm")
             start = time.perf_counter()
             spark.sql(f"MERGE INTO {table}.branch_merge_warmup t USING warm s ON t.__key = s.__key "
                       "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *").collect()
             print(f"  warm-up MERGE of 1 000 rows into the {n}-row table: {time.perf_counter() - start:.1f} s",
                   flush=True)
-        for n in sizes:
-            table = f"lake.icelog.up{n}"
-            source = spark.table(table).where("substring(__value, 1, 1) = X'62'").cache()
-            assert source.count() == len(batch)
-            source.createOrReplaceTempView("batch_rows")
-            start = time.perf_counter()
-            spark.sql(f"MERGE INTO {table}.branch_merge_base t USING batch_rows s ON t.__key = s.__key "
-                      "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *").collect()
-            merge_s[n] = time.perf_counter() - start
-            source.unpersist()
-            print(f"  MERGE INTO the {n}-row table's branch: {merge_s[n]:.1f} s", flush=True)
-            rows = spark.sql(f"SELECT count(*) AS n FROM {table}").collect()[0].n
-            merged = spark.sql(f"SELECT count(*) AS n FROM {table} VERSION AS OF 'merge_base'").collect()[0].n
-            print(f"  rows: upsert table {rows}, MERGE branch {merged} (must be equal)", flush=True)
-            assert rows == merged
+        rounds: list[dict[str, Any]] = []
+        for r in range(args.rounds):
+            # Round r: updates of seeded keys (others each round) and new keys; its values start with its tag.
+            tag = chr(ord("b") + r)
+            new_keys = big + r * args.batch
+            batch = list(range(r, min(sizes), step))[:updated] + list(range(new_keys, new_keys + args.batch - updated))
+            print(f"round {r + 1}: batch {len(batch)} records ({updated} updates of seeded keys), "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
+            for topic in topics:
+                produce(broker.bootstrap, topic, batch, tag)
+            append_s = timed_pass(archiver, "append")
+            upsert_s = {n: timed_pass(archiver, f"up{n}") for n in sizes}
+            merge_s: dict[int, float] = {}
+            for n in sizes:
+                table = f"lake.icelog.up{n}"
+                source = spark.table(table).where(f"substring(__value, 1, 1) = X'{ord(tag):02x}'").cache()
+                assert source.count() == len(batch)
+                source.createOrReplaceTempView("batch_rows")
+                start = time.perf_counter()
+                spark.sql(f"MERGE INTO {table}.branch_merge_base t USING batch_rows s ON t.__key = s.__key "
+                          "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *").collect()
+                merge_s[n] = time.perf_counter() - start
+                source.unpersist()
+                print(f"  MERGE INTO the {n}-row table's branch: {merge_s[n]:.1f} s", flush=True)
+                rows = spark.sql(f"SELECT count(*) AS n FROM {table}").collect()[0].n
+                merged = spark.sql(f"SELECT count(*) AS n FROM {table} VERSION AS OF 'merge_base'").collect()[0].n
+                print(f"  rows: upsert table {rows}, MERGE branch {merged} (must be equal)", flush=True)
+                assert rows == merged
+            rounds.append({"append": append_s, "upsert": upsert_s, "merge": merge_s})
         small, large = min(sizes), max(sizes)
-        print(f"upsert/append throughput ratio ({small}-row table): {append_s / upsert_s[small]:.2f} (target >= 0.5)")
+
+        def ratios(name: str, of_round: Callable[[dict[str, Any]], float]) -> str:
+            values = [of_round(r) for r in rounds]
+            each = " / ".join(f"{v:.2f}" for v in values)
+            return f"{name}: median {statistics.median(values):.2f} (rounds: {each})"
+
+        print(ratios(f"upsert/append throughput ratio ({small}-row table)",
+                     lambda r: r["append"] / r["upsert"][small]) + " (target >= 0.5)")
         if large != small:
-            print(f"upsert time {large} rows / {small} rows: {upsert_s[large] / upsert_s[small]:.2f} "
-                  "(target <= 1.5)")
+            print(ratios(f"upsert time {large} rows / {small} rows",
+                         lambda r: r["upsert"][large] / r["upsert"][small]) + " (target <= 1.5)")
         for n in sizes:
-            print(f"MERGE time / upsert time ({n}-row table): {merge_s[n] / upsert_s[n]:.2f} (target >= 3)")
+            print(ratios(f"MERGE time / upsert time ({n}-row table)",
+                         lambda r, n=n: r["merge"][n] / r["upsert"][n]) + " (target >= 3)")
         print(f"load at the end {os.getloadavg()[0]:.1f}")
         store.close()
         spark.stop()
