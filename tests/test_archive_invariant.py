@@ -260,3 +260,29 @@ def test_every_table_layout_row_rebuilds_what_consumers_read(
     assert first["customer"] == "c1 é" and first["inner"].asDict() == {"name": "in1", "n": 1}
     assert first["__value"] is None and first["__value_prefix"] is not None
     assert by_key[b"unknown-field"]["__value"] is not None and "inv.Inner" in by_key[b"inner"]["__value_err"]
+
+
+def test_a_table_waits_for_payloads_to_name_their_message(
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_spark: Any, inv_pb: ModuleType,
+) -> None:
+    """A topic whose subject exists before any record (schema registered, topic created, the archiver looks):
+    the table is not made from the file's first message (Inner, a helper) but from the produced one (Order)."""
+    registry = SchemaRegistryClient({"url": lake_broker.registry_url})
+    topic = "inv-early"
+    registry.register_schema(f"{topic}-value", Schema(PROTO, "PROTOBUF"))
+    create_topic(lake_broker, topic, 2, {"icelog.archive.layout": "table", "icelog.table.primary.key": "id"})
+    [empty] = lake_archiver.run_pass(force=True, topics={topic})
+    assert empty.error == "" and not lake_spark.catalog.tableExists(table(topic))
+
+    serialize = ProtobufSerializer(inv_pb.Order, registry, {"use.deprecated.format": False})
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    orders = [inv_pb.Order(id=i, customer=f"c{i}", cents=i) for i in range(4)]
+    send(lake_broker, topic, [(None, serialize(o, ctx), None) for o in orders], partition=0)
+    [result] = lake_archiver.run_pass(force=True, topics={topic})
+    assert result.error == "" and result.records == 4
+    columns = lake_spark.table(table(topic)).columns
+    assert {"id", "customer", "cents", "inner"} <= set(columns) and not {"name", "n"} & set(columns), columns
+    rows = {r["id"]: r["customer"] for r in lake_spark.sql(f"SELECT id, customer FROM {table(topic)}").collect()}
+    assert rows == {i: f"c{i}" for i in range(4)}
+    properties = iceberg_java.table_properties(iceberg_java.load_table(lake_spark, table(topic)))
+    assert properties[message_property("value")] == "inv.Order"

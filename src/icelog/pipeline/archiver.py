@@ -52,7 +52,7 @@ from icelog.pipeline.reconcile import (
     encode_offsets,
     table_offsets,
 )
-from icelog.pipeline.table_schema import ArchiveSchema, TableSchemas
+from icelog.pipeline.table_schema import ArchiveSchema, MessageUndecided, TableSchemas
 from icelog.pipeline.transactions import TransactionTracker
 from icelog.pipeline.upsert import write_upserts
 from icelog.topic_configs.archive import ARCHIVE_TABLE, ArchiveTopicConfig, archive_config
@@ -319,7 +319,11 @@ class Archiver:
         # The latest registry schemas (None: raw record layout) decide the table's columns before anything is read.
         spec = self.table_spec(topic, config)
         properties = creation_properties(topic.configs)
-        schema = self.schemas.resolve(topic, config, self.table_name(config), due, spec, properties)
+        try:
+            schema = self.schemas.resolve(topic, config, self.table_name(config), due, spec, properties)
+        except MessageUndecided:  # nothing due, and no payload yet says which message the table holds
+            self._last_reconcile_ms[topic.topic_id] = now_ms
+            return TopicPassResult(topic.name, offsets=known)
         if schema is None:
             self.ensure_table(config, properties, spec)
         self.sync_properties(topic, config, spec)

@@ -6,7 +6,8 @@ for the embedded registry (no broker needed), else `registry_url` over HTTP. Wit
 the raw layout and nothing here runs. With one, the table's message is, in this order: the topic's
 `icelog.schema.<side>.message`; the one remembered in the table property `icelog.archive.<side>.message`;
 the one the envelope (Confluent message indexes) of the first due payloads names, then remembered so
-the table does not flip; else the schema's first message. The Iceberg schema is computed
+the table does not flip; else, when records are due, the schema's first message (with nothing due, the table
+is left alone: MessageUndecided). The Iceberg schema is computed
 (schema/archive/iceberg_types.py), evolved against the column state kept in the metadata store
 (schema/archive/field_ids.py), and written to the catalog only when it changed:
   - no table yet: CREATE TABLE through Spark (schema id 0, the archive partition spec and sort order);
@@ -88,6 +89,11 @@ _EVOLUTION_NAME = re.compile(r"__v\d+$")
 def message_property(side: str) -> str:
     """The table property remembering a side's message, once an envelope named it."""
     return f"icelog.archive.{side}.message"
+
+
+class MessageUndecided(IcelogError):
+    """A side has a schema but nothing due names its message (no configured or remembered one, no payload yet):
+    the archiver leaves the topic's table alone until records arrive."""
 
 
 class ReservedFieldNameError(IcelogError):
@@ -280,8 +286,15 @@ class TableSchemas:
             if found is None:
                 descriptors[side] = None
                 continue
-            name, from_envelope = self._message(topic, side, found, remembered, due)
-            if from_envelope and remembered.get(message_property(side)) != name:
+            name, source = self._message(topic, side, found, remembered, due)
+            if source == "first" and not due:
+                # Nothing to archive and nothing names the message: a guess would create (or evolve) the table
+                # with the file's first message, often a helper of the one produced. Wait for payloads.
+                raise MessageUndecided(
+                    f"{topic.name}: no payload has named the {side} message of {found.subject} yet; the table is "
+                    f"made with the first archived records (or set {key_of(side, 'message')})"
+                )
+            if source == "envelope" and remembered.get(message_property(side)) != name:
                 learned[message_property(side)] = name
             try:
                 descriptor = build_pool(found.fds).FindMessageTypeByName(name)
@@ -332,20 +345,20 @@ class TableSchemas:
         found: LatestSchema,
         remembered: dict[str, str],
         due: Sequence[PlannedArchive],
-    ) -> tuple[str, bool]:
-        """(the side's message full name, whether an envelope named it)."""
+    ) -> tuple[str, str]:
+        """(the side's message full name, where it came from: configured, remembered, envelope or first)."""
         configured = side_config(topic.name, side, topic.configs).message
         if configured:
-            return configured.lstrip("."), False
+            return configured.lstrip("."), "configured"
         if message_property(side) in remembered:
-            return remembered[message_property(side)], False
+            return remembered[message_property(side)], "remembered"
         for schema_id, indexes in peek_envelopes(self.intake_dir, due, side):
             try:
                 fds = found.fds if schema_id == found.schema_id else self.source().by_id(schema_id)
-                return message_name_at(main_file_of(fds), indexes), True
+                return message_name_at(main_file_of(fds), indexes), "envelope"
             except SchemaNotFoundError:
                 continue  # not a registry envelope after all: its row will say so
-        return message_name_at(main_file_of(found.fds), [0]), False
+        return message_name_at(main_file_of(found.fds), [0]), "first"
 
     def _shipped(self, found: LatestSchema) -> dict[int, bytes]:
         """Every version of the subject, compiled here once, so workers rarely need the registry."""
