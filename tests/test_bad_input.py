@@ -648,3 +648,31 @@ def test_huge_partition_counts_are_refused(broker: BrokerProcess, topic_name: st
         admin.create_partitions([NewPartitions(topic_name, 100_000)])[topic_name].result(10)
     assert grown.value.args[0].code() == 37
     assert len(admin.list_topics(topic_name, timeout=10).topics[topic_name].partitions) == 1
+
+
+def test_a_compacted_topic_refuses_records_without_a_key(
+    seeded: BrokerProcess, conn: Connection, topic_name: str
+) -> None:
+    """As Kafka: a keyless record on cleanup.policy=compact fails its whole batch with INVALID_RECORD and the
+    record's index; nothing of it is stored; keyed records (tombstones too) are taken. confluent-kafka sees it."""
+    from confluent_kafka import KafkaError, Producer
+
+    assert create_topics(conn, [topic(topic_name, 1, {"cleanup.policy": "compact"})])[topic_name].error_code == NONE
+    outcomes: list[Any] = []
+    producer = Producer({"bootstrap.servers": seeded.bootstrap, "linger.ms": 50,
+                         "compression.type": "lz4"})
+    producer.produce(topic_name, key=b"k1", value=b"v1", on_delivery=lambda err, _m: outcomes.append(err))
+    producer.flush(30)
+    producer.produce(topic_name, key=b"k2", value=b"v2", on_delivery=lambda err, _m: outcomes.append(err))
+    producer.produce(topic_name, key=None, value=b"nokey", on_delivery=lambda err, _m: outcomes.append(err))
+    producer.flush(30)
+    producer.produce(topic_name, key=b"k1", value=None, on_delivery=lambda err, _m: outcomes.append(err))
+    assert producer.flush(30) == 0
+    assert outcomes[0] is None and outcomes[3] is None
+    assert [e.code() for e in outcomes[1:3]] == [KafkaError.INVALID_RECORD] * 2  # one batch: both refused
+
+    keyless = batch([b"a"])  # kafka-python's builder: no key
+    response = produce(conn, topic_name, keyless)
+    assert response.error_code == 87 and [e.batch_index for e in response.record_errors] == [0]
+    assert "without a key" in response.error_message
+    assert high_watermark(conn, topic_name) == 2  # k1=v1 and k1's tombstone

@@ -13,6 +13,7 @@ import random
 import re
 import struct
 from pathlib import Path
+from typing import Any
 
 import kafka.codec
 import kafka.errors
@@ -94,6 +95,35 @@ def test_compiled_and_python_walkers_agree_on_valid_and_corrupt_batches(compiled
             answers[code] = answers.get(code, 0) + 1
     # the corpus exercised every kind of answer
     assert set(answers) == {-1, ErrorCode.CORRUPT_MESSAGE, ErrorCode.INVALID_TIMESTAMP, ErrorCode.INVALID_RECORD}
+
+
+def test_a_compacted_topic_refuses_the_first_keyless_record_in_both_walkers(compiled) -> None:
+    rng = random.Random(20261124)
+    refused = 0
+    for _ in range(200):
+        data, count, base_ts, max_ts = built_batch(rng, rng.randrange(1, 8))
+        builder_keys = [r.key for r in records_of(data, count, base_ts)]
+        keyless = next((i for i, key in enumerate(builder_keys) if key is None), None)
+        message = f"record {keyless}: a compacted topic cannot accept a record without a key"
+        expected = None if keyless is None else (ErrorCode.INVALID_RECORD, keyless, message)
+        assert records.validate_records_py(data, count, base_ts, max_ts, True) == expected
+        assert compiled(data, count, base_ts, max_ts, True) == expected
+        assert compiled(data, count, base_ts, max_ts) is None  # other topics take keyless records
+        refused += expected is not None
+        for case in mutations(rng, data)[:20]:  # broken bytes: the same answer from both, keys required
+            assert compiled(case, count, base_ts, max_ts, True) == records.validate_records_py(
+                case, count, base_ts, max_ts, True)
+    assert 0 < refused < 200
+
+
+def records_of(section: bytes, count: int, base_ts: int) -> list[Any]:
+    """The records of a records section, read by kafka-python (a batch header put back in front)."""
+    from kafka.record.default_records import DefaultRecordBatch
+
+    header = bytearray(HEADER_SIZE)
+    HEADER.pack_into(header, 0, 0, HEADER_SIZE - 12 + len(section), 0, 2, 0, 0, count - 1, base_ts, base_ts, -1, -1,
+                     -1, count)
+    return list(DefaultRecordBatch(bytes(header) + section))
 
 
 def test_compiled_utf8_check_of_header_keys_is_pythons(compiled) -> None:

@@ -43,6 +43,21 @@ def test_table_configs_must_fit_together() -> None:
             validate_topic_configs({key: value})
         assert info.value.code.name == "INVALID_CONFIG"
     validate_topic_configs({"iceberg.write.target-file-size-bytes": "1"})
+    # The layout's own columns can never shape a table: refused at creation, not by every archive pass after.
+    for key, value in (("icelog.table.partition.by", "__offset"), ("icelog.table.partition.by", "region, __value"),
+                       ("icelog.table.bucket.key", "__timestamp")):
+        with pytest.raises(KafkaApiError, match="a column of the layout itself") as info:
+            validate_topic_configs({key: value})
+        assert info.value.code.name == "INVALID_CONFIG"
+    validate_topic_configs({"icelog.table.partition.by": "__key", "icelog.table.bucket.key": "__key"})
+    # A format version the archive cannot write would fail every pass: refused at creation too.
+    for version in ("7", "v2", ""):
+        with pytest.raises(KafkaApiError, match="format versions 1, 2, 3"):
+            validate_topic_configs({"iceberg.format-version": version})
+    validate_topic_configs({"iceberg.format-version": "2"})
+    with pytest.raises(KafkaApiError, match="a primary-key table is format 3"):
+        validate_table_configs({"cleanup.policy": "compact", "iceberg.format-version": "2"}, {})
+    validate_table_configs({"cleanup.policy": "compact", "iceberg.format-version": "3"}, {})
 
 
 def test_layout_configs_are_fixed_once_the_topic_exists() -> None:

@@ -92,7 +92,7 @@ def validate_topic_configs(configs: Mapping[str, str | None]) -> dict[str, str |
             continue
         if key.startswith(ICEBERG_PREFIX):  # forwarded to the archive table as a property (topic_configs/table.py)
             try:
-                check_iceberg_key(key)
+                check_iceberg_key(key, value)
             except ValueError as exc:
                 raise KafkaApiError(ErrorCode.INVALID_CONFIG, str(exc)) from None
             continue
@@ -157,6 +157,11 @@ class EffectiveConfig:
     @property
     def max_message_bytes(self) -> int:
         return int(self.values[MAX_MESSAGE_BYTES])
+
+    @property
+    def compacted(self) -> bool:
+        """cleanup.policy=compact: every record needs a key (Kafka refuses one without, INVALID_RECORD)."""
+        return self.values["cleanup.policy"] == "compact"
 
     @property
     def log_append_time(self) -> bool:

@@ -124,7 +124,7 @@ static int valid_utf8(const uint8_t *s, Py_ssize_t n)
     } while (0)
 
 static int walk(const uint8_t *data, Py_ssize_t size, long long count, long long base_ts, long long max_ts,
-                failure *f)
+                int require_keys, failure *f)
 {
     const uint8_t *p = data;
     const uint8_t *end = data + size;
@@ -163,6 +163,8 @@ static int walk(const uint8_t *data, Py_ssize_t size, long long count, long long
                  max_ts);
         VARINT("key length", VARINT_BYTES, &key_length);
         FIELD_BYTES("key length", key_length, 1);
+        if (require_keys && key_length < 0)
+            FAIL(INVALID_RECORD, "record %lld: a compacted topic cannot accept a record without a key", i);
         VARINT("value length", VARINT_BYTES, &value_length);
         FIELD_BYTES("value length", value_length, 1);
         VARINT("header count", VARINT_BYTES, &header_count);
@@ -193,13 +195,14 @@ static PyObject *validate_records(PyObject *self, PyObject *args)
 {
     Py_buffer buffer;
     long long count, base_ts, max_ts;
+    int require_keys = 0;
     failure f;
     int result;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*LLL:validate_records", &buffer, &count, &base_ts, &max_ts))
+    if (!PyArg_ParseTuple(args, "y*LLL|p:validate_records", &buffer, &count, &base_ts, &max_ts, &require_keys))
         return NULL;
     Py_BEGIN_ALLOW_THREADS
-    result = walk((const uint8_t *)buffer.buf, buffer.len, count, base_ts, max_ts, &f);
+    result = walk((const uint8_t *)buffer.buf, buffer.len, count, base_ts, max_ts, require_keys, &f);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&buffer);
     if (result == 0)
@@ -209,9 +212,9 @@ static PyObject *validate_records(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"validate_records", validate_records, METH_VARARGS,
-     "validate_records(buffer, count, base_timestamp, max_timestamp) -> None | (error_code, record_index, "
-     "message)\n\nCheck that a v2 batch's (decompressed) records section holds exactly `count` well-formed "
-     "records."},
+     "validate_records(buffer, count, base_timestamp, max_timestamp, require_keys=False) -> None | (error_code, "
+     "record_index, message)\n\nCheck that a v2 batch's (decompressed) records section holds exactly `count` "
+     "well-formed records (each with a key when require_keys: a compacted topic)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -67,13 +67,16 @@ class BatchHeader(BatchAttributes):
     records_count: int
 
 
-def parse_produced_batches(records: bytes | bytearray, max_batch_bytes: int) -> list[BatchHeader]:
+def parse_produced_batches(
+    records: bytes | bytearray, max_batch_bytes: int, compacted: bool = False
+) -> list[BatchHeader]:
     """Split and validate the batches of one partition in a Produce request, records included.
 
     Checks what Kafka's broker checks before an append (header, CRC, then every record: count, lengths,
-    varints, offset deltas, timestamps, header keys) and raises the code Kafka answers: CORRUPT_MESSAGE for
-    bytes that do not hold what the header says (or do not decompress), INVALID_RECORD for a control batch
-    or a bad sequence from a producer, INVALID_TIMESTAMP with the record's index, MESSAGE_TOO_LARGE.
+    varints, offset deltas, timestamps, header keys, a key on a `compacted` topic) and raises the code Kafka
+    answers: CORRUPT_MESSAGE for bytes that do not hold what the header says (or do not decompress),
+    INVALID_RECORD for a control batch, a bad sequence from a producer or a keyless record of a compacted
+    topic (with the record's index), INVALID_TIMESTAMP with the record's index, MESSAGE_TOO_LARGE.
     Nothing is stored on error.
     """
     view = memoryview(records)
@@ -109,15 +112,19 @@ def parse_produced_batches(records: bytes | bytearray, max_batch_bytes: int) -> 
             raise KafkaApiError(
                 ErrorCode.INVALID_RECORD, f"invalid sequence number {base_seq} in a batch of producer {pid}"
             )
-        _validate_records(view[pos + RECORDS : pos + size], attributes, count, base_ts, max_ts)
+        _validate_records(view[pos + RECORDS : pos + size], attributes, count, base_ts, max_ts, compacted)
         batches.append(BatchHeader(pos, size, attributes, last_delta, base_ts, max_ts, pid, epoch, base_seq, count))
         pos += size
     return batches
 
 
-def _validate_records(payload: memoryview, attributes: int, count: int, base_ts: int, max_ts: int) -> None:
+def _validate_records(
+    payload: memoryview, attributes: int, count: int, base_ts: int, max_ts: int, require_keys: bool
+) -> None:
     """Raise the Kafka error for the first bad record of a batch's records section (compressed or not)."""
-    problem = validate_records(decompress(attributes & ATTR_COMPRESSION_MASK, payload), count, base_ts, max_ts)
+    problem = validate_records(
+        decompress(attributes & ATTR_COMPRESSION_MASK, payload), count, base_ts, max_ts, require_keys
+    )
     if problem is None:
         return
     code, index, message = problem

@@ -336,7 +336,7 @@ class LogManager:
         self, topic: TopicState, partition: PartitionLog, records: bytes
     ) -> tuple[AppendResult, asyncio.Future[None]]:
         """Validate, assign offsets and queue batches; the future resolves when they are durable."""
-        batches = parse_produced_batches(records, topic.config.max_message_bytes)
+        batches = parse_produced_batches(records, topic.config.max_message_bytes, topic.config.compacted)
         retry = partition.producers.check(batches)
         if retry is not None:  # an idempotent producer resent a batch we have: answer with its offsets
             return AppendResult(retry.base_offset, -1), _when_durable(retry.done)

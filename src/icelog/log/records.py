@@ -39,9 +39,11 @@ class _Invalid(Exception):
 
 
 def validate_records_py(
-    buffer: bytes | bytearray | memoryview, count: int, base_timestamp: int, max_timestamp: int
+    buffer: bytes | bytearray | memoryview, count: int, base_timestamp: int, max_timestamp: int,
+    require_keys: bool = False,
 ) -> RecordsProblem | None:
-    """Check that `buffer` (a batch's decompressed records section) holds exactly `count` good records.
+    """Check that `buffer` (a batch's decompressed records section) holds exactly `count` good records (each
+    with a key when `require_keys`: Kafka refuses a keyless record on a compacted topic with INVALID_RECORD).
 
     None if it does, else (error code, index of the offending record or -1, message) for the first problem.
     """
@@ -91,6 +93,10 @@ def validate_records_py(
                     f"record {index}: timestamp {timestamp} is after the batch's max timestamp {max_timestamp}",
                 )
             key_length, pos = _length(data, pos, rec_end, index, "key length", nullable=True)
+            if require_keys and key_length < 0:
+                raise _Invalid(
+                    ErrorCode.INVALID_RECORD, f"record {index}: a compacted topic cannot accept a record without a key"
+                )
             pos += max(key_length, 0)
             value_length, pos = _length(data, pos, rec_end, index, "value length", nullable=True)
             pos += max(value_length, 0)

@@ -41,6 +41,8 @@ SYSTEM_COLUMNS = (KEY_BYTES, KEY_ERR, VALUE_BYTES, VALUE_PREFIX, VALUE_ERR, HEAD
 LAYOUT_RECORD, LAYOUT_TABLE = "record", "table"
 LAYOUTS = (LAYOUT_RECORD, LAYOUT_TABLE)
 # Configs that shape the table (columns, spec): changing them on an existing topic is refused.
+FORMAT_VERSIONS = ("1", "2", "3")  # iceberg.format-version values Spark's Iceberg 1.10 writes
+PARTITIONABLE_SYSTEM = (KEY_BYTES,)  # the layout's own columns a partition.by or bucket.key may name
 FIXED_AT_CREATION = (ARCHIVE_LAYOUT, PARTITION_BY, BUCKET_KEY, PRIMARY_KEY, CLEANUP_POLICY)
 RECORD_KEY_PATH = "key.__raw__"  # the record layout's key bytes: the primary key of its compacted topics
 
@@ -61,6 +63,18 @@ def _check_partition_by(value: str) -> None:
         raise ValueError("names no column (a comma-separated list of top-level columns)")
     if len(set(names)) != len(names):
         raise ValueError(f"{value!r} names a column twice")
+    _no_layout_column(names)
+
+
+def _no_layout_column(names: list[str]) -> None:
+    """The layout's own columns (offsets, timestamps, error and bytes columns) shape no table, whatever the
+    schema: refused when the topic is created rather than by every archive pass after."""
+    for name in names:
+        if name in SYSTEM_COLUMNS and name not in PARTITIONABLE_SYSTEM:
+            raise ValueError(
+                f"names {name!r}, a column of the layout itself ({BUCKET} is always partitioned); name a field "
+                f"of the key's or value's schema, or {KEY_BYTES}"
+            )
 
 
 def _check_bucket_key(value: str) -> None:
@@ -72,13 +86,20 @@ def _check_bucket_key(value: str) -> None:
             f"{value!r} names {len(names)} columns; Iceberg has no multi-argument bucket transform, so a table has "
             "one bucket key (use icelog.table.partition.by for the others)"
         )
+    _no_layout_column(names)
 
 
-def check_iceberg_key(key: str) -> None:
-    """An `iceberg.<name>` key must name a property, and not one icelog keeps for itself."""
+def check_iceberg_key(key: str, value: str | None = None) -> None:
+    """An `iceberg.<name>` key must name a property, and not one icelog keeps for itself; `format-version`
+    must be one the archive writes (else every archive pass would fail on it)."""
     name = key[len(ICEBERG_PREFIX) :]
     if not name or name.startswith("icelog.") or any(c.isspace() for c in name):
         raise ValueError(f"{key!r} does not name an Iceberg table property (iceberg.<property>, not icelog.*)")
+    if name == "format-version" and value is not None and value.strip() not in FORMAT_VERSIONS:
+        raise ValueError(
+            f"{key}={value!r}: the archive writes Iceberg format versions {', '.join(FORMAT_VERSIONS)} (primary-key "
+            "tables are always 3)"
+        )
 
 
 def _check_primary_key(value: str) -> None:
@@ -127,6 +148,11 @@ def table_config(explicit: Mapping[str, str], broker_defaults: Mapping[str, str]
                          f"(with the record layout, {CLEANUP_POLICY}=compact keys the table by the record key)")
     if not primary and configs.get(CLEANUP_POLICY) == "compact":
         primary = (KEY_BYTES,) if layout == LAYOUT_TABLE else (RECORD_KEY_PATH,)
+    version = configs.get(f"{ICEBERG_PREFIX}format-version")
+    if primary and version is not None and version.strip() != "3":
+        raise ValueError(
+            f"{ICEBERG_PREFIX}format-version={version!r}: a primary-key table is format 3 (its DVs need it)"
+        )
     return TableTopicConfig(layout, partition_by, bucket[0] if bucket else None, primary)
 
 

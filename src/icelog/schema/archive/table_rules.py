@@ -12,14 +12,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from icelog.schema.archive.iceberg_types import Column
-from icelog.topic_configs.table import BUCKET, BUCKET_KEY, KEY_BYTES, PARTITION_BY, SYSTEM_COLUMNS
+from icelog.topic_configs.table import (
+    BUCKET,
+    BUCKET_KEY,
+    KEY_BYTES,
+    PARTITION_BY,
+    PARTITIONABLE_SYSTEM,
+    SYSTEM_COLUMNS,
+)
 
 # Iceberg can bucket int, long, decimal, date, time, timestamp(tz), string, uuid, fixed and binary; of the
 # types a Protobuf field maps to (iceberg_types.py), these.
 BUCKETABLE = ("int", "long", "decimal(20,0)", "string", "binary", "timestamptz")
 _CONTAINERS = ("struct", "list", "map")
-# The layout's own columns a partition.by may name besides the messages' fields (the key's bytes).
-_PARTITIONABLE_SYSTEM = (KEY_BYTES,)
 
 
 def _pyiceberg_type(signature: str) -> Any:
@@ -44,7 +49,7 @@ def check_spec_columns(columns: Sequence[Column], partition_by: Sequence[str], b
         named.append((BUCKET_KEY, bucket_key))
     for key, name in named:
         column = by_name.get(name)
-        if name in SYSTEM_COLUMNS and name not in _PARTITIONABLE_SYSTEM:
+        if name in SYSTEM_COLUMNS and name not in PARTITIONABLE_SYSTEM:
             raise ValueError(f"{key} names {name!r}, a column of the layout itself ({BUCKET} is always partitioned)")
         if column is None:
             raise ValueError(
