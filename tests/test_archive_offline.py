@@ -54,6 +54,12 @@ def test_archive_once_with_the_broker_stopped(tmp_path: Path) -> None:
 
     # Nothing listens anywhere now: not the broker, not the embedded registry (its port is the default's).
     env = {**os.environ, **ARCHIVE_ENV, "ICELOG_REGISTRY_LISTEN": f"127.0.0.1:{free_port()}"}
+    # A typo in a cron line, or --topic without --once, is refused (exit 2) instead of archiving nothing.
+    for extra, said in ((["--once", "--topic", "off-clickz"], "no topic off-clickz"),
+                        (["--topic", "off-raw"], "--topic needs --once")):
+        command = [sys.executable, "-m", "icelog", "archive", *extra, "--data-dir", str(broker.data_dir)]
+        refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2 and said in refused.stderr, refused.stdout + refused.stderr
     done = subprocess.run(
         [sys.executable, "-m", "icelog", "archive", "--once", "--data-dir", str(broker.data_dir)],
         env=env, capture_output=True, text=True, timeout=600,

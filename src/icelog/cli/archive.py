@@ -9,6 +9,7 @@ import signal
 from typing import Any
 
 from icelog.config import Settings, load_settings
+from icelog.errors import IcelogError
 
 
 def add_parser(sub: Any) -> None:
@@ -26,7 +27,7 @@ def add_parser(sub: Any) -> None:
         help="with --once: archive only this topic (repeatable)",
     )
     archive.add_argument("--data-dir", help="the broker's data directory (default ./icelog-data)")
-    archive.add_argument("--spark-master", help="spark.master (default from config: local[*])")
+    archive.add_argument("--spark-master", help="spark.master (default from config: local[N], half the cores)")
     archive.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     archive.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # set by `icelog serve`
     archive.set_defaults(func=cmd_archive)
@@ -54,7 +55,21 @@ def cmd_archive(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    if args.topics and not args.once:
+        raise IcelogError("--topic needs --once (the continuous archiver archives every topic)")
     settings = archiver_settings(args)
+    if args.topics:  # a typo in a cron line must not archive nothing, silently, for ever
+        from icelog.meta.store import open_store
+
+        if settings.meta_url is None and not (settings.data_dir / "meta.db").exists():
+            raise IcelogError(f"no icelog data in {settings.data_dir} (no meta.db); pass the broker's --data-dir")
+        store = open_store(settings.metadata_url)
+        try:
+            unknown = sorted(set(args.topics) - {t.name for t in store.list_topics()})
+        finally:
+            store.close()
+        if unknown:
+            raise IcelogError(f"no topic {', '.join(unknown)}; `icelog topic list` shows the topics")
     lock = ArchiverLock(settings.data_dir)
     lock.acquire(wait_s=0 if args.once else 30)
     service = ArchiveService(settings)
