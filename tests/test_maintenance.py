@@ -393,3 +393,14 @@ def test_an_archive_pass_commits_while_a_maintenance_round_holds_a_spark_slot(
         scheduler.close()
         for marker in (started, ended, release):
             marker.unlink(missing_ok=True)
+
+
+def test_a_java_error_py4j_did_not_convert_is_reported_by_its_own_line(lake_spark: Any) -> None:
+    """A maintenance round's failure shows the Java exception (e.g. a CommitFailedException), not py4j's
+    "An error occurred while calling o438.execute." (what `icelog maintain` printed)."""
+    from icelog.pipeline.archiver import first_line
+
+    with pytest.raises(Exception) as info:
+        lake_spark._jvm.java.util.ArrayList().get(3)  # IndexOutOfBoundsException: pyspark leaves it a Py4JJavaError
+    assert str(info.value).startswith("An error occurred while calling")
+    assert first_line(info.value).startswith("java.lang.IndexOutOfBoundsException: Index 3 out of bounds")

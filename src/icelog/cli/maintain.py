@@ -26,7 +26,7 @@ def add_parser(sub: Any) -> None:
     maintain.add_argument("--due", action="store_true",
                           help="only the tables due for automatic maintenance (what the archiver runs)")
     maintain.add_argument("--data-dir", help="the broker's data directory (default ./icelog-data)")
-    maintain.add_argument("--spark-master", help="spark.master (default from config: local[*])")
+    maintain.add_argument("--spark-master", help="spark.master (default from config: local[N], half the cores)")
     maintain.set_defaults(func=cmd_maintain)
 
 
@@ -38,7 +38,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     from icelog.pipeline.dead_letter import DLQ_SUFFIX
     from icelog.pipeline.locks import ArchiverLock
     from icelog.pipeline.maintenance import DLQ_SORT_COLUMN, SORT_COLUMN, MaintenancePolicy, maintain_table
-    from icelog.pipeline.maintenance_schedule import MAINTENANCE_LOCK, record_of, table_key
+    from icelog.pipeline.maintenance_schedule import MAINTENANCE_LOCK, failure_record, record_of, table_key
     from icelog.pipeline.service import lower_priority
     from icelog.topic_configs.archive import archive_config
 
@@ -93,7 +93,11 @@ def cmd_maintain(args: argparse.Namespace) -> int:
                     from icelog.pipeline.archiver import first_line
 
                     failed += 1
-                    print(f"{key}: failed: {type(exc).__name__}: {first_line(exc)}")
+                    message = f"{type(exc).__name__}: {first_line(exc)}"
+                    print(f"{key}: failed: {message}")
+                    if not args.dry_run:  # `icelog status --tables` shows it, as for an automatic round
+                        last = store.maintenance_records().get(key)
+                        store.record_maintenance(failure_record(key, message, last, int(time.time() * 1000)))
                     continue
                 if not args.dry_run:
                     store.record_maintenance(record_of(key, result, int(time.time() * 1000)))

@@ -511,11 +511,16 @@ def first_line(exc: BaseException) -> str:
     """The first line of an error (Py4J errors carry whole Java stack traces), at most 500 characters.
 
     For an exception raised in a Spark Python worker (whose first line only says so) it is the worker's own
-    `SomeError: message` line, e.g. the schema registry being unreachable.
+    `SomeError: message` line, e.g. the schema registry being unreachable; for a Java exception py4j did not
+    convert (first line: "An error occurred while calling o438.execute.") it is the Java exception's line.
     """
     text = str(exc).strip().splitlines()
     if not text:
         return ""
+    if text[0].startswith("An error occurred while calling"):  # a Py4JJavaError: the Java exception's own line
+        for line in text[1:]:
+            if line.startswith(": "):
+                return line[2:][:500]
     if "Python worker" in text[0]:
         for line in reversed(text):
             cause = _WORKER_CAUSE.match(line)

@@ -135,7 +135,7 @@ class MaintenanceResult:
     added_files: int = 0
     rewritten_bytes: int = 0
     removed_delete_files: int = 0
-    lost_race: str = ""  # compaction groups that failed to commit (retried next round)
+    lost_race: str = ""  # compaction groups or a manifest rewrite that failed to commit (retried next round)
     snapshots_expired: int = 0
     orphans_removed: int = 0
     orphans_checked: bool = False
@@ -165,7 +165,7 @@ class MaintenanceResult:
             f"snapshots expired {self.snapshots_expired}, orphans removed {self.orphans_removed}, "
             f"manifests {b.manifests} -> {a.manifests}, {self.duration_ms} ms"
         )
-        return text + (f"; compaction lost a race, retried next round: {self.lost_race}" if self.lost_race else "")
+        return text + (f"; lost a race, retried next round: {self.lost_race}" if self.lost_race else "")
 
 
 def table_state(table: JavaTable) -> TableState:
@@ -261,8 +261,14 @@ def maintain_table(
         if dry_run:
             result.manifests_rewritten = manifests
         else:
-            done = rewrite_manifests(spark, table)
-            result.manifests_rewritten = len(each(done.rewrittenManifests()))
+            try:
+                done = rewrite_manifests(spark, table)
+            except Exception as exc:  # an archive commit landed meanwhile: the next round tries again
+                note = f"manifest rewrite: {type(exc).__name__}: {first_line(exc)}"
+                result.lost_race = f"{result.lost_race}; {note}" if result.lost_race else note
+                log.info("manifest rewrite of %s did not commit (retried next round): %s", name, note)
+            else:
+                result.manifests_rewritten = len(each(done.rewrittenManifests()))
             table.refresh()
     result.after = result.before if dry_run else table_state(table)
     result.duration_ms = int((time.monotonic() - started) * 1000)
@@ -278,7 +284,7 @@ def compact(
         # (A dead-letter table has no sort order: the sort strategy orders its few rows by `sort_column`.)
         done = rewrite_data_files(spark, table, policy.rewrite_options(), sort_column, presorted=True)
     except Exception as exc:  # a conflict with a concurrent delete/rewrite: the next round tries again
-        result.lost_race = f"{type(exc).__name__}: {first_line(exc)}"
+        result.lost_race = f"compaction: {type(exc).__name__}: {first_line(exc)}"
         log.info("compaction of %s did not commit (retried next round): %s", result.table, result.lost_race)
         return
     result.rewritten_files = int(done.rewrittenDataFilesCount())
@@ -287,7 +293,7 @@ def compact(
     result.removed_delete_files = int(done.removedDeleteFilesCount())
     failed = int(done.failedDataFilesCount())
     if failed:
-        result.lost_race = f"{failed} data files in groups whose commit failed"
+        result.lost_race = f"compaction: {failed} data files in groups whose commit failed"
         log.info("compaction of %s: %s (retried next round)", result.table, result.lost_race)
 
 

@@ -98,6 +98,12 @@ def due_reason(
     return ", ".join(reasons)
 
 
+def failure_record(key: str, message: str, last: MaintenanceRecord | None, now_ms: int) -> MaintenanceRecord:
+    """A round that failed: its reason, the last known file count and orphan check kept."""
+    return MaintenanceRecord(key, now_ms, 0, "failed", message, last.data_files_after if last else 0,
+                             last.orphans_checked_ms if last else -1)
+
+
 def record_of(key: str, result: MaintenanceResult, orphans_checked_ms: int) -> MaintenanceRecord:
     return MaintenanceRecord(
         table=key,
@@ -255,10 +261,7 @@ class MaintenanceScheduler:
         except Exception as exc:  # the catalog is down, the table is being dropped: next round
             message = f"{type(exc).__name__}: {first_line(exc)}"
             log.warning("maintenance of %s failed (retried next round): %s", table.key, message)
-            self.store.record_maintenance(MaintenanceRecord(
-                table.key, int(self.clock() * 1000), 0, "failed", message,
-                last.data_files_after if last else 0, last.orphans_checked_ms if last else -1,
-            ))
+            self.store.record_maintenance(failure_record(table.key, message, last, int(self.clock() * 1000)))
             return None
         checked = now_ms if result.orphans_checked else (last.orphans_checked_ms if last else -1)
         self.store.record_maintenance(record_of(table.key, result, checked))
