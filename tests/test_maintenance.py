@@ -404,3 +404,61 @@ def test_a_java_error_py4j_did_not_convert_is_reported_by_its_own_line(lake_spar
         lake_spark._jvm.java.util.ArrayList().get(3)  # IndexOutOfBoundsException: pyspark leaves it a Py4JJavaError
     assert str(info.value).startswith("An error occurred while calling")
     assert first_line(info.value).startswith("java.lang.IndexOutOfBoundsException: Index 3 out of bounds")
+
+
+def test_compaction_of_an_upsert_table_takes_turns_with_a_steady_stream_of_updates(
+    lake_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any, lake_archiver: Archiver
+) -> None:
+    """Every upsert pass replaces the DVs of the files it touches, which fails a concurrent compaction: with
+    WriterTurns a pass waits (its records stay in the intake) while compaction commits, so the rewrite lands
+    under a steady stream of updates and the table stays exactly the latest row per key."""
+    from confluent_kafka import Producer
+
+    from icelog.pipeline.locks import WriterTurns
+
+    topic = "maint-upserts"
+    create_topic(lake_broker, topic, 2, {"cleanup.policy": "compact"})
+    latest: dict[bytes, bytes] = {}
+
+    def update_every_key(i: int) -> None:
+        producer = Producer({"bootstrap.servers": lake_broker.bootstrap, "linger.ms": 5})
+        for k in range(40):
+            key, value = f"k{k}".encode(), f"v{i}-{k}".encode()
+            producer.produce(topic, key=key, value=value, partition=k % 2)
+            latest[key] = value
+        assert producer.flush(30) == 0
+        [result] = lake_archiver.run_pass(force=True, topics=[topic])
+        assert not result.error, result.error
+
+    for i in range(6):  # 12 small files, every one with a DV
+        update_every_key(i)
+    stop = threading.Event()
+    rounds: list[Any] = []
+    errors: list[BaseException] = []
+    turns = WriterTurns(lake_settings.data_dir, f"icelog.{topic}")
+
+    def maintain_meanwhile() -> None:
+        lake_spark.sparkContext.setLocalProperty("spark.scheduler.pool", "maintenance")
+        while not stop.is_set() and len(rounds) < 3:
+            try:
+                rounds.append(maintain_table(lake_spark, spark_name(topic), POLICY, remove_orphans=False, turns=turns))
+            except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+                errors.append(exc)
+                return
+
+    thread = threading.Thread(target=maintain_meanwhile)
+    thread.start()
+    try:
+        i = 6
+        while thread.is_alive() and i < 40:  # passes go on while rounds plan and commit
+            update_every_key(i)
+            i += 1
+    finally:
+        stop.set()
+        thread.join(600)
+    assert not errors, errors
+    assert rounds and not [r.lost_race for r in rounds if r.lost_race]
+    assert any(r.rewritten_files for r in rounds), [r.summary() for r in rounds]
+    update_every_key(i)  # and whatever waited in the intake
+    rows = lake_spark.sql(f"SELECT key.__raw__ AS k, value.__raw__ AS v FROM {table(topic)}").collect()
+    assert {bytes(r.k): bytes(r.v) for r in rows} == latest and len(rows) == len(latest)

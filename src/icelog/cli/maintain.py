@@ -36,7 +36,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     from icelog.lake.layout import quote_identifier
     from icelog.meta.store import open_store
     from icelog.pipeline.dead_letter import DLQ_SUFFIX
-    from icelog.pipeline.locks import ArchiverLock
+    from icelog.pipeline.locks import ArchiverLock, WriterTurns
     from icelog.pipeline.maintenance import DLQ_SORT_COLUMN, SORT_COLUMN, MaintenancePolicy, maintain_table
     from icelog.pipeline.maintenance_schedule import MAINTENANCE_LOCK, failure_record, record_of, table_key
     from icelog.pipeline.service import lower_priority
@@ -87,7 +87,8 @@ def cmd_maintain(args: argparse.Namespace) -> int:
                     continue
                 try:
                     result = maintain_table(
-                        spark, name, policy, dry_run=args.dry_run, progress=Steps(key), sort_column=sort_column
+                        spark, name, policy, dry_run=args.dry_run, progress=Steps(key), sort_column=sort_column,
+                        turns=WriterTurns(settings.data_dir, key),
                     )
                 except Exception as exc:
                     from icelog.pipeline.archiver import first_line

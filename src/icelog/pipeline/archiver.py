@@ -16,6 +16,7 @@ from the table's summary, so it writes no duplicate and leaves no gap.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import re
@@ -42,6 +43,7 @@ from icelog.lake.layout import (
 from icelog.meta.store import IntakeChunk, MetadataStore, PartitionRecord, TopicRecord
 from icelog.pipeline.dead_letter import dead_letter_counts, dlq_table_name, is_worker_failure, write_dead_letters
 from icelog.pipeline.decode import find_dead_letters
+from icelog.pipeline.locks import WriterTurns
 from icelog.pipeline.plan import PlannedArchive, plan_partition, task_groups
 from icelog.pipeline.reconcile import (
     COMMIT_USER,
@@ -344,7 +346,11 @@ class Archiver:
         new_offsets = dict(committed.offsets)
         for archive in archives:
             new_offsets[archive.partition] = max(new_offsets.get(archive.partition, 0), archive.end_offset)
-        result.dead_letters = self.write(topic, config, archives, new_offsets, schema, spec)
+        with self._turn(config, spec) as mine:
+            if not mine:  # an upsert table being compacted: its records wait in the intake for the next poll
+                log.info("%s: the table is being compacted; archiving waits for it", topic.name)
+                return result
+            result.dead_letters = self.write(topic, config, archives, new_offsets, schema, spec)
         fault_point("after-commit")
         self.store.record_archive(topic.topic_id, new_offsets, int(self.clock() * 1000))
         result.archives = len(archives)
@@ -360,6 +366,15 @@ class Archiver:
             encode_offsets(new_offsets),
         )
         return result
+
+    @contextlib.contextmanager
+    def _turn(self, config: ArchiveTopicConfig, spec: TableSpec) -> Iterator[bool]:
+        """An upsert table's pass writes in its turn, not while maintenance compacts it (locks.WriterTurns)."""
+        if not spec.primary_key:
+            yield True
+            return
+        with WriterTurns(Path(self.settings.data_dir), f"{config.namespace}.{config.table}").writing() as mine:
+            yield mine
 
     def _plan(
         self,

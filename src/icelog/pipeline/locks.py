@@ -1,14 +1,18 @@
-"""Exclusive locks in the data directory (flock, held open for as long as the holder runs).
+"""Locks in the data directory (flock, held open for as long as the holder runs).
 
 `archiver.lock`: one archiver per data directory (two would append the same records twice).
 `maintenance.lock`: one maintenance round at a time, the archiver's or `icelog maintain`'s.
+`turns/<table>.lock`: an upsert table's writer and its compaction take turns (WriterTurns).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -52,3 +56,47 @@ class ArchiverLock:
         if self._handle is not None:
             self._handle.close()
             self._handle = None
+
+
+class WriterTurns:
+    """An upsert table's archive passes and its compaction take turns (flock on <data_dir>/turns/<table>.lock).
+
+    Every upsert commit replaces the deletion vectors of the data files it touches, and Iceberg refuses a
+    compaction whose files got new deletes since it started: under a steady stream of updates every compaction
+    lost the race, and the table grew without bound. A pass writes holding the lock shared, and skips its turn
+    (its records wait in the intake) while a compaction holds it exclusively; a compaction waits for the pass
+    in flight to end, then keeps the writer out until it has committed.
+    """
+
+    def __init__(self, data_dir: Path, table_key: str) -> None:
+        self.path = Path(data_dir) / "turns" / f"{re.sub(r'[^A-Za-z0-9._-]', '_', table_key)}.lock"
+
+    def _open(self) -> IO[str]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return open(self.path, "a+")  # noqa: SIM115 - closed by the caller's context
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[bool]:
+        """The writer's turn: True while held; False (nothing held) while a compaction runs."""
+        with self._open() as handle:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+
+    @contextlib.contextmanager
+    def compacting(self, wait_s: float = 60.0) -> Iterator[None]:
+        """Compaction's turn, once the pass in flight (if any) has ended; IcelogError after `wait_s`."""
+        with self._open() as handle:
+            deadline = time.monotonic() + wait_s
+            while True:
+                try:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise IcelogError(f"an archive pass held {self.path} for over {wait_s:.0f} s") from None
+                    time.sleep(0.05)
+            yield

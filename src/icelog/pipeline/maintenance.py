@@ -27,6 +27,7 @@ With `dry_run` nothing is committed or deleted: the result says what would be do
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from icelog.config import ArchiveSettings
+from icelog.errors import IcelogError
 from icelog.lake.iceberg_java import (
     JavaTable,
     ancestry,
@@ -47,7 +49,9 @@ from icelog.lake.iceberg_java import (
     rewrite_manifests,
     table_properties,
 )
+from icelog.lake.layout import PRIMARY_KEY_PROPERTY
 from icelog.pipeline.archiver import first_line
+from icelog.pipeline.locks import WriterTurns
 from icelog.pipeline.reconcile import OFFSETS_PROPERTY
 
 log = logging.getLogger(__name__)
@@ -217,10 +221,12 @@ def maintain_table(
     progress: Progress | None = None,
     clock: Callable[[], float] = time.time,
     sort_column: str = SORT_COLUMN,
+    turns: WriterTurns | None = None,
 ) -> MaintenanceResult:
     """One maintenance round of the Iceberg table `name` (a Spark identifier); see the module docstring.
 
-    `sort_column`: the rows' order in compacted files (a dead-letter table: DLQ_SORT_COLUMN).
+    `sort_column`: the rows' order in compacted files (a dead-letter table: DLQ_SORT_COLUMN). `turns`: an
+    upsert table's compaction and manifest rewrite keep its archive passes out while they run (WriterTurns).
     """
     say = progress or (lambda _step: None)
     started = time.monotonic()
@@ -231,7 +237,12 @@ def maintain_table(
     if dry_run:
         result.compaction_candidates = compaction_candidates(spark, name, policy)
     elif result.before.data_files >= policy.min_input_files or result.before.delete_files:
-        compact(spark, table, policy, result, sort_column)
+        try:
+            with _writers_out(table, turns):
+                table.refresh()  # plan from the snapshot the writer left, or its commits fail the rewrite
+                compact(spark, table, policy, result, sort_column)
+        except IcelogError as exc:  # the pass in flight did not end: the next round tries again
+            result.lost_race = f"compaction: {exc}"
 
     say("expiring snapshots")
     table.refresh()
@@ -262,7 +273,9 @@ def maintain_table(
             result.manifests_rewritten = manifests
         else:
             try:
-                done = rewrite_manifests(spark, table)
+                with _writers_out(table, turns):
+                    table.refresh()
+                    done = rewrite_manifests(spark, table)
             except Exception as exc:  # an archive commit landed meanwhile: the next round tries again
                 note = f"manifest rewrite: {type(exc).__name__}: {first_line(exc)}"
                 result.lost_race = f"{result.lost_race}; {note}" if result.lost_race else note
@@ -275,6 +288,13 @@ def maintain_table(
     return result
 
 
+def _writers_out(table: JavaTable, turns: WriterTurns | None) -> contextlib.AbstractContextManager[None]:
+    """An upsert table's writer kept out (its passes rewrite DVs, which fail a concurrent rewrite); else nothing."""
+    if turns is None or PRIMARY_KEY_PROPERTY not in table_properties(table):
+        return contextlib.nullcontext()
+    return turns.compacting()
+
+
 def compact(
     spark: Any, table: JavaTable, policy: MaintenancePolicy, result: MaintenanceResult, sort_column: str = SORT_COLUMN
 ) -> None:
@@ -282,7 +302,12 @@ def compact(
     try:
         # Archive files are contiguous offset runs, each in offset order: a local sort per group is enough.
         # (A dead-letter table has no sort order: the sort strategy orders its few rows by `sort_column`.)
-        done = rewrite_data_files(spark, table, policy.rewrite_options(), sort_column, presorted=True)
+        options = policy.rewrite_options()
+        if PRIMARY_KEY_PROPERTY in table_properties(table):
+            # Partial progress ignores a group whose commit fails (a DV added meanwhile, by a writer that does not
+            # take turns): one commit, whose failure is seen and reported as a lost race.
+            options["partial-progress.enabled"] = "false"
+        done = rewrite_data_files(spark, table, options, sort_column, presorted=True)
     except Exception as exc:  # a conflict with a concurrent delete/rewrite: the next round tries again
         result.lost_race = f"compaction: {type(exc).__name__}: {first_line(exc)}"
         log.info("compaction of %s did not commit (retried next round): %s", result.table, result.lost_race)

@@ -39,7 +39,7 @@ from icelog.lake.layout import quote_identifier
 from icelog.meta.store import MaintenanceRecord, MetadataStore
 from icelog.pipeline.archiver import first_line
 from icelog.pipeline.dead_letter import DLQ_SUFFIX
-from icelog.pipeline.locks import ArchiverLock
+from icelog.pipeline.locks import ArchiverLock, WriterTurns
 from icelog.pipeline.maintenance import (
     DLQ_SORT_COLUMN,
     SORT_COLUMN,
@@ -256,7 +256,7 @@ class MaintenanceScheduler:
         try:
             result = maintain_table(
                 self.spark, table.name, self.policy, remove_orphans=table.check_orphans, clock=self.clock,
-                sort_column=table.sort_column,
+                sort_column=table.sort_column, turns=WriterTurns(Path(self.settings.data_dir), table.key),
             )
         except Exception as exc:  # the catalog is down, the table is being dropped: next round
             message = f"{type(exc).__name__}: {first_line(exc)}"
