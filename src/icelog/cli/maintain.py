@@ -47,7 +47,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     settings = archiver_settings(args)  # the archiver's own settings when it started this round
     if settings.meta_url is None and not (settings.data_dir / "meta.db").exists():
         raise IcelogError(f"no icelog data in {settings.data_dir} (no meta.db); pass the broker's --data-dir")
-    lower_priority(settings.archive.maintenance_nice)  # before Spark starts: its JVM inherits it
+    lower_priority(settings.archive.maintenance_nice, "archive.maintenance_nice")  # before Spark: its JVM inherits it
     if args.due:
         return run_due(settings)
     store = open_store(settings.metadata_url)
@@ -66,8 +66,11 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         if not configs:
             print("(no archived topics)")
             return 0
-        progress(f"waiting for {lock.path} (an automatic round of the archiver may be running)")
-        lock.acquire(wait_s=600)
+        try:
+            lock.acquire(wait_s=0)
+        except IcelogError:  # held: an automatic round of the archiver is running
+            progress(f"waiting for {lock.path} (an automatic round of the archiver is running)")
+            lock.acquire(wait_s=600)
         from icelog.lake.spark import create_session
 
         progress("starting Spark")

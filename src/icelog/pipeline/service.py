@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 SETTINGS_ENV = "ICELOG_ARCHIVER_SETTINGS"  # the parent broker's Settings as JSON
 
 
-def lower_priority(niceness: int) -> None:
+def lower_priority(niceness: int, setting: str = "archive.nice") -> None:
     """Run this process, and every process it starts later (the Spark JVM, its Python workers), at `niceness`.
 
     The archiver shares the machine with the broker; at a higher niceness the kernel gives the broker's
@@ -38,9 +38,9 @@ def lower_priority(niceness: int) -> None:
         current = os.getpriority(os.PRIO_PROCESS, 0)
         if niceness > current:
             os.setpriority(os.PRIO_PROCESS, 0, niceness)
-            log.info("archiver CPU niceness %d (archive.nice)", niceness)
+            log.info("CPU niceness %d (%s)", niceness, setting)
     except OSError as exc:  # not allowed in some containers: run at the inherited priority
-        log.warning("could not set the archiver's niceness to %d: %s", niceness, exc)
+        log.warning("could not set the CPU niceness to %d (%s): %s", niceness, setting, exc)
 
 
 def archived_topics_exist(settings: Settings, store: MetadataStore) -> bool:
