@@ -32,20 +32,13 @@ class ArchiverLock:
     def acquire(self, wait_s: float = 0.0) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         handle = open(self.path, "a+")  # noqa: SIM115 - held open while the lock is held
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    handle.close()
-                    hint = (
-                        "run one archiver per data directory" if self.path.name == "archiver.lock"
-                        else "a maintenance round is running there; try again when it ends"
-                    )
-                    raise IcelogError(f"another process holds {self.path}; {hint}") from None
-                time.sleep(0.2)
+        if not _flock(handle, fcntl.LOCK_EX, wait_s, poll_s=0.2):
+            handle.close()
+            hint = (
+                "run one archiver per data directory" if self.path.name == "archiver.lock"
+                else "a maintenance round is running there; try again when it ends"
+            )
+            raise IcelogError(f"another process holds {self.path}; {hint}")
         handle.seek(0)
         handle.truncate()
         handle.write(str(os.getpid()))
@@ -79,24 +72,25 @@ class WriterTurns:
     def writing(self) -> Iterator[bool]:
         """The writer's turn: True while held; False (nothing held) while a compaction runs."""
         with self._open() as handle:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
-            yield True
+            yield _flock(handle, fcntl.LOCK_SH, wait_s=0)
 
     @contextlib.contextmanager
     def compacting(self, wait_s: float = 60.0) -> Iterator[None]:
         """Compaction's turn, once the pass in flight (if any) has ended; IcelogError after `wait_s`."""
         with self._open() as handle:
-            deadline = time.monotonic() + wait_s
-            while True:
-                try:
-                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise IcelogError(f"an archive pass held {self.path} for over {wait_s:.0f} s") from None
-                    time.sleep(0.05)
+            if not _flock(handle, fcntl.LOCK_EX, wait_s, poll_s=0.05):
+                raise IcelogError(f"an archive pass held {self.path} for over {wait_s:.0f} s")
             yield
+
+
+def _flock(handle: IO[str], mode: int, wait_s: float, poll_s: float = 0.05) -> bool:
+    """Take the flock `mode` on `handle`, trying for up to `wait_s`; whether it was taken."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(handle.fileno(), mode | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
