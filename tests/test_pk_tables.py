@@ -472,6 +472,8 @@ def test_maintenance_compacts_an_upsert_table_and_the_index_follows(
     [line] = [x for x in status.stdout.splitlines() if x.startswith(f"icelog.{topic} ")]
     current = catalog_table(lake_settings, topic).metadata.current_snapshot_id
     assert f"at snapshot {current}" in line, line
+    header = status.stdout.splitlines()[0].split()
+    assert int(line.split()[header.index("RECORDS")]) == len(latest(produced))  # live rows, not DV-deleted ones
 
 
 def test_staged_snapshots_do_not_pile_up_and_the_summary_carries_commit_user_and_offsets(

@@ -18,7 +18,7 @@ class TableStats:
     data_files: int
     delete_files: int
     data_bytes: int
-    records: int
+    records: int  # live rows (deleted positions not counted)
     snapshots: int
     table_uuid: str = ""
     snapshot_id: int | None = None  # the current snapshot
@@ -59,7 +59,8 @@ def table_stats(catalog: Any | None, namespace: str, table: str) -> TableStats |
         data_files=int(summary.get("total-data-files", 0)),
         delete_files=int(summary.get("total-delete-files", 0)),
         data_bytes=data_bytes,
-        records=int(summary.get("total-records", 0)),
+        # Live rows: the rows of the data files less those their deletion vectors (or position deletes) delete.
+        records=int(summary.get("total-records", 0)) - int(summary.get("total-position-deletes", 0)),
         snapshots=len(loaded.metadata.snapshots),
         table_uuid=str(loaded.metadata.table_uuid),
         snapshot_id=None if snapshot is None else int(snapshot.snapshot_id),
