@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import signal
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from icelog.config import Settings, load_settings
@@ -46,6 +47,18 @@ def archiver_settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
+def require_metadata(settings: Settings) -> None:
+    """Refuse a data directory that holds no icelog data (rather than create an empty metadata store there)."""
+    if settings.meta_url is None and not (settings.data_dir / "meta.db").exists():
+        raise IcelogError(f"no icelog data in {settings.data_dir} (no meta.db); pass the broker's --data-dir")
+
+
+def refuse_unknown_topics(asked: Iterable[str], known: Collection[str]) -> None:
+    unknown = sorted(set(asked) - set(known))
+    if unknown:
+        raise IcelogError(f"no topic {', '.join(unknown)}; `icelog topic list` shows the topics")
+
+
 def cmd_archive(args: argparse.Namespace) -> int:
     from icelog.pipeline.locks import ArchiverLock
     from icelog.pipeline.service import ArchiveService
@@ -61,15 +74,12 @@ def cmd_archive(args: argparse.Namespace) -> int:
     if args.topics:  # a typo in a cron line must not archive nothing, silently, for ever
         from icelog.meta.store import open_store
 
-        if settings.meta_url is None and not (settings.data_dir / "meta.db").exists():
-            raise IcelogError(f"no icelog data in {settings.data_dir} (no meta.db); pass the broker's --data-dir")
+        require_metadata(settings)
         store = open_store(settings.metadata_url)
         try:
-            unknown = sorted(set(args.topics) - {t.name for t in store.list_topics()})
+            refuse_unknown_topics(args.topics, {t.name for t in store.list_topics()})
         finally:
             store.close()
-        if unknown:
-            raise IcelogError(f"no topic {', '.join(unknown)}; `icelog topic list` shows the topics")
     lock = ArchiverLock(settings.data_dir)
     lock.acquire(wait_s=0 if args.once else 30)
     service = ArchiveService(settings)

@@ -31,22 +31,21 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
-    from icelog.cli.archive import archiver_settings
+    from icelog.cli.archive import archiver_settings, refuse_unknown_topics, require_metadata
     from icelog.errors import IcelogError
     from icelog.lake.layout import quote_identifier
     from icelog.meta.store import open_store
     from icelog.pipeline.dead_letter import DLQ_SUFFIX
     from icelog.pipeline.locks import ArchiverLock, WriterTurns
     from icelog.pipeline.maintenance import DLQ_SORT_COLUMN, SORT_COLUMN, MaintenancePolicy, maintain_table
-    from icelog.pipeline.maintenance_schedule import MAINTENANCE_LOCK, failure_record, record_of, table_key
+    from icelog.pipeline.maintenance_schedule import MAINTENANCE_LOCK, failure_record, record_of
     from icelog.pipeline.service import lower_priority
-    from icelog.topic_configs.archive import archive_config
+    from icelog.topic_configs.archive import archive_config, table_key
 
     level = logging.INFO if args.due else logging.WARNING  # --due: the archiver's log says what a round did
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = archiver_settings(args)  # the archiver's own settings when it started this round
-    if settings.meta_url is None and not (settings.data_dir / "meta.db").exists():
-        raise IcelogError(f"no icelog data in {settings.data_dir} (no meta.db); pass the broker's --data-dir")
+    require_metadata(settings)
     lower_priority(settings.archive.maintenance_nice, "archive.maintenance_nice")  # before Spark: its JVM inherits it
     if args.due:
         return run_due(settings)
@@ -54,9 +53,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     lock = ArchiverLock(settings.data_dir, MAINTENANCE_LOCK)
     try:
         topics = {t.name: t for t in store.list_topics()}
-        unknown = sorted(set(args.topics or ()) - set(topics))
-        if unknown:
-            raise IcelogError(f"no topic {', '.join(unknown)}; `icelog topic list` shows the topics")
+        refuse_unknown_topics(args.topics or (), topics)
         configs = [
             archive_config(t.name, t.configs, settings.topic_defaults, settings.archive)
             for name, t in sorted(topics.items())

@@ -8,7 +8,7 @@ from icelog.config import Settings
 from icelog.lake.pk_index import describe_index
 from icelog.lake.table_stats import open_catalog, table_stats
 from icelog.meta.store import open_store
-from icelog.topic_configs.archive import archive_config
+from icelog.topic_configs.archive import archive_config, table_key
 
 COLUMNS = (
     "TABLE", "AUTO-MAINTENANCE", "DATA-FILES", "AVG-FILE-BYTES", "DELETE-FILES", "SNAPSHOTS", "RECORDS",
@@ -29,7 +29,7 @@ def print_tables(settings: Settings) -> int:
         config = archive_config(topic.name, topic.configs, settings.topic_defaults, settings.archive)
         if not config.enabled:
             continue
-        key = f"{config.namespace}.{config.table}"
+        key = table_key(config.namespace, config.table)
         stats = table_stats(catalog, config.namespace, config.table)
         last = records.get(key)
         when = "-"

@@ -57,7 +57,7 @@ from icelog.pipeline.reconcile import (
 from icelog.pipeline.table_schema import ArchiveSchema, MessageUndecided, TableSchemas
 from icelog.pipeline.transactions import TransactionTracker
 from icelog.pipeline.upsert import write_upserts
-from icelog.topic_configs.archive import ARCHIVE_TABLE, ArchiveTopicConfig, archive_config
+from icelog.topic_configs.archive import ARCHIVE_TABLE, ArchiveTopicConfig, archive_config, table_key
 from icelog.topic_configs.table import (
     ARCHIVE_LAYOUT,
     LAYOUT_RECORD,
@@ -373,7 +373,7 @@ class Archiver:
         if not spec.primary_key:
             yield True
             return
-        with WriterTurns(Path(self.settings.data_dir), f"{config.namespace}.{config.table}").writing() as mine:
+        with WriterTurns(Path(self.settings.data_dir), table_key(config.namespace, config.table)).writing() as mine:
             yield mine
 
     def _plan(

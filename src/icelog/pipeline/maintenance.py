@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -232,15 +232,15 @@ def maintain_table(
     started = time.monotonic()
     table = load_table(spark, name)
     result = MaintenanceResult(name, table_state(table), dry_run=dry_run)
+    upsert = PRIMARY_KEY_PROPERTY in table_properties(table)
 
     say("compacting small files")
     if dry_run:
         result.compaction_candidates = compaction_candidates(spark, name, policy)
     elif result.before.data_files >= policy.min_input_files or result.before.delete_files:
         try:
-            with _writers_out(table, turns):
-                table.refresh()  # plan from the snapshot the writer left, or its commits fail the rewrite
-                compact(spark, table, policy, result, sort_column)
+            with _writers_out(table, turns if upsert else None):
+                compact(spark, table, policy, result, sort_column, upsert)
         except IcelogError as exc:  # the pass in flight did not end: the next round tries again
             result.lost_race = f"compaction: {exc}"
 
@@ -273,8 +273,7 @@ def maintain_table(
             result.manifests_rewritten = manifests
         else:
             try:
-                with _writers_out(table, turns):
-                    table.refresh()
+                with _writers_out(table, turns if upsert else None):
                     done = rewrite_manifests(spark, table)
             except Exception as exc:  # an archive commit landed meanwhile: the next round tries again
                 note = f"manifest rewrite: {type(exc).__name__}: {first_line(exc)}"
@@ -288,22 +287,28 @@ def maintain_table(
     return result
 
 
-def _writers_out(table: JavaTable, turns: WriterTurns | None) -> contextlib.AbstractContextManager[None]:
-    """An upsert table's writer kept out (its passes rewrite DVs, which fail a concurrent rewrite); else nothing."""
-    if turns is None or PRIMARY_KEY_PROPERTY not in table_properties(table):
-        return contextlib.nullcontext()
-    return turns.compacting()
+@contextlib.contextmanager
+def _writers_out(table: JavaTable, turns: WriterTurns | None) -> Iterator[None]:
+    """With `turns` (an upsert table: its passes rewrite DVs, which fail a concurrent rewrite), the writer kept out
+    and the table re-read, so a rewrite plans from the snapshot the writer left; else nothing."""
+    if turns is None:
+        yield
+        return
+    with turns.compacting():
+        table.refresh()
+        yield
 
 
 def compact(
-    spark: Any, table: JavaTable, policy: MaintenancePolicy, result: MaintenanceResult, sort_column: str = SORT_COLUMN
+    spark: Any, table: JavaTable, policy: MaintenancePolicy, result: MaintenanceResult, sort_column: str = SORT_COLUMN,
+    upsert: bool = False,
 ) -> None:
     """RewriteDataFiles (bin-pack, local sort); a lost commit race is noted in the result, not raised."""
     try:
         # Archive files are contiguous offset runs, each in offset order: a local sort per group is enough.
         # (A dead-letter table has no sort order: the sort strategy orders its few rows by `sort_column`.)
         options = policy.rewrite_options()
-        if PRIMARY_KEY_PROPERTY in table_properties(table):
+        if upsert:
             # Partial progress ignores a group whose commit fails (a DV added meanwhile, by a writer that does not
             # take turns): one commit, whose failure is seen and reported as a lost race.
             options["partial-progress.enabled"] = "false"

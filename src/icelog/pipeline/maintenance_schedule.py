@@ -50,7 +50,7 @@ from icelog.pipeline.maintenance import (
     table_state,
 )
 from icelog.pipeline.service import SETTINGS_ENV
-from icelog.topic_configs.archive import archive_config
+from icelog.topic_configs.archive import archive_config, table_key
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +60,6 @@ MAINTENANCE_LOCK = "maintenance.lock"  # one maintenance round per data director
 # of its session until <data_dir>/maintenance-stall.release exists, as a long rewrite task would (`.started`
 # and `.ended` mark the task's start and end).
 STALL_POINT = "maintenance-stall"
-
-
-def table_key(namespace: str, table: str) -> str:
-    return f"{namespace}.{table}"
 
 
 def due_reason(

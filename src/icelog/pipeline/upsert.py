@@ -137,8 +137,8 @@ def write_upserts(
         with index.prepare(new_rows, tombstoned, stale_marked=True) as update:
             dvs = iceberg_java.WrittenDVs([], [])
             if positions or masked:
-                live = {} if planned is None else planned.result()
-                files = {path: live[path] for path in referenced if path in live}
+                base_files = {} if planned is None else planned.result()
+                files = {path: base_files[path] for path in referenced if path in base_files}
                 missing = sorted(set(referenced) - set(files))
                 if missing:
                     update.abort()

@@ -75,6 +75,11 @@ class ArchiveTopicConfig:
         return (self.namespace, self.table)
 
 
+def table_key(namespace: str, table: str) -> str:
+    """A table's name in the metadata store's maintenance records and in its lock files (`ns.table`)."""
+    return f"{namespace}.{table}"
+
+
 def archive_config(
     topic: str, explicit: Mapping[str, str], broker_defaults: Mapping[str, str], settings: ArchiveSettings
 ) -> ArchiveTopicConfig:

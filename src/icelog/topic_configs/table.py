@@ -66,15 +66,21 @@ def _check_partition_by(value: str) -> None:
     _no_layout_column(names)
 
 
+def layout_column_problem(name: str) -> str | None:
+    """Why `name` cannot partition or bucket a table when it is one of the layout's own columns (offsets,
+    timestamps, error and bytes columns: whatever the schema); None otherwise."""
+    if name in SYSTEM_COLUMNS and name not in PARTITIONABLE_SYSTEM:
+        return (f"names {name!r}, a column of the layout itself ({BUCKET} is always partitioned); name a field of "
+                f"the key's or value's schema, or {KEY_BYTES}")
+    return None
+
+
 def _no_layout_column(names: list[str]) -> None:
-    """The layout's own columns (offsets, timestamps, error and bytes columns) shape no table, whatever the
-    schema: refused when the topic is created rather than by every archive pass after."""
+    """Refused when the topic is created rather than by every archive pass after (layout_column_problem)."""
     for name in names:
-        if name in SYSTEM_COLUMNS and name not in PARTITIONABLE_SYSTEM:
-            raise ValueError(
-                f"names {name!r}, a column of the layout itself ({BUCKET} is always partitioned); name a field "
-                f"of the key's or value's schema, or {KEY_BYTES}"
-            )
+        problem = layout_column_problem(name)
+        if problem:
+            raise ValueError(problem)
 
 
 def _check_bucket_key(value: str) -> None:

@@ -13,12 +13,11 @@ from typing import Any
 
 from icelog.schema.archive.iceberg_types import Column
 from icelog.topic_configs.table import (
-    BUCKET,
     BUCKET_KEY,
     KEY_BYTES,
     PARTITION_BY,
-    PARTITIONABLE_SYSTEM,
     SYSTEM_COLUMNS,
+    layout_column_problem,
 )
 
 # Iceberg can bucket int, long, decimal, date, time, timestamp(tz), string, uuid, fixed and binary; of the
@@ -49,8 +48,9 @@ def check_spec_columns(columns: Sequence[Column], partition_by: Sequence[str], b
         named.append((BUCKET_KEY, bucket_key))
     for key, name in named:
         column = by_name.get(name)
-        if name in SYSTEM_COLUMNS and name not in PARTITIONABLE_SYSTEM:
-            raise ValueError(f"{key} names {name!r}, a column of the layout itself ({BUCKET} is always partitioned)")
+        problem = layout_column_problem(name)
+        if problem:  # refused at topic creation; a topic created before that check still meets it here
+            raise ValueError(f"{key} {problem}")
         if column is None:
             raise ValueError(
                 f"{key} names {name!r}, which is not a top-level column of the table "
