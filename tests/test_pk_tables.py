@@ -476,28 +476,36 @@ def test_maintenance_compacts_an_upsert_table_and_the_index_follows(
     assert int(line.split()[header.index("RECORDS")]) == len(latest(produced))  # live rows, not DV-deleted ones
 
 
-def test_staged_snapshots_do_not_pile_up_and_the_summary_carries_commit_user_and_offsets(
+def test_each_pass_is_one_snapshot_whose_files_are_described_as_icebergs_writers_do(
     lake_broker: BrokerProcess, lake_archiver: Archiver, lake_spark: Any, lake_settings: Settings
 ) -> None:
-    """Each pass stages its data files under a WAP id; those staged snapshots are dropped once more than
-    STAGED_SNAPSHOTS_KEPT are left, so after any number of passes at most that many remain. Each commit's
-    summary has the commit user and the next offset per bucket (Fluss's committer does the same)."""
-    from icelog.pipeline.upsert import STAGED_SNAPSHOTS_KEPT
+    """A pass's workers write its data files and the driver commits them with their DVs: one snapshot per pass,
+    nothing staged. Each file is described as Iceberg's own writers describe theirs: its partition (the bucket
+    its rows are in), its record count and its column bounds (what status and read-back plan from) match what
+    the file holds. Each commit's summary has the commit user and the next offset per bucket (as Fluss's)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
 
-    topic = "pk_staged"
+    topic = "pk_one_snapshot"
     create_topic(lake_broker, topic, 2, {"cleanup.policy": "compact", "icelog.archive.layout": "table"})
     produced: list[Record] = []
-    passes = STAGED_SNAPSHOTS_KEPT + 3
-    for n in range(passes):
+    for n in range(4):
         produced += send(lake_broker, topic, [(f"k{i}".encode(), f"v{n}-{i}".encode()) for i in range(n, n + 3)],
                          partitions=2)
         pass_ok(lake_archiver, topic)
-        snapshots = catalog_table(lake_settings, topic).metadata.snapshots
-        staged = [s for s in snapshots if s.summary is not None and "wap.id" in s.summary.additional_properties]
-        assert len(staged) <= STAGED_SNAPSHOTS_KEPT
-        assert len(snapshots) == n + 1 + len(staged)  # one published snapshot per pass, no more
+        assert len(catalog_table(lake_settings, topic).metadata.snapshots) == n + 1
     check_table(lake_spark, lake_settings, topic, "table", latest(produced))
-    summary = catalog_table(lake_settings, topic).metadata.current_snapshot().summary.additional_properties
+    table = catalog_table(lake_settings, topic)
+    files = table.inspect.files().filter(pc.equal(pc.field("content"), 0)).to_pylist()
+    assert len(files) >= 4
+    for described in files:
+        held = pq.read_table(described["file_path"].removeprefix("file:"), columns=["__bucket", "__offset"])
+        assert described["record_count"] == held.num_rows
+        assert set(held.column("__bucket").to_pylist()) == {described["partition"]["__bucket"]}
+        offsets = described["readable_metrics"]["__offset"]
+        assert (offsets["lower_bound"], offsets["upper_bound"]) == (pc.min(held.column("__offset")).as_py(),
+                                                                    pc.max(held.column("__offset")).as_py())
+    summary = table.metadata.current_snapshot().summary.additional_properties
     assert summary["commit-user"] == "icelog-archiver"
     next_offsets = {p: max(o for q, o, _k, _v in produced if q == p) + 1 for p in (0, 1)}
     assert decode_offsets(summary["icelog.archive.offsets"]) == next_offsets

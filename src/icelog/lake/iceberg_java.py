@@ -9,12 +9,15 @@ module rather than scattering untyped calls. Tables are loaded fresh through Spa
 
 from __future__ import annotations
 
+import json
 import struct
 import threading
 import zlib
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast, overload
+
+from icelog.lake.data_files import WrittenFile
 
 T = TypeVar("T", covariant=True)
 K = TypeVar("K", covariant=True)
@@ -74,7 +77,9 @@ class JavaSchema(Protocol):
 
 
 class JavaFileIO(Protocol):
-    """org.apache.iceberg.io.FileIO (opaque: handed back to the Java API)."""
+    """org.apache.iceberg.io.FileIO (its files are handed back to the Java API)."""
+
+    def newInputFile(self, path: str) -> Any: ...
 
 
 class JavaStructLike(Protocol):
@@ -189,6 +194,7 @@ class JavaTableMetadata(Protocol):
     def updateSchema(self, schema: JavaSchema) -> JavaTableMetadata: ...
     def properties(self) -> JavaMap[str, str]: ...
     def uuid(self) -> str: ...
+    def metadataFileLocation(self) -> str | None: ...
 
 
 class JavaTableOperations(Protocol):
@@ -234,6 +240,7 @@ class JavaTable(Protocol):
     def expireSnapshots(self) -> JavaExpireSnapshots: ...
     def io(self) -> JavaFileIO: ...
     def specs(self) -> JavaMap[int, JavaPartitionSpec]: ...
+    def spec(self) -> JavaPartitionSpec: ...
 
 
 def _jvm(spark: Any) -> Any:
@@ -380,38 +387,37 @@ def table_location(table: JavaTable) -> str:
     return str(table.location())
 
 
-# -- upsert tables: staged data files, deletion vectors, row-delta commits ---------------------------------------
-WAP_ID_PROPERTY = "wap.id"  # Iceberg's summary property of a snapshot staged under spark.wap.id
-
-
+# -- upsert tables: data files written by workers, deletion vectors, row-delta commits -----------------------------
 def table_uuid(table: JavaTable) -> str:
     """The table's UUID (a table dropped and made again under the same name has another)."""
     return str(table.operations().current().uuid())
 
 
-def staged_snapshot(table: JavaTable, wap_id: str) -> JavaSnapshot | None:
-    """The snapshot a Spark write staged under `spark.wap.id` = wap_id (not current, not published)."""
-    for snapshot in each(table.snapshots()):
-        if snapshot.summary().get(WAP_ID_PROPERTY) == wap_id:
-            return snapshot
-    return None
+def metadata_location(table: JavaTable) -> str:
+    """The metadata file of the table as loaded (what a worker reads to write data files for it)."""
+    return str(table.operations().current().metadataFileLocation())
 
 
-def staged_snapshots(table: JavaTable) -> list[JavaSnapshot]:
-    """Snapshots staged under a WAP id and never published (not an ancestor of the current snapshot)."""
-    staged = [s for s in each(table.snapshots()) if s.summary().get(WAP_ID_PROPERTY) is not None]
-    if not staged:
-        return []
-    published = {int(s.snapshotId()) for s in ancestry(table, 1 << 30)}
-    return [s for s in staged if int(s.snapshotId()) not in published]
-
-
-def drop_snapshots(table: JavaTable, snapshot_ids: Iterable[int]) -> None:
-    """Remove snapshots from the table's metadata in one commit, deleting no file (their files may be live)."""
-    expire = table.expireSnapshots()
-    for snapshot_id in snapshot_ids:
-        expire = expire.expireSnapshotId(snapshot_id)
-    expire.cleanExpiredFiles(False).commit()
+def parquet_data_files(spark: Any, table: JavaTable, written: Iterable[WrittenFile]) -> list[JavaDataFile]:
+    """DataFiles of Parquet files a worker wrote for the table (lake/data_files.py), described as Iceberg's own
+    writers describe theirs: the partition parsed from its JSON by ContentFileParser (typed by the spec), the
+    metrics read from the file's footer by ParquetUtil under the table's metrics config (write.metadata.metrics.*).
+    """
+    jvm = _jvm(spark)
+    spec = table.spec()
+    mapper = jvm.org.apache.iceberg.util.JsonUtil.mapper()
+    metrics_config = jvm.org.apache.iceberg.MetricsConfig.forTable(table)
+    files = []
+    for file in written:
+        described = jvm.org.apache.iceberg.ContentFileParser.fromJson(mapper.readTree(json.dumps({
+            "spec-id": spec.specId(), "content": "DATA", "file-path": file.path, "file-format": "PARQUET",
+            "partition": json.loads(file.partition), "file-size-in-bytes": file.size, "record-count": file.records,
+        })), spec)
+        metrics = jvm.org.apache.iceberg.parquet.ParquetUtil.fileMetrics(table.io().newInputFile(file.path),
+                                                                        metrics_config)
+        files.append(cast(JavaDataFile, jvm.org.apache.iceberg.DataFiles.builder(spec).copy(described)
+                          .withMetrics(metrics).build()))
+    return files
 
 
 def snapshots_since(table: JavaTable, snapshot_id: int) -> list[JavaSnapshot] | None:

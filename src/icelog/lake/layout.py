@@ -69,14 +69,12 @@ PRIMARY_KEY_PROPERTY = "icelog.primary-key"
 TOPIC_ID_PROPERTY = "icelog.archive.topic-id"
 # Snapshot summary: the next offset per Kafka partition the table covers, as JSON {"partition": offset, …}.
 OFFSETS_PROPERTY = "icelog.archive.offsets"
-# An upsert table: deletion vectors need format v3; merge-on-read so that no engine rewrites data files to delete;
-# WAP so that the archiver's Spark write stages its data files for the commit that adds them with their DVs.
+# An upsert table: deletion vectors need format v3; merge-on-read so that no engine rewrites data files to delete.
 UPSERT_TABLE_PROPERTIES: dict[str, str] = {
     "format-version": "3",
     "write.delete.mode": "merge-on-read",
     "write.update.mode": "merge-on-read",
     "write.merge.mode": "merge-on-read",
-    "write.wap.enabled": "true",
 }
 LAYOUT_PROPERTY_VALUES = {LAYOUT_RECORD: "archive-v1", LAYOUT_TABLE: "table-v1"}
 

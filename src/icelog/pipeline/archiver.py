@@ -56,7 +56,7 @@ from icelog.pipeline.reconcile import (
 )
 from icelog.pipeline.table_schema import ArchiveSchema, MessageUndecided, TableSchemas
 from icelog.pipeline.transactions import TransactionTracker
-from icelog.pipeline.upsert import write_upserts
+from icelog.pipeline.upsert import PassRows, write_upserts
 from icelog.topic_configs.archive import ARCHIVE_TABLE, ArchiveTopicConfig, archive_config, table_key
 from icelog.topic_configs.table import (
     ARCHIVE_LAYOUT,
@@ -484,16 +484,16 @@ class Archiver:
                 for archive in task_archives(batches):
                     yield from decode_archive_protobuf(intake_dir, archive, key, value, arrow, decoders)
 
-        frame = self.spark.range(0, len(groups), 1, len(groups)).mapInArrow(decode, ddl)
         summary = {
             OFFSETS_PROPERTY: encode_offsets(new_offsets),
             TOPIC_ID_PROPERTY: str(topic.topic_id),
             COMMIT_USER_PROPERTY: COMMIT_USER,
         }
         if spec.primary_key:  # an upsert table: staged data files + deletion vectors in one row delta
-            write_upserts(self.spark, self.table_name(config), frame, spec, summary, str(self.settings.data_dir),
-                          fault_point)
+            write_upserts(self.spark, self.table_name(config), PassRows(len(groups), decode, ddl), spec, summary,
+                          str(self.settings.data_dir), fault_point)
             return
+        frame = self.spark.range(0, len(groups), 1, len(groups)).mapInArrow(decode, ddl)
         writer = (
             frame.writeTo(self.table_name(config))
             # Each task holds whole archives in partition and offset order already: no shuffle, no re-sort.

@@ -6,9 +6,10 @@ A pass (the rows decoded by the archiver's Spark workers, as for an append table
      (reading only the key and offset columns of each live data file, less the positions of its deletion
      vector); a key the table holds twice (a foreign INSERT of an existing key) keeps the later commit's row,
      and the other becomes a *stale* row of the index;
-  2. Spark decodes and writes every row of the pass as a staged snapshot (write-audit-publish: `spark.wap.id`,
-     never published), in one job as an append does: each task keeps its archive's offset order (no
-     distribution, no re-sort, no shuffle);
+  2. Spark's Python workers decode every row of the pass, in one job as an append does, and write them as data
+     files themselves (pyiceberg's Parquet writer with the table's schema, spec and properties: lake/data_files.py),
+     without a commit; each task keeps its archives' offset order (no shuffle, no re-sort); the driver describes
+     the files as Iceberg's writers do (metrics from their footers: iceberg_java.parquet_data_files);
   3. the driver reads the key, offset, bucket and value-nullness columns of those files (position = row
      number) and finds the latest row per key in the pass (highest offset) by one pyarrow sort; rows that are
      not their key's latest, tombstones (null value: they delete the key's previous row) and rows without a key
@@ -22,18 +23,14 @@ A pass (the rows decoded by the archiver's Spark workers, as for an append table
   6. the index takes the new rows and the new snapshot id, and forgets the stale rows, in one transaction
      (unless a concurrent commit landed between the base and this one: then the index is marked stale and
      rebuilt next pass); its thread writes the rows while 4 and 5 run, and commits with 5's snapshot id;
-  7. once more than STAGED_SNAPSHOTS_KEPT staged snapshots are left (their files now belong to committed
-     snapshots, or to crashed passes: orphans that maintenance removes), they are dropped from the metadata.
-A crash before 5 leaves unreferenced files and a staged snapshot; after 5, an index behind the table, which 1
-rebuilds. Never equality deletes, never a data file rewritten on the write path.
+A crash before 5 leaves unreferenced files (orphans, as a failed Spark write leaves); after 5, an index behind the
+table, which 1 rebuilds. Never equality deletes, never a data file rewritten on the write path.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,6 +40,7 @@ import numpy as np
 
 from icelog.errors import IcelogError
 from icelog.lake import iceberg_java
+from icelog.lake.data_files import WRITTEN_DDL, file_writer, written_files
 from icelog.lake.layout import PRIMARY_KEY_PROPERTY, TableSpec
 from icelog.lake.pk_index import IndexEntry, IndexRows, PrimaryKeyIndex, encode_keys
 from icelog.topic_configs.table import (
@@ -56,9 +54,21 @@ from icelog.topic_configs.table import (
 
 log = logging.getLogger(__name__)
 
-# spark.wap.id is a session conf: upsert writes of different topics (archiver threads) take turns staging.
-_STAGE_LOCK = threading.Lock()
-STAGED_SNAPSHOTS_KEPT = 4  # staged (WAP) snapshots of committed passes dropped once there are more
+
+
+@dataclass(frozen=True)
+class PassRows:
+    """A pass's rows as the archiver's Spark workers decode them: `decode` is a mapInArrow function over the task
+    numbers 0..tasks-1, yielding each task's rows as Arrow batches of the columns `ddl` declares."""
+
+    tasks: int
+    decode: Callable[[Iterator[Any]], Iterator[Any]]
+    ddl: str
+
+    def key_fields(self, spark: Any) -> list[str]:
+        """The fields of the record layout's `key` struct (the frame is not run)."""
+        frame = spark.range(0, 1, 1, 1).mapInArrow(self.decode, self.ddl)
+        return list(frame.schema["key"].dataType.fieldNames())
 
 
 @dataclass(frozen=True)
@@ -83,7 +93,7 @@ def partition_column(spec: TableSpec) -> str:
 def write_upserts(
     spark: Any,
     table_name: str,
-    frame: Any,
+    rows: PassRows,
     spec: TableSpec,
     summary: Mapping[str, str],
     data_dir: str,
@@ -99,7 +109,7 @@ def write_upserts(
             f"{found_key!r}); a primary key is fixed when a table is created: drop the table, or archive the topic "
             "into another with icelog.archive.iceberg.table"
         )
-    if spec.layout != LAYOUT_TABLE and list(frame.schema["key"].dataType.fieldNames()) != ["__raw__"]:
+    if spec.layout != LAYOUT_TABLE and rows.key_fields(spark) != ["__raw__"]:
         # The record layout keeps key.__raw__ only when the decoded fields cannot rebuild the key.
         raise IcelogError(
             f"{table_name}: a compacted topic whose key has a schema needs icelog.archive.layout=table (its __key "
@@ -116,11 +126,9 @@ def write_upserts(
 
         # The base's live data files and their DVs are planned (manifests only) while Spark writes the pass.
         planned = None if base is None else planner.submit(iceberg_java.live_data_files, table, base)
-        # One Spark job, as for an append: decode and write every row (superseded ones too) as a staged snapshot.
-        table, staged = _stage(spark, table_name, frame)
-        stages.done("stage")
-
-        data_files = [] if staged is None else iceberg_java.added_data_files(table, staged)
+        # One Spark job, as for an append: decode and write every row (superseded ones too), committing nothing.
+        data_files = write_data_files(spark, table, rows)
+        stages.done("write")
         batch = read_batch(data_files, spec)
         stages.done("read-keys")
         new_rows, masked, tombstoned = batch.new_rows, batch.masked, batch.tombstoned
@@ -175,10 +183,6 @@ def write_upserts(
             else:
                 update.commit(snapshot_id)
             stages.done("index-update")
-        staged_left = iceberg_java.staged_snapshots(table)
-        if len(staged_left) > STAGED_SNAPSHOTS_KEPT:  # the staged snapshots of passes committed (or crashed)
-            iceberg_java.drop_snapshots(table, [int(s.snapshotId()) for s in staged_left])
-            stages.done("drop-staged")
         replaced = sum(len(p) for p in positions.values()) - sum(len(p) for p in masked.values())
         log.info("upsert %s: %d rows written, %d tombstones, %d rows replaced (%d stale rows of foreign commits) "
                  "(%d deletion vectors); %s", table_name, len(new_rows), len(tombstoned), replaced, stale,
@@ -347,21 +351,11 @@ def follow_snapshots(spark: Any, table_name: str, spec: TableSpec, index: Primar
     return True
 
 
-def _stage(spark: Any, table_name: str, rows: Any) -> tuple[iceberg_java.JavaTable, iceberg_java.JavaSnapshot | None]:
-    """Write the rows' data files as a staged snapshot (not published): the table loaded after, and that snapshot
-    (None if Spark staged none)."""
-    wap_id = uuid.uuid4().hex
-    with _STAGE_LOCK:
-        spark.conf.set("spark.wap.id", wap_id)
-        try:
-            # Each task holds whole archives in partition and offset order: no shuffle, no re-sort, as for an
-            # append; one open file per table partition value in the task.
-            rows.writeTo(table_name).option("use-table-distribution-and-ordering", "false").option(
-                "fanout-enabled", "true").append()
-        finally:
-            spark.conf.unset("spark.wap.id")
-    table = iceberg_java.load_table(spark, table_name)
-    return table, iceberg_java.staged_snapshot(table, wap_id)
+def write_data_files(spark: Any, table: iceberg_java.JavaTable, rows: PassRows) -> list[iceberg_java.JavaDataFile]:
+    """Decode and write the pass's rows as data files of the table (as loaded), in one Spark job; commit nothing."""
+    writer = file_writer(iceberg_java.metadata_location(table), rows.decode)
+    written = written_files(spark.range(0, rows.tasks, 1, rows.tasks).mapInArrow(writer, WRITTEN_DDL).collect())
+    return iceberg_java.parquet_data_files(spark, table, written)
 
 
 def _open(location: str) -> tuple[Any, str]:
