@@ -60,7 +60,8 @@ def test_worker_written_files_are_described_as_sparks_writer_describes_them(
                 yield pa.RecordBatch.from_pylist([dict(zip(schema.names, r, strict=True)) for r in mine], schema=schema)
 
     table = iceberg_java.load_table(lake_spark, names["ours"])
-    files = write_data_files(lake_spark, table, PassRows(2, decode, COLUMNS))
+    files = iceberg_java.parquet_data_files(lake_spark, table, write_data_files(lake_spark, table,
+                                                                              PassRows(2, decode, COLUMNS)))
     iceberg_java.commit_row_delta(table, None, files, iceberg_java.WrittenDVs([], []), [], {})
 
     def described(name: str) -> list[tuple[Any, ...]]:

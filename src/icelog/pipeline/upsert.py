@@ -17,7 +17,7 @@ A pass (the rows decoded by the archiver's Spark workers, as for an append table
   4. the driver looks the latest keys up in the index, and writes one deletion vector per data file that holds
      a replaced row, a stale row or a masked row of this pass (BaseDVFileWriter, into one Puffin file; a file's
      existing DV is merged in and replaced, so a data file keeps one DV);
-  5. one RowDelta commits the staged data files and the DVs, with the offsets map in the snapshot summary
+  5. one RowDelta commits the new data files and the DVs, with the offsets map in the snapshot summary
      (exactly-once as for appends: reconcile.py), validated against every commit since the base (a
      concurrent compaction or DELETE of a referenced file fails it; the next pass starts over);
   6. the index takes the new rows and the new snapshot id, and forgets the stale rows, in one transaction
@@ -40,7 +40,7 @@ import numpy as np
 
 from icelog.errors import IcelogError
 from icelog.lake import iceberg_java
-from icelog.lake.data_files import WRITTEN_DDL, file_writer, written_files
+from icelog.lake.data_files import WRITTEN_DDL, WrittenFile, file_writer, written_files
 from icelog.lake.layout import PRIMARY_KEY_PROPERTY, TableSpec
 from icelog.lake.pk_index import IndexEntry, IndexRows, PrimaryKeyIndex, encode_keys
 from icelog.topic_configs.table import (
@@ -118,7 +118,7 @@ def write_upserts(
     current = table.currentSnapshot()
     base = None if current is None else int(current.snapshotId())
     index = PrimaryKeyIndex.for_table(data_dir, iceberg_java.table_uuid(table))
-    planner = ThreadPoolExecutor(1, thread_name_prefix="upsert-plan")
+    planner = ThreadPoolExecutor(2, thread_name_prefix="upsert-plan")
     try:
         stages = _Stages()
         rebuilt = refresh_index(spark, table_name, spec, index, base)
@@ -127,13 +127,17 @@ def write_upserts(
         # The base's live data files and their DVs are planned (manifests only) while Spark writes the pass.
         planned = None if base is None else planner.submit(iceberg_java.live_data_files, table, base)
         # One Spark job, as for an append: decode and write every row (superseded ones too), committing nothing.
-        data_files = write_data_files(spark, table, rows)
+        written = write_data_files(spark, table, rows)
         stages.done("write")
-        batch = read_batch(data_files, spec)
+        # The JVM describes the new files (footer metrics) while the driver reads their keys and looks them up.
+        described = planner.submit(iceberg_java.parquet_data_files, spark, table, written)
+        batch = read_batch([file.path for file in written], spec)
         stages.done("read-keys")
         new_rows, masked, tombstoned = batch.new_rows, batch.masked, batch.tombstoned
         old = index.lookup([*new_rows.keys, *tombstoned])
         stages.done("lookup")
+        data_files = described.result()
+        stages.done("describe")
         positions: dict[str, set[int]] = {path: set(poss) for path, poss in index.stale().items()}
         stale = sum(len(p) for p in positions.values())
         for entry in old.values():
@@ -195,15 +199,15 @@ def write_upserts(
 
 @dataclass
 class Batch:
-    """What a pass's staged data files hold, found by reading their key, offset, bucket and value columns."""
+    """What a pass's new data files hold, found by reading their key, offset, bucket and value columns."""
 
     new_rows: IndexRows  # each key's latest row in the pass, when it is not a tombstone (in key order)
     masked: dict[str, list[int]]  # positions in the new files of rows that are not their key's latest live row
     tombstoned: list[bytes]  # keys whose latest record in the pass is a tombstone
 
 
-def read_batch(data_files: list[iceberg_java.JavaDataFile], spec: TableSpec) -> Batch:
-    """The latest row per key among the staged files' rows (highest offset, then highest bucket).
+def read_batch(locations: list[str], spec: TableSpec) -> Batch:
+    """The latest row per key among the new data files' rows (highest offset, then highest bucket).
 
     Every decoded row was written; a row superseded in the pass, a tombstone (null value) or a row without a key
     gets a deletion vector in the same commit (a DV applies to data files of its own commit). One pyarrow sort
@@ -214,7 +218,6 @@ def read_batch(data_files: list[iceberg_java.JavaDataFile], spec: TableSpec) -> 
     import pyarrow.compute as pc
 
     width = len(spec.primary_key)
-    locations = [str(f.location()) for f in data_files]
     parts = [_numbered(_read_columns(location, spec), number) for number, location in enumerate(locations)]
     if not parts or not sum(p.num_rows for p in parts):
         return Batch(IndexRows([], [], [], [], []), {}, [])
@@ -351,11 +354,10 @@ def follow_snapshots(spark: Any, table_name: str, spec: TableSpec, index: Primar
     return True
 
 
-def write_data_files(spark: Any, table: iceberg_java.JavaTable, rows: PassRows) -> list[iceberg_java.JavaDataFile]:
+def write_data_files(spark: Any, table: iceberg_java.JavaTable, rows: PassRows) -> list[WrittenFile]:
     """Decode and write the pass's rows as data files of the table (as loaded), in one Spark job; commit nothing."""
     writer = file_writer(iceberg_java.metadata_location(table), rows.decode)
-    written = written_files(spark.range(0, rows.tasks, 1, rows.tasks).mapInArrow(writer, WRITTEN_DDL).collect())
-    return iceberg_java.parquet_data_files(spark, table, written)
+    return written_files(spark.range(0, rows.tasks, 1, rows.tasks).mapInArrow(writer, WRITTEN_DDL).collect())
 
 
 def _open(location: str) -> tuple[Any, str]:
@@ -379,7 +381,9 @@ def _read_columns(location: str, spec: TableSpec) -> Any:
     with filesystem.open_input_file(path) as handle:
         parquet = pq.ParquetFile(handle)
         present = [v for v in values if v in parquet.schema_arrow.names]
-        tops = list(dict.fromkeys([*(p.split(".")[0] for p in paths), *present]))
+        # No tombstone in the file when a value column is never null: then the value bytes are not read.
+        tombstones = bool(present) and not any(_never_null(parquet.metadata, v) for v in present)
+        tops = list(dict.fromkeys([*(p.split(".")[0] for p in paths), *(present if tombstones else [])]))
         data = parquet.read(columns=tops)
 
     def column(p: str) -> Any:
@@ -393,11 +397,25 @@ def _read_columns(location: str, spec: TableSpec) -> Any:
     has_key = pa.array([True] * data.num_rows, pa.bool_())
     for key in keys:
         has_key = pc.and_(has_key, pc.is_valid(key))
-    tombstone = pa.array([bool(present)] * data.num_rows, pa.bool_())
-    for value in present:
+    tombstone = pa.array([tombstones] * data.num_rows, pa.bool_())
+    for value in present if tombstones else []:
         tombstone = pc.and_(tombstone, pc.is_null(column(value)))
     names = [f"k{i}" for i in range(len(keys))] + ["o", "b", "t", "has_key"]
     return pa.table([*keys, offsets, buckets, tombstone, has_key], names=names)
+
+
+def _never_null(metadata: Any, column: str) -> bool:
+    """Whether a Parquet file's statistics show a leaf of `column` (outside any list or map) with no null in any
+    row group: a null `column` would be a null there, so `column` is never null in the file."""
+    for leaf in range(metadata.num_columns):
+        described = metadata.schema.column(leaf)
+        if described.max_repetition_level or not (described.path == column or
+                                                  described.path.startswith(column + ".")):
+            continue
+        stats = [metadata.row_group(group).column(leaf).statistics for group in range(metadata.num_row_groups)]
+        if all(s is not None and s.has_null_count and s.null_count == 0 for s in stats):
+            return True
+    return False
 
 
 def _live_rows(location: str, dv: iceberg_java.JavaDeleteFile | None, spec: TableSpec) -> tuple[IndexRows, list[int]]:
