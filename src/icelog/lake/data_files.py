@@ -11,9 +11,10 @@ A task that fails leaves files no snapshot references (orphans, which maintenanc
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,22 +35,23 @@ class WrittenFile:
 
 
 def file_writer(
-    metadata_location: str, decode: Callable[[Iterator[Any]], Iterator[Any]]
+    metadata_location: str, decode: Callable[[Iterator[Any]], Iterator[Any]], io_properties: Mapping[str, str]
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """A mapInArrow function: the task's rows as `decode` yields them, written to data files of the table whose
-    metadata file is `metadata_location`; yields a WRITTEN_DDL batch per group of files written.
+    metadata file is `metadata_location` (through pyiceberg's FileIO for its scheme, given the catalog's
+    properties: archive.catalog_properties); yields a WRITTEN_DDL batch per group of files written.
 
     Rows keep their decoded order within a file (each file holds one partition's rows, in offset order).
     """
 
     def write(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
-        from pyiceberg.io.pyarrow import PyArrowFileIO
+        from pyiceberg.io import load_file_io
         from pyiceberg.serializers import FromInputFile
 
-        io = PyArrowFileIO()
+        io = load_file_io(dict(io_properties), metadata_location)
         metadata = FromInputFile.table_metadata(io.new_input(metadata_location))
-        write_uuid, counter = uuid.uuid4(), _counter()
+        write_uuid, counter = uuid.uuid4(), itertools.count(0)
         held: list[Any] = []
         size = 0
         for batch in decode(batches):
@@ -63,12 +65,6 @@ def file_writer(
             yield _written(metadata, io, pa.Table.from_batches(held), write_uuid, counter)
 
     return write
-
-
-def _counter() -> Any:
-    import itertools
-
-    return itertools.count(0)
 
 
 def _written(metadata: Any, io: Any, rows: Any, write_uuid: uuid.UUID, counter: Any) -> Any:

@@ -489,9 +489,10 @@ class Archiver:
             TOPIC_ID_PROPERTY: str(topic.topic_id),
             COMMIT_USER_PROPERTY: COMMIT_USER,
         }
-        if spec.primary_key:  # an upsert table: staged data files + deletion vectors in one row delta
-            write_upserts(self.spark, self.table_name(config), PassRows(len(groups), decode, ddl), spec, summary,
-                          str(self.settings.data_dir), fault_point)
+        if spec.primary_key:  # an upsert table: data files + deletion vectors in one row delta
+            rows = PassRows(len(groups), decode, ddl, self.settings.archive.catalog_properties)
+            write_upserts(self.spark, self.table_name(config), rows, spec, summary, str(self.settings.data_dir),
+                          fault_point)
             return
         frame = self.spark.range(0, len(groups), 1, len(groups)).mapInArrow(decode, ddl)
         writer = (

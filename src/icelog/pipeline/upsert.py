@@ -64,6 +64,7 @@ class PassRows:
     tasks: int
     decode: Callable[[Iterator[Any]], Iterator[Any]]
     ddl: str
+    io_properties: Mapping[str, str]  # how workers reach the warehouse (the catalog's properties)
 
     def key_fields(self, spark: Any) -> list[str]:
         """The fields of the record layout's `key` struct (the frame is not run)."""
@@ -356,7 +357,7 @@ def follow_snapshots(spark: Any, table_name: str, spec: TableSpec, index: Primar
 
 def write_data_files(spark: Any, table: iceberg_java.JavaTable, rows: PassRows) -> list[WrittenFile]:
     """Decode and write the pass's rows as data files of the table (as loaded), in one Spark job; commit nothing."""
-    writer = file_writer(iceberg_java.metadata_location(table), rows.decode)
+    writer = file_writer(iceberg_java.metadata_location(table), rows.decode, rows.io_properties)
     return written_files(spark.range(0, rows.tasks, 1, rows.tasks).mapInArrow(writer, WRITTEN_DDL).collect())
 
 
