@@ -4,13 +4,23 @@ INSERT of an existing key between archive passes) is in test_pk_tables.py."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from icelog.lake.pk_index import IndexEntry, IndexRows, PrimaryKeyIndex, encode_key, encode_keys
+from icelog.lake.pk_index import (
+    IndexEntry,
+    IndexRows,
+    PrimaryKeyIndex,
+    describe_index,
+    encode_key,
+    encode_keys,
+    settle,
+)
 
 
 def file_rows(location: str, rows: list[tuple[bytes, int, int]]) -> IndexRows:
@@ -133,3 +143,31 @@ def test_a_prepared_update_shows_nothing_until_the_table_commit_and_then_everyth
         assert index.snapshot_id() is None and dict(index.items())[a] == IndexEntry("f2", 0, 3)
     finally:
         index.close()
+
+
+def test_an_update_committed_later_is_what_the_next_opener_of_the_index_sees(tmp_path: Path, caplog: Any) -> None:
+    """commit_later: the pass returns while the index's thread ends the transaction and closes the index; the next
+    PrimaryKeyIndex of the directory and describe_index wait for it. A later update that fails leaves the index
+    before its commit (logged), so the next pass rebuilds it."""
+    directory = tmp_path / "pk-index" / "uuid-1"
+    a, b = encode_key((b"a",)), encode_key((b"b",))
+    index = PrimaryKeyIndex(directory)
+    index.rebuild(1, [(1, file_rows("f1", [(b"a", 0, 1)]), [])])
+    with index.prepare(file_rows("f2", [(b"a", 0, 2), (b"b", 1, 3)]), []) as update:
+        update.commit_later(2)
+    index.close()  # the thread closes it (after its commit), not the caller
+    assert describe_index(tmp_path, "uuid-1", 2) == "at snapshot 2"
+    reopened = PrimaryKeyIndex(directory)
+    assert reopened.snapshot_id() == 2 and dict(reopened.items()) == {a: IndexEntry("f2", 0, 2),
+                                                                      b: IndexEntry("f2", 1, 3)}
+    broken = IndexRows([a, b], ["f3"], [0], [0], [4])  # columns of unequal length: the update fails
+    with caplog.at_level(logging.WARNING, logger="icelog.lake.pk_index"), reopened.prepare(broken, []) as update:
+        update.commit_later(3)
+    reopened.close()
+    settle()
+    assert "rebuilt next pass" in caplog.text
+    again = PrimaryKeyIndex(directory)
+    try:
+        assert again.snapshot_id() == 2 and again.lookup([a])[a] == IndexEntry("f2", 0, 2)
+    finally:
+        again.close()

@@ -18,9 +18,11 @@ when opened, so the next pass rebuilds it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import decimal
+import logging
 import queue
 import struct
 import threading
@@ -29,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 _ROW = struct.Struct(">qqQ")  # offset, position, data file number
 _NUMBER = struct.Struct(">Q")
 _POS = struct.Struct(">q")  # a stale row's key: its position, then its data file's location
@@ -36,6 +40,25 @@ _SNAPSHOT_KEY = b"snapshot"
 _FORMAT_KEY, FORMAT = b"format", b"2"  # 2: data files by number (1: a location in every row)
 _NAME, _LOCATION = b"n", b"l"  # files database: n<number> -> location, l<location> -> number
 MAP_SIZE = 1 << 36  # LMDB's address-space reservation (sparse): 64 GiB of index at most
+
+# Index updates a pass left committing in their thread (PreparedUpdate.commit_later), by index directory: the next
+# PrimaryKeyIndex of the directory, describe_index and settle() wait for them (and interpreter exit, below).
+_SETTLING: dict[Path, threading.Thread] = {}
+_SETTLING_LOCK = threading.Lock()
+
+
+def settle(directory: Path | None = None) -> None:
+    """Wait until the index updates still committing (of one index directory, or of all) have ended."""
+    with _SETTLING_LOCK:
+        threads = [_SETTLING.pop(directory, None)] if directory is not None else list(_SETTLING.values())
+        if directory is None:
+            _SETTLING.clear()
+    for thread in threads:
+        if thread is not None:
+            thread.join()
+
+
+atexit.register(settle)  # runs before the interpreter stops daemon threads: no decided update is cut short
 
 
 @dataclass(frozen=True)
@@ -122,8 +145,10 @@ class PrimaryKeyIndex:
     def __init__(self, directory: Path) -> None:
         import lmdb
 
+        settle(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
+        self._handed_off = False  # a PreparedUpdate committing in its thread closes the environment
         self._env: Any = lmdb.open(str(directory), map_size=MAP_SIZE, max_dbs=4, subdir=True)
         self._rows = self._env.open_db(b"rows")
         self._meta = self._env.open_db(b"meta")
@@ -181,7 +206,8 @@ class PrimaryKeyIndex:
         return cls(index_directory(data_dir, table_uuid))
 
     def close(self) -> None:
-        self._env.close()
+        if not self._handed_off:
+            self._env.close()
 
     def snapshot_id(self) -> int | None:
         """The table snapshot the index reflects (None: empty or never built)."""
@@ -305,8 +331,10 @@ class PreparedUpdate:
     Use as a context manager: leaving it without commit() aborts."""
 
     def __init__(self, index: PrimaryKeyIndex, rows: IndexRows, deleted: list[bytes], stale_marked: bool) -> None:
+        self._index = index
         self._decision: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._decided = False
+        self._close_after = False  # commit_later: the thread closes the index once its transaction ended
         self._error: BaseException | None = None
         self._thread = threading.Thread(
             target=self._run, args=(index, rows, deleted, stale_marked), name="pk-index-update", daemon=True
@@ -314,24 +342,47 @@ class PreparedUpdate:
         self._thread.start()
 
     def _run(self, index: PrimaryKeyIndex, rows: IndexRows, deleted: list[bytes], stale_marked: bool) -> None:
-        # LMDB ties a write transaction to its thread: it is begun, filled and ended here.
+        # LMDB ties a write transaction to its thread: it is begun, filled and ended here. The thread always waits
+        # for the caller's decision, so that commit_later's hand-over is seen whatever happened before.
+        snapshot_id = None
         try:
             with index._write() as txn:
-                index._put_rows(txn, rows, deleted, stale_marked)
+                try:
+                    index._put_rows(txn, rows, deleted, stale_marked)
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller with the decision
+                    self._error = exc
                 snapshot_id = self._decision.get()
-                if snapshot_id is None:
+                if snapshot_id is None or self._error is not None:
                     raise _Aborted
                 txn.put(_SNAPSHOT_KEY, str(snapshot_id).encode(), db=index._meta)
         except _Aborted:
             pass
-        except BaseException as exc:  # handed to the caller's commit()
+        except BaseException as exc:  # the transaction's commit failed
             self._error = exc
+        finally:
+            if self._close_after:  # commit_later: nobody waits for this thread but the next user of the index
+                if self._error is not None:  # the index stays before the table commit: the next pass rebuilds it
+                    log.warning("primary-key index %s: the update of snapshot %s failed (%s); it is rebuilt next "
+                                "pass", index.directory, snapshot_id, self._error)
+                index._env.close()
 
     def commit(self, snapshot_id: int) -> None:
         """The table commit landed as `snapshot_id`: the index takes the rows with it (raises what the update met)."""
         self._finish(snapshot_id)
         if self._error is not None:
             raise self._error
+
+    def commit_later(self, snapshot_id: int) -> None:
+        """As commit, without waiting for the index transaction to be written and synced: the thread ends it and
+        closes the index; whoever opens the index next (PrimaryKeyIndex, describe_index, settle) waits for it.
+        The table commit is the record of the pass: should this update fail or the process die first, the index
+        is behind the table, and the next pass rebuilds it."""
+        with _SETTLING_LOCK:
+            self._close_after = True
+            self._index._handed_off = True
+            _SETTLING[self._index.directory] = self._thread
+        self._decided = True
+        self._decision.put(snapshot_id)
 
     def abort(self) -> None:
         """Nothing of the update reaches the index."""
@@ -347,7 +398,8 @@ class PreparedUpdate:
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self.abort()
+        if not self._decided:
+            self.abort()
 
 
 def index_directory(data_dir: str | Path, table_uuid: str) -> Path:
@@ -360,6 +412,7 @@ def describe_index(data_dir: str | Path, table_uuid: str, table_snapshot: int | 
     import lmdb
 
     directory = index_directory(data_dir, table_uuid)
+    settle(directory)
     if not (directory / "data.mdb").exists():
         return "missing"
     env = lmdb.open(str(directory), readonly=True, max_dbs=4, subdir=True)

@@ -22,7 +22,8 @@ A pass (the rows decoded by the archiver's Spark workers, as for an append table
      concurrent compaction or DELETE of a referenced file fails it; the next pass starts over);
   6. the index takes the new rows and the new snapshot id, and forgets the stale rows, in one transaction
      (unless a concurrent commit landed between the base and this one: then the index is marked stale and
-     rebuilt next pass); its thread writes the rows while 4 and 5 run, and commits with 5's snapshot id;
+     rebuilt next pass); its thread writes the rows while 4 and 5 run, and commits with 5's snapshot id while
+     the pass returns (the next pass of the table waits for it: pk_index.settle);
 A crash before 5 leaves unreferenced files (orphans, as a failed Spark write leaves); after 5, an index behind the
 table, which 1 rebuilds. Never equality deletes, never a data file rewritten on the write path.
 """
@@ -185,8 +186,8 @@ def write_upserts(
                 index.forget_snapshot()
                 log.warning("%s: a concurrent commit landed during the upsert pass; the index is rebuilt next pass",
                             table_name)
-            else:
-                update.commit(snapshot_id)
+            else:  # the pass is done: its thread ends the index's transaction while the archiver goes on
+                update.commit_later(snapshot_id)
             stages.done("index-update")
         replaced = sum(len(p) for p in positions.values()) - sum(len(p) for p in masked.values())
         log.info("upsert %s: %d rows written, %d tombstones, %d rows replaced (%d stale rows of foreign commits) "
