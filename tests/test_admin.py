@@ -356,6 +356,27 @@ def test_alter_config_errors(broker: BrokerProcess, topic_name: str) -> None:
     assert error_of(future) == KafkaError.UNKNOWN_TOPIC_OR_PART
 
 
+def test_a_typo_in_an_icelog_config_family_is_refused_with_the_key_it_meant(broker: BrokerProcess,
+                                                                            topic_name: str) -> None:
+    """`icelog.table.bucketkey` would be stored and silently do nothing: keys of the icelog.archive/schema/table/
+    intake families must be known (INVALID_CONFIG naming the likely key); other icelog.* keys persist as given,
+    and an unknown key already stored can still be deleted."""
+    admin = admin_for(broker)
+    for key in ("icelog.table.bucketkey", "icelog.schema.valu", "icelog.archive.max.byte"):
+        bad = admin.create_topics([NewTopic(topic_name, 1, 1, config={key: "x"})], validate_only=True)[topic_name]
+        with pytest.raises(KafkaException) as info:
+            bad.result()
+        assert info.value.args[0].code() == KafkaError.INVALID_CONFIG
+        assert "did you mean icelog." in info.value.args[0].str()
+    create_topic(broker.bootstrap, topic_name, configs={"icelog.owner": "team-a"})
+    assert explicit_configs(admin, topic_name) == {"icelog.owner": "team-a"}
+    resource = ConfigResource(ResourceType.TOPIC, topic_name, incremental_configs=[
+        ConfigEntry("icelog.table.bucketkey", None, incremental_operation=AlterConfigOpType.DELETE)])
+    (future,) = admin.incremental_alter_configs([resource]).values()
+    assert error_of(future) is None
+
+
+
 def test_admin_list_offsets(broker: BrokerProcess, topic_name: str) -> None:
     """Admin ListOffsets: earliest, latest, by timestamp and the record with the largest timestamp."""
     from confluent_kafka import TopicPartition

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -73,9 +74,20 @@ TOPIC_CONFIG_KEYS: dict[str, TopicConfigKey] = {
 ICELOG_PREFIX = "icelog."
 
 
+# The icelog.* families whose every key icelog knows: an unknown key in them is a typo that would otherwise be
+# stored and silently do nothing (`icelog.table.bucketkey`). Keys outside them (`icelog.owner`) persist as given.
+OWNED_PREFIXES = ("icelog.archive.", "icelog.schema.", "icelog.table.", "icelog.intake.")
+KNOWN_ICELOG_KEYS = {**ARCHIVE_CHECKS, **SCHEMA_CHECKS, **TABLE_CHECKS}
+
+
 def _check_icelog_key(key: str, value: str | None) -> None:
-    """Validate the icelog.* keys that have a known meaning (archive, schema); others persist as given."""
-    check = ARCHIVE_CHECKS.get(key) or SCHEMA_CHECKS.get(key) or TABLE_CHECKS.get(key)
+    """Validate the icelog.* keys that have a known meaning (archive, schema, table), refuse unknown keys in their
+    families (deleting one is allowed, to clean up); other icelog.* keys persist as given."""
+    check = KNOWN_ICELOG_KEYS.get(key)
+    if check is None and value is not None and key.startswith(OWNED_PREFIXES):
+        close = difflib.get_close_matches(key, KNOWN_ICELOG_KEYS, n=1, cutoff=0.8)
+        hint = f"; did you mean {close[0]}?" if close else f" (known: {', '.join(sorted(KNOWN_ICELOG_KEYS))})"
+        raise KafkaApiError(ErrorCode.INVALID_CONFIG, f"unknown topic config {key!r}{hint}")
     if check is None or value is None:
         return
     try:
