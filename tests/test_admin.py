@@ -579,6 +579,8 @@ def test_cli_topic_commands(broker: BrokerProcess, topic_name: str, tmp_path: Pa
     listed = run_cli("topic", *bootstrap, "list", cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     assert topic_name in listed.stdout.splitlines()
+    listed_after = run_cli("topic", "list", *bootstrap, cwd=tmp_path)  # --bootstrap after the action, too
+    assert listed_after.returncode == 0 and listed_after.stdout == listed.stdout, listed_after.stderr
 
     described = run_cli("topic", *bootstrap, "describe", topic_name, cwd=tmp_path)
     assert described.returncode == 0, described.stderr

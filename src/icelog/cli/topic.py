@@ -12,21 +12,24 @@ from icelog.errors import ConfigError, IcelogError
 def add_parser(sub: Any) -> None:
     topic = sub.add_parser("topic", help="create, list, describe and delete topics on a running broker")
     topic.add_argument("--bootstrap", help="broker HOST:PORT (default: the configured listen address)")
+    # Also after the action (`icelog topic list --bootstrap X`); absent there, the one before it stands.
+    after = argparse.ArgumentParser(add_help=False)
+    after.add_argument("--bootstrap", default=argparse.SUPPRESS, help="broker HOST:PORT")
     actions = topic.add_subparsers(dest="action", required=True)
 
-    create = actions.add_parser("create", help="create a topic")
+    create = actions.add_parser("create", help="create a topic", parents=[after])
     create.add_argument("name")
     create.add_argument("--partitions", type=int, default=1)
     create.add_argument("--config", dest="configs", action="append", default=[], metavar="KEY=VALUE")
     create.set_defaults(func=cmd_create)
 
-    actions.add_parser("list", help="list topics").set_defaults(func=cmd_list)
+    actions.add_parser("list", help="list topics", parents=[after]).set_defaults(func=cmd_list)
 
-    describe = actions.add_parser("describe", help="partitions and configs of a topic")
+    describe = actions.add_parser("describe", help="partitions and configs of a topic", parents=[after])
     describe.add_argument("name")
     describe.set_defaults(func=cmd_describe)
 
-    delete = actions.add_parser("delete", help="delete a topic and its data")
+    delete = actions.add_parser("delete", help="delete a topic and its data", parents=[after])
     delete.add_argument("name")
     delete.set_defaults(func=cmd_delete)
 
