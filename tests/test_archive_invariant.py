@@ -286,3 +286,51 @@ def test_a_table_waits_for_payloads_to_name_their_message(
     assert rows == {i: f"c{i}" for i in range(4)}
     properties = iceberg_java.table_properties(iceberg_java.load_table(lake_spark, table(topic)))
     assert properties[message_property("value")] == "inv.Order"
+
+
+def test_every_upsert_table_row_rebuilds_the_latest_record_of_its_key(
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_spark: Any, lake_store: MetadataStore,
+    inv_pb: ModuleType,
+) -> None:
+    """A compacted topic's table (workers write its files, lake/data_files.py) holds one row per live key: the
+    record of the key's highest offset, rebuilt exactly as a consumer reads it (nested, repeated, optional,
+    bytes, uint64 and header columns; odd payloads keep their bytes); a key whose latest record is a
+    tombstone has no row."""
+    registry = SchemaRegistryClient({"url": lake_broker.registry_url})
+    topic = "invt-compacted"
+    create_topic(lake_broker, topic, 2, {"icelog.archive.layout": "table", "cleanup.policy": "compact",
+                                         "icelog.schema.value.on.parse.error": "pass"})
+    serialize = ProtobufSerializer(inv_pb.Order, registry, {"use.deprecated.format": False})
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    for step in range(2):
+        for partition in (0, 1):
+            records: list[tuple[bytes | None, bytes | None, Any]] = []
+            for i in range(12):
+                order = inv_pb.Order(id=i + step, customer=f"c{i}-{step} é", cents=2**64 - 1 - i,
+                                     tags=[f"t{j}" for j in range((i + step) % 3)], paid=i % 2 == 0,
+                                     note=bytes([i, step, 255]))
+                if (i + step) % 3:
+                    order.inner.name, order.inner.n = f"in{i}", i
+                key = f"p{partition}-k{(i + 6 * step) % 14}".encode()  # the second pass updates half the keys
+                records.append((key, serialize(order, ctx), [("step", str(step).encode())]))
+            schema_id = registry.get_latest_version(f"{topic}-value").schema_id
+            records += [
+                (f"p{partition}-k0".encode(), encode_envelope(schema_id, [1]) + b"\xff\xff\xff", None),  # garbage
+                (f"p{partition}-k{1 + step}".encode(), None, [("tombstone", None)]),
+                (f"p{partition}-odd{step}".encode(), encode_envelope(schema_id, [1]) + b"\xf8\x07\x2a", None),
+            ]
+            send(lake_broker, topic, records, partition=partition)
+        [result] = lake_archiver.run_pass(force=True, topics={topic})
+        assert result.error == "", result
+
+    read = consume_all(lake_broker, topic, 2)
+    latest: dict[bytes, tuple[int, int]] = {}
+    for (partition, offset), (key, _value, _headers) in sorted(read.items()):
+        assert key is not None
+        latest[key] = (partition, offset)
+    live = {at for key, at in latest.items() if read[at][1] is not None}
+    rows = [r.asDict(recursive=True) for r in lake_spark.sql(f"SELECT * FROM {table(topic)}").collect()]
+    schemas = StoreSchemaSource(lake_store)
+    keys, values = Rebuilder(schemas), Rebuilder(schemas)
+    assert {(r["__bucket"], r["__offset"]): rebuild_table_row(r, keys, values) for r in rows} == {
+        at: read[at] for at in live}
