@@ -349,7 +349,8 @@ def test_deletion_vector_blobs_read_back_by_iceberg(lake_spark: Any) -> None:
     assert [bool(index.isDeleted(p)) for p in probes] == [p in set(positions) for p in probes]
 
 
-@pytest.mark.parametrize("concurrent", ["rewrite-referenced", "user-delete", "rewrite-elsewhere"])
+@pytest.mark.parametrize("concurrent", ["rewrite-referenced", "user-delete", "rewrite-elsewhere",
+                                        "user-delete-elsewhere"])
 def test_a_concurrent_commit_during_an_upsert_pass_never_corrupts_the_table_or_the_index(
     concurrent: str, lake_broker: BrokerProcess, lake_archiver: Archiver, lake_spark: Any, lake_settings: Settings,
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
@@ -359,8 +360,10 @@ def test_a_concurrent_commit_during_an_upsert_pass_never_corrupts_the_table_or_t
     rewrite-referenced: Spark's rewrite_data_files moves the rows the pass replaces; user-delete: a user's DELETE
     adds a DV to a data file the pass also marks. Both make the RowDelta validation fail: the pass fails cleanly
     (nothing of it is visible), and the next pass redoes it exactly. rewrite-elsewhere: a compaction of files the
-    pass does not touch, which validation allows: the pass commits, and the index, which did not see the
-    compaction, is rebuilt on the next pass instead of following a snapshot it does not know.
+    pass does not touch, and user-delete-elsewhere: a user's DELETE of a row in a file the pass does not touch,
+    which validation allows: the pass commits (an analyst's steady DELETEs must not stall archiving), and the
+    index, which did not see that commit, is rebuilt on the next pass instead of following a snapshot it does
+    not know.
     """
     from icelog.pipeline import archiver as archiver_module
 
@@ -381,6 +384,7 @@ def test_a_concurrent_commit_during_an_upsert_pass_never_corrupts_the_table_or_t
         "user-delete": f"DELETE FROM {spark_table} WHERE __key IN (X'{touched[0].hex()}', X'{victim.hex()}')",
         "rewrite-elsewhere": f"CALL lake.system.rewrite_data_files(table => 'icelog.{topic}', "
                              "where => '__bucket = 2', options => map('rewrite-all', 'true'))",
+        "user-delete-elsewhere": f"DELETE FROM {spark_table} WHERE __key = X'{victim.hex()}'",
     }
     ran: list[str] = []
 
@@ -397,8 +401,9 @@ def test_a_concurrent_commit_during_an_upsert_pass_never_corrupts_the_table_or_t
     expected = latest(produced)
     if concurrent == "user-delete":  # the user deleted touched[0] (re-produced since: it comes back) and victim
         before = {k: v for k, v in before.items() if k not in (touched[0], victim)}
+    if concurrent.startswith("user-delete"):
         expected.pop(victim)
-    if concurrent == "rewrite-elsewhere":
+    if concurrent.endswith("elsewhere"):
         assert result.error == ""
         check_table(lake_spark, lake_settings, topic, "table", expected)
         metadata = catalog_table(lake_settings, topic).metadata
@@ -412,11 +417,11 @@ def test_a_concurrent_commit_during_an_upsert_pass_never_corrupts_the_table_or_t
         assert spark_latest(lake_spark, topic, "table") == before  # nothing of the failed pass is visible
     produced += send(lake_broker, topic, [(touched[1], b"c-" + touched[1]), (b"new1", b"c-new")])
     expected = latest(produced)
-    if concurrent == "user-delete":
+    if concurrent.startswith("user-delete"):
         expected.pop(victim)
     with caplog.at_level(logging.INFO, logger="icelog.pipeline.upsert"):
         pass_ok(lake_archiver, topic)  # redoes the failed pass's records too
-    if concurrent == "rewrite-elsewhere":
+    if concurrent.endswith("elsewhere"):
         assert "primary-key index rebuilt" in caplog.text
     check_table(lake_spark, lake_settings, topic, "table", expected)
     check_index(lake_spark, lake_settings, topic, "table")
