@@ -56,7 +56,6 @@ from icelog.topic_configs.table import (
 log = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class PassRows:
     """A pass's rows as the archiver's Spark workers decode them: `decode` is a mapInArrow function over the task
