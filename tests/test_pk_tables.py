@@ -240,14 +240,21 @@ def test_index_deleted_or_table_compacted_between_passes(
     check_table(lake_spark, lake_settings, topic, "table", latest(produced))
     check_index(lake_spark, lake_settings, topic, "table")
 
-    # A user's DELETE (merge-on-read: a DV on a file our next pass also marks): the index is rebuilt, the
-    # user's DV is merged into ours, the deleted key stays deleted until it is produced again.
+    # A user's DELETE and UPDATE (merge-on-read: a DV on a file our next pass also marks; the updated row in a
+    # new file and a DV on its old one): the index follows both snapshots, no rebuild; the user's DV is merged
+    # into ours, the deleted key stays deleted until it is produced again, the updated row stays as updated.
     lake_spark.sql(f"DELETE FROM icelog.`{topic}` WHERE __key IN (X'6b32', X'6b38')").collect()  # k2, k8
+    lake_spark.sql(f"UPDATE icelog.`{topic}` SET __value = X'7570' WHERE __key = X'6b35'").collect()  # k5: b"up"
     expected = {k: v for k, v in latest(produced).items() if k not in (b"k2", b"k8")}
+    expected[b"k5"] = (b"up", *expected[b"k5"][1:])
     fourth = send(lake_broker, topic, [(b"k8", b"d8"), (b"k4", b"d4"), (b"k11", b"d11"), (b"k17", None)])
     expected.update({k: (v, p, o) for p, o, k, v in fourth if v is not None})
     expected.pop(b"k17")
-    pass_ok(lake_archiver, topic)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="icelog.pipeline.upsert"):
+        pass_ok(lake_archiver, topic)
+    assert "follows DELETE snapshot" in caplog.text and "follows OVERWRITE snapshot" in caplog.text
+    assert "rebuilt" not in caplog.text
     check_table(lake_spark, lake_settings, topic, "table", expected)
     check_index(lake_spark, lake_settings, topic, "table")
 

@@ -123,6 +123,8 @@ class JavaSnapshot(Protocol):
     def operation(self) -> str | None: ...
     def allManifests(self, io: Any) -> Any: ...
     def addedDataFiles(self, io: JavaFileIO) -> JavaIterable[JavaDataFile]: ...
+    def removedDataFiles(self, io: JavaFileIO) -> JavaIterable[JavaDataFile]: ...
+    def addedDeleteFiles(self, io: JavaFileIO) -> JavaIterable[JavaDeleteFile]: ...
 
 
 class JavaRowDelta(Protocol):
@@ -433,6 +435,16 @@ def snapshots_since(table: JavaTable, snapshot_id: int) -> list[JavaSnapshot] | 
 def added_data_files(table: JavaTable, snapshot: JavaSnapshot) -> list[JavaDataFile]:
     """The data files a snapshot added."""
     return each(snapshot.addedDataFiles(table.io()))
+
+
+def removed_data_files(table: JavaTable, snapshot: JavaSnapshot) -> list[JavaDataFile]:
+    """The data files a snapshot removed."""
+    return each(snapshot.removedDataFiles(table.io()))
+
+
+def added_delete_files(table: JavaTable, snapshot: JavaSnapshot) -> list[JavaDeleteFile]:
+    """The delete files a snapshot added."""
+    return each(snapshot.addedDeleteFiles(table.io()))
 
 
 @dataclass(frozen=True)

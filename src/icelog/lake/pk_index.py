@@ -253,6 +253,30 @@ class PrimaryKeyIndex:
             txn.put(_SNAPSHOT_KEY, str(snapshot_id).encode(), db=self._meta)
         return marked
 
+    def follow_delta(
+        self, snapshot_id: int, files: Iterable[tuple[int, IndexRows, list[int]]],
+        deleted: Iterable[tuple[str, list[bytes], list[int]]],
+    ) -> tuple[int, int]:
+        """A snapshot that added rows and deletion vectors without moving rows (a merge-on-read DELETE, UPDATE or
+        MERGE): its added files' live rows as follow_append takes them, then, per data file one of its DVs
+        covers, the keys and positions of the rows the DV deletes: a key whose row is one of them leaves the
+        index, and a stale row among them is stale no more (deleted already). One transaction with the new
+        snapshot id. Returns (rows that became stale, keys dropped)."""
+        with self._write() as txn:
+            marked = self._merge(txn, files)
+            rows, dropped = txn.cursor(db=self._rows), 0
+            for location, keys, positions in deleted:
+                found = {bytes(k): self._unpack(txn, raw) for k, raw in rows.getmulti(sorted(set(keys)))}
+                for key, pos in zip(keys, positions, strict=True):
+                    entry = found.get(key)
+                    if entry is not None and entry.file == location and entry.pos == pos:
+                        txn.delete(key, db=self._rows)
+                        found.pop(key)
+                        dropped += 1
+                    txn.delete(_stale_key(location, pos), db=self._stale)
+            txn.put(_SNAPSHOT_KEY, str(snapshot_id).encode(), db=self._meta)
+        return marked, dropped
+
     def stale(self) -> dict[str, list[int]]:
         """The stale rows' positions per data file."""
         found: dict[str, list[int]] = {}

@@ -2,7 +2,8 @@
 
 A pass (the rows decoded by the archiver's Spark workers, as for an append table):
   1. the table's primary-key index (lake/pk_index.py) is brought to the table's current snapshot (the base):
-     it follows REPLACE and APPEND snapshots since its own (refresh_index), or is rebuilt from the table
+     it follows REPLACE, APPEND and merge-on-read DELETE/overwrite snapshots since its own (refresh_index),
+     or is rebuilt from the table
      (reading only the key and offset columns of each live data file, less the positions of its deletion
      vector); a key the table holds twice (a foreign INSERT of an existing key) keeps the later commit's row,
      and the other becomes a *stale* row of the index;
@@ -318,8 +319,9 @@ def refresh_index(spark: Any, table_name: str, spec: TableSpec, index: PrimaryKe
 
 
 def follow_snapshots(spark: Any, table_name: str, spec: TableSpec, index: PrimaryKeyIndex, known: int) -> bool:
-    """Follow the REPLACE and APPEND snapshots since `known`; False if another kind comes (or `known` is not an
-    ancestor, or a REPLACE comes while stale rows wait for their deletion vector): the caller rebuilds instead.
+    """Follow the REPLACE, APPEND, DELETE and overwrite snapshots since `known`; False if another kind comes (or
+    `known` is not an ancestor, a REPLACE comes while stale rows wait for their deletion vector, or a DELETE or
+    overwrite is not one _follow_delta follows): the caller rebuilds instead.
 
     REPLACE: a compaction writes only live rows (it applies the deletion vectors), every live row of a file it
     rewrites goes to one of its new files, and a row keeps its offset: so a key whose index entry has the
@@ -327,14 +329,19 @@ def follow_snapshots(spark: Any, table_name: str, spec: TableSpec, index: Primar
     APPEND (rows added, none deleted: the commit is later than every row the index knows): each key's latest
     row among the added ones (highest offset) becomes its row; its previous row, and the other added rows of
     the key, become stale. Read one added file at a time.
+    DELETE / overwrite (merge-on-read DML, or our own pass): see _follow_delta.
     """
     table = iceberg_java.load_table(spark, table_name)
     since = iceberg_java.snapshots_since(table, known)
-    if since is None or any(str(s.operation()) not in ("replace", "append") for s in since):
+    if since is None or any(str(s.operation()) not in FOLLOWED for s in since):
         return False
     for snapshot in since:
         snapshot_id = int(snapshot.snapshotId())
         added = [str(f.location()) for f in iceberg_java.added_data_files(table, snapshot)]
+        if str(snapshot.operation()) in ("delete", "overwrite"):
+            if not _follow_delta(table, table_name, spec, index, snapshot, added):
+                return False
+            continue
         if str(snapshot.operation()) == "append":
             sequence = int(snapshot.sequenceNumber())
             marked = index.follow_append(snapshot_id, ((sequence, *_live_rows(location, None, spec))
@@ -352,6 +359,32 @@ def follow_snapshots(spark: Any, table_name: str, spec: TableSpec, index: Primar
             {k: e for k, e in moved.items() if k in current and current[k].offset == e.offset}), ())
         log.info("%s: primary-key index follows REPLACE snapshot %d (%d rows moved)", table_name, snapshot_id,
                  len(moved))
+    return True
+
+
+FOLLOWED = ("replace", "append", "delete", "overwrite")  # snapshot operations the index follows (else: rebuild)
+
+
+def _follow_delta(table: iceberg_java.JavaTable, table_name: str, spec: TableSpec, index: PrimaryKeyIndex,
+                  snapshot: iceberg_java.JavaSnapshot, added: list[str]) -> bool:
+    """A DELETE or overwrite that only added rows and deletion vectors: an analyst's merge-on-read DELETE, UPDATE
+    or MERGE, or a pass of ours whose index update a crash cut short. Its added files' live rows are taken as
+    an APPEND's (less the rows their own DVs delete); the keys whose indexed row another file's new DV deletes
+    leave the index. False (the caller rebuilds) when it removed data files (a copy-on-write rewrite moves
+    rows) or added deletes that are not DVs (equality or v2 position deletes)."""
+    if iceberg_java.removed_data_files(table, snapshot):
+        return False
+    dvs = iceberg_java.added_delete_files(table, snapshot)
+    if any(dv.referencedDataFile() is None or dv.contentOffset() is None for dv in dvs):
+        return False
+    by_file = {str(dv.referencedDataFile()): dv for dv in dvs}
+    sequence = int(snapshot.sequenceNumber())
+    files = ((sequence, *_live_rows(location, by_file.get(location), spec)) for location in sorted(added))
+    deleted = (_deleted_rows(location, dv, spec) for location, dv in by_file.items() if location not in added)
+    marked, dropped = index.follow_delta(int(snapshot.snapshotId()), files, deleted)
+    log.info("%s: primary-key index follows %s snapshot %d (%d files added, %d deletion vectors: %d keys deleted, "
+             "%d stale rows)", table_name, str(snapshot.operation()).upper(), int(snapshot.snapshotId()),
+             len(added), len(dvs), dropped, marked)
     return True
 
 
@@ -419,22 +452,39 @@ def _never_null(metadata: Any, column: str) -> bool:
     return False
 
 
+def _dv_positions(location: str, dv: iceberg_java.JavaDeleteFile) -> Any:
+    """The positions a deletion vector deletes in the data file at `location` (pyiceberg reads its Puffin file)."""
+    import pyarrow as pa
+    from pyiceberg.table.puffin import PuffinFile
+
+    filesystem, path = _open(str(dv.location()))
+    with filesystem.open_input_file(path) as handle:
+        return PuffinFile(handle.read()).to_vector()[location].combine_chunks().cast(pa.int64())
+
+
+def _deleted_rows(
+    location: str, dv: iceberg_java.JavaDeleteFile, spec: TableSpec
+) -> tuple[str, list[bytes], list[int]]:
+    """The keys and positions of the rows (with a key) of a data file that its deletion vector deletes."""
+    import pyarrow.compute as pc
+
+    data = _numbered(_read_columns(location, spec), 0)
+    rows = data.filter(pc.and_(data.column("has_key").combine_chunks(),
+                               pc.is_in(data.column("pos"), value_set=_dv_positions(location, dv))))
+    return location, _keys(rows, len(spec.primary_key)), rows.column("pos").to_pylist()
+
+
 def _live_rows(location: str, dv: iceberg_java.JavaDeleteFile | None, spec: TableSpec) -> tuple[IndexRows, list[int]]:
     """The latest row per key among the rows of a data file its deletion vector does not delete (pyarrow reads the
     key and offset columns, pyiceberg the DV's Puffin file); and the positions of the file's other live rows of
     those keys (none in a file of ours: a pass masks its superseded rows)."""
-    import pyarrow as pa
     import pyarrow.compute as pc
-    from pyiceberg.table.puffin import PuffinFile
 
     width = len(spec.primary_key)
     data = _numbered(_read_columns(location, spec), 0)
     keep = data.column("has_key").combine_chunks()
     if dv is not None:
-        filesystem, path = _open(str(dv.location()))
-        with filesystem.open_input_file(path) as handle:
-            deleted = PuffinFile(handle.read()).to_vector()[location].combine_chunks()
-        keep = pc.and_(keep, pc.invert(pc.is_in(data.column("pos"), value_set=deleted.cast(pa.int64()))))
+        keep = pc.and_(keep, pc.invert(pc.is_in(data.column("pos"), value_set=_dv_positions(location, dv))))
     rows, first = _sorted_first(data.filter(keep), width, [("o", "descending"), ("pos", "descending")])
     kept = rows.filter(first)
     stale = rows.filter(pc.invert(first)).column("pos").to_pylist()
