@@ -148,7 +148,7 @@ def test_a_prepared_update_shows_nothing_until_the_table_commit_and_then_everyth
 def test_an_update_committed_later_is_what_the_next_opener_of_the_index_sees(tmp_path: Path, caplog: Any) -> None:
     """commit_later: the pass returns while the index's thread ends the transaction and closes the index; the next
     PrimaryKeyIndex of the directory and describe_index wait for it. A later update that fails leaves the index
-    before its commit (logged), so the next pass rebuilds it."""
+    before its commit (logged), so the next pass brings it up to the table."""
     directory = tmp_path / "pk-index" / "uuid-1"
     a, b = encode_key((b"a",)), encode_key((b"b",))
     index = PrimaryKeyIndex(directory)
@@ -165,7 +165,7 @@ def test_an_update_committed_later_is_what_the_next_opener_of_the_index_sees(tmp
         update.commit_later(3)
     reopened.close()
     settle()
-    assert "rebuilt next pass" in caplog.text
+    assert "the next pass brings it up to the table" in caplog.text
     again = PrimaryKeyIndex(directory)
     try:
         assert again.snapshot_id() == 2 and again.lookup([a])[a] == IndexEntry("f2", 0, 2)

@@ -3,7 +3,8 @@
 Nobu's design: an upsert batch finds the rows it replaces by a local lookup instead of scanning the table.
 The index is a cache of the table, never the truth: it records the snapshot it reflects, and the upsert
 writer (pipeline/upsert.py) rebuilds it from the table whenever that is not the table's current snapshot
-and it cannot follow the snapshots since (the directory deleted by hand, a DELETE or MERGE by someone else).
+and it cannot follow the snapshots since (the directory deleted by hand, a copy-on-write DELETE or MERGE, an
+INSERT OVERWRITE or equality deletes by someone else).
 Updates after a commit go in one LMDB transaction with the new snapshot id, so the index is either wholly
 before or wholly after a commit. Rows the table holds that are not their key's latest (a foreign INSERT of an
 existing key) are kept as *stale* rows until the next upsert commit marks them deleted.
@@ -361,11 +362,12 @@ class PreparedUpdate:
         self._close_after = False  # commit_later: the thread closes the index once its transaction ended
         self._error: BaseException | None = None
         self._thread = threading.Thread(
-            target=self._run, args=(index, rows, deleted, stale_marked), name="pk-index-update", daemon=True
+            target=self._run, args=(rows, deleted, stale_marked), name="pk-index-update", daemon=True
         )
         self._thread.start()
 
-    def _run(self, index: PrimaryKeyIndex, rows: IndexRows, deleted: list[bytes], stale_marked: bool) -> None:
+    def _run(self, rows: IndexRows, deleted: list[bytes], stale_marked: bool) -> None:
+        index = self._index
         # LMDB ties a write transaction to its thread: it is begun, filled and ended here. The thread always waits
         # for the caller's decision, so that commit_later's hand-over is seen whatever happened before.
         snapshot_id = None
@@ -385,9 +387,9 @@ class PreparedUpdate:
             self._error = exc
         finally:
             if self._close_after:  # commit_later: nobody waits for this thread but the next user of the index
-                if self._error is not None:  # the index stays before the table commit: the next pass rebuilds it
-                    log.warning("primary-key index %s: the update of snapshot %s failed (%s); it is rebuilt next "
-                                "pass", index.directory, snapshot_id, self._error)
+                if self._error is not None:  # the index stays before the table commit: the next pass catches up
+                    log.warning("primary-key index %s: the update of snapshot %s failed (%s); the next pass brings "
+                                "it up to the table", index.directory, snapshot_id, self._error)
                 index._env.close()
 
     def commit(self, snapshot_id: int) -> None:
@@ -400,7 +402,7 @@ class PreparedUpdate:
         """As commit, without waiting for the index transaction to be written and synced: the thread ends it and
         closes the index; whoever opens the index next (PrimaryKeyIndex, describe_index, settle) waits for it.
         The table commit is the record of the pass: should this update fail or the process die first, the index
-        is behind the table, and the next pass rebuilds it."""
+        is behind the table, and the next pass brings it up to it (follows that commit, or rebuilds)."""
         with _SETTLING_LOCK:
             self._close_after = True
             self._index._handed_off = True

@@ -31,6 +31,7 @@ table, which 1 rebuilds. Never equality deletes, never a data file rewritten on 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -453,13 +454,22 @@ def _never_null(metadata: Any, column: str) -> bool:
 
 
 def _dv_positions(location: str, dv: iceberg_java.JavaDeleteFile) -> Any:
-    """The positions a deletion vector deletes in the data file at `location` (pyiceberg reads its Puffin file)."""
+    """The positions a deletion vector deletes in the data file at `location`."""
     import pyarrow as pa
+
+    return _puffin_vectors(str(dv.location()))[location].combine_chunks().cast(pa.int64())
+
+
+@functools.lru_cache(maxsize=4)
+def _puffin_vectors(puffin: str) -> dict[str, Any]:
+    """Every deletion vector of a Puffin file, by data file (pyiceberg reads the whole file). A pass writes the DVs
+    of all the files it touches into one Puffin file, so a rebuild or a followed snapshot meets it once per data
+    file; Iceberg never changes a file in place, so a file's vectors are read once."""
     from pyiceberg.table.puffin import PuffinFile
 
-    filesystem, path = _open(str(dv.location()))
+    filesystem, path = _open(puffin)
     with filesystem.open_input_file(path) as handle:
-        return PuffinFile(handle.read()).to_vector()[location].combine_chunks().cast(pa.int64())
+        return PuffinFile(handle.read()).to_vector()
 
 
 def _deleted_rows(
