@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import confluent_kafka as ck
 import crc32c
 import pytest
 from archive_fixtures import ARCHIVE_ENV, as_produced, create_topic, produce, spark_rows, table
@@ -145,6 +146,46 @@ def test_undecodable_batch_goes_to_the_dead_letter_table_and_the_partition_moves
     [row] = [dict(zip(header, line.split(), strict=False)) for line in status[1:] if line.startswith(topic + " ")]
     assert row["DEAD-LETTERS"] == "1"
     assert row["ARCHIVED-THROUGH"] == str(len(before) + 3 + len(after) + len(later) - 1)
+
+
+def test_an_undecodable_batch_of_a_compacted_topic_goes_to_the_dead_letter_table(
+    poison_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any
+) -> None:
+    """An upsert table's pass (workers write its files, one row delta) sets the poison aside as an append does:
+    the table holds the latest value of every key produced around it."""
+    topic = "archive-poison-compacted"
+    settings = lake_settings_for(poison_broker, lake_settings)
+    create_topic(poison_broker, topic, partitions=1, configs={"cleanup.policy": "compact"})
+
+    def send(values: dict[bytes, bytes]) -> None:
+        producer = ck.Producer({"bootstrap.servers": poison_broker.bootstrap, "linger.ms": 5})
+        for key, value in values.items():
+            producer.produce(topic, key=key, value=value, partition=0)
+        assert producer.flush(30) == 0
+
+    send({b"k%d" % i: b"a%d" % i for i in range(10)})
+    poison_broker.stop()
+    bad_base, bad_batch = inject(poison_broker.data_dir, settings.metadata_url, topic)
+    poison_broker.start()
+    send({b"k%d" % i: b"b%d" % i for i in range(5)})
+
+    store = open_store(settings.metadata_url)
+    try:
+        archiver = Archiver(settings, lake_spark, store)
+        [result] = archiver.run_pass(force=True, topics=[topic])
+        assert not result.error, result
+        assert result.dead_letters == 1
+        latest = {b"k%d" % i: (b"b%d" if i < 5 else b"a%d") % i for i in range(10)}
+        assert {bytes(r["k"]): bytes(r["v"]) for r in spark_rows(lake_spark, topic)} == latest
+        assert len(spark_rows(lake_spark, topic)) == len(latest)
+        dlq = lake_spark.sql(
+            f"SELECT `partition`, base_offset, last_offset, batch FROM icelog.`{topic}__dlq`").collect()
+        assert [(r.partition, r.base_offset, r.last_offset, bytes(r.batch)) for r in dlq] == [
+            (0, bad_base, bad_base + 2, bad_batch)
+        ]
+        archiver.close()
+    finally:
+        store.close()
 
 
 class FakeClock:

@@ -47,17 +47,16 @@ def test_worker_written_files_are_described_as_sparks_writer_describes_them(
 
     produced = rows()
 
-    def decode(batches: Any) -> Any:
+    def decode(tasks: Any) -> Any:
         """Stands in for the archive's decoders (a closure: workers cannot import tests); task t: rows i % 2 == t."""
         import pyarrow as pa
 
         schema = pa.schema([("id", pa.int64()), ("small", pa.int64()), ("region", pa.string()),
                             ("day", pa.date32()), ("at", pa.timestamp("us", tz="UTC")), ("blob", pa.binary()),
                             ("price", pa.decimal128(10, 2)), ("flag", pa.bool_()), ("n", pa.int32())])
-        for batch in batches:
-            for task in batch.column(0).to_pylist():
-                mine = [r for r in produced if r[0] % 2 == task]
-                yield pa.RecordBatch.from_pylist([dict(zip(schema.names, r, strict=True)) for r in mine], schema=schema)
+        for task in tasks:
+            mine = [r for r in produced if r[0] % 2 == task]
+            yield pa.RecordBatch.from_pylist([dict(zip(schema.names, r, strict=True)) for r in mine], schema=schema)
 
     table = iceberg_java.load_table(lake_spark, names["ours"])
     files = iceberg_java.parquet_data_files(lake_spark, table, write_data_files(lake_spark, table,

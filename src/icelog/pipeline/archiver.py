@@ -22,7 +22,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from icelog.meta.store import IntakeChunk, MetadataStore, PartitionRecord, Topic
 from icelog.pipeline.dead_letter import dead_letter_counts, dlq_table_name, is_worker_failure, write_dead_letters
 from icelog.pipeline.decode import find_dead_letters
 from icelog.pipeline.locks import WriterTurns
-from icelog.pipeline.plan import PlannedArchive, plan_partition, task_groups
+from icelog.pipeline.plan import PlannedArchive, over_task_numbers, plan_partition, task_groups
 from icelog.pipeline.reconcile import (
     COMMIT_USER,
     COMMIT_USER_PROPERTY,
@@ -449,16 +449,16 @@ class Archiver:
         intake_dir = self.intake_dir
         groups = [[archives[i] for i in group] for group in task_groups(archives, self.task_slots)]
 
-        def task_archives(batches: Any) -> Iterator[PlannedArchive]:
-            """A task's archives, in turn (its input rows are the numbers of its groups)."""
-            for batch in batches:
-                for task in batch.column(0).to_pylist():
-                    yield from groups[task]
+        def task_archives(tasks: Iterable[int]) -> Iterator[PlannedArchive]:
+            """A task's archives, in turn (its input is the numbers of its groups)."""
+            for task in tasks:
+                yield from groups[task]
 
-        def decode(batches: Any) -> Any:
+        # Each decoder maps the task numbers a Spark task is given to the Arrow batches of its archives' rows.
+        def decode(tasks: Iterable[int]) -> Iterator[Any]:
             from icelog.pipeline.decode import decode_archive
 
-            for archive in task_archives(batches):
+            for archive in task_archives(tasks):
                 yield from decode_archive(intake_dir, archive)
 
         ddl = SPARK_SCHEMA_DDL
@@ -466,22 +466,22 @@ class Archiver:
             key, value, arrow = schema.key, schema.value, schema.arrow_schema()
             ddl = schema.spark_ddl
 
-            def decode(batches: Any) -> Any:  # noqa: F811 - the table layout's variant of the raw decoder above
+            def decode(tasks: Iterable[int]) -> Iterator[Any]:  # noqa: F811 - the table layout's variant
                 from icelog.pipeline.decode_table import decode_archive_table
 
                 decoders: dict[str, Any] = {}
-                for archive in task_archives(batches):
+                for archive in task_archives(tasks):
                     yield from decode_archive_table(intake_dir, archive, key, value, arrow, decoders)
 
         elif schema is not None:
             key, value, arrow = schema.key, schema.value, schema.arrow_schema()
             ddl = schema.spark_ddl
 
-            def decode(batches: Any) -> Any:  # noqa: F811 - the Protobuf variant of the raw decoder above
+            def decode(tasks: Iterable[int]) -> Iterator[Any]:  # noqa: F811 - the Protobuf variant
                 from icelog.pipeline.decode_protobuf import decode_archive_protobuf
 
                 decoders: dict[str, Any] = {}
-                for archive in task_archives(batches):
+                for archive in task_archives(tasks):
                     yield from decode_archive_protobuf(intake_dir, archive, key, value, arrow, decoders)
 
         summary = {
@@ -494,7 +494,7 @@ class Archiver:
             write_upserts(self.spark, self.table_name(config), rows, spec, summary, str(self.settings.data_dir),
                           fault_point)
             return
-        frame = self.spark.range(0, len(groups), 1, len(groups)).mapInArrow(decode, ddl)
+        frame = self.spark.range(0, len(groups), 1, len(groups)).mapInArrow(over_task_numbers(decode), ddl)
         writer = (
             frame.writeTo(self.table_name(config))
             # Each task holds whole archives in partition and offset order already: no shuffle, no re-sort.

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from icelog.meta.store import IntakeChunk
 from icelog.topic_configs.archive import ArchiveTopicConfig
@@ -166,3 +167,12 @@ def task_groups(archives: Sequence[PlannedArchive], slots: int) -> list[list[int
     for n, i in enumerate(order):  # a partition's archives are consecutive here, and at most `tasks` many
         groups[n % tasks].append(i)
     return [group for group in groups if group]
+
+
+def over_task_numbers(decode: Callable[[Iterable[int]], Iterator[Any]]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """A decoder of task numbers (task_groups' indexes) as a mapInArrow function over a frame of those numbers."""
+
+    def batches(numbers: Iterator[Any]) -> Iterator[Any]:
+        return decode(n for batch in numbers for n in batch.column(0).to_pylist())
+
+    return batches

@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +43,8 @@ import numpy as np
 
 from icelog.errors import IcelogError
 from icelog.lake import iceberg_java
-from icelog.lake.data_files import WRITTEN_DDL, WrittenFile, file_writer, written_files
+from icelog.lake.data_files import WrittenFile
+from icelog.lake.data_files import write_data_files as write_files
 from icelog.lake.layout import PRIMARY_KEY_PROPERTY, TableSpec
 from icelog.lake.pk_index import IndexEntry, IndexRows, PrimaryKeyIndex, encode_keys
 from icelog.topic_configs.table import (
@@ -60,18 +61,17 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PassRows:
-    """A pass's rows as the archiver's Spark workers decode them: `decode` is a mapInArrow function over the task
-    numbers 0..tasks-1, yielding each task's rows as Arrow batches of the columns `ddl` declares."""
+    """A pass's rows as the archiver's Spark workers decode them: `decode` maps task numbers (of 0..tasks-1) to
+    their rows, as Arrow batches of the columns `ddl` declares."""
 
     tasks: int
-    decode: Callable[[Iterator[Any]], Iterator[Any]]
+    decode: Callable[[Iterable[int]], Iterator[Any]]
     ddl: str
     io_properties: Mapping[str, str]  # how workers reach the warehouse (the catalog's properties)
 
     def key_fields(self, spark: Any) -> list[str]:
-        """The fields of the record layout's `key` struct (the frame is not run)."""
-        frame = spark.range(0, 1, 1, 1).mapInArrow(self.decode, self.ddl)
-        return list(frame.schema["key"].dataType.fieldNames())
+        """The fields of the record layout's `key` struct."""
+        return list(spark.createDataFrame([], self.ddl).schema["key"].dataType.fieldNames())
 
 
 @dataclass(frozen=True)
@@ -391,8 +391,7 @@ def _follow_delta(table: iceberg_java.JavaTable, table_name: str, spec: TableSpe
 
 def write_data_files(spark: Any, table: iceberg_java.JavaTable, rows: PassRows) -> list[WrittenFile]:
     """Decode and write the pass's rows as data files of the table (as loaded), in one Spark job; commit nothing."""
-    writer = file_writer(iceberg_java.metadata_location(table), rows.decode, rows.io_properties)
-    return written_files(spark.range(0, rows.tasks, 1, rows.tasks).mapInArrow(writer, WRITTEN_DDL).collect())
+    return write_files(spark, iceberg_java.metadata_location(table), rows.tasks, rows.decode, rows.io_properties)
 
 
 def _open(location: str) -> tuple[Any, str]:
