@@ -22,8 +22,8 @@ A pass (the rows decoded by the archiver's Spark workers, as for an append table
      (exactly-once as for appends: reconcile.py), validated against every commit since the base (a
      concurrent compaction or DELETE of a referenced file fails it; the next pass starts over);
   6. the index takes the new rows and the new snapshot id, and forgets the stale rows, in one transaction
-     (unless a concurrent commit landed between the base and this one: then the index is marked stale and
-     rebuilt next pass); its thread writes the rows while 4 and 5 run, and commits with 5's snapshot id while
+     (unless a concurrent commit landed between the base and this one: then the index stays at the base, and
+     the next pass follows both commits, as 1 does); its thread writes the rows while 4 and 5 run, and commits with 5's snapshot id while
      the pass returns (the next pass of the table waits for it: pk_index.settle);
 A crash before 5 leaves unreferenced files (orphans, as a failed Spark write leaves); after 5, an index behind the
 table, which 1 rebuilds. Never equality deletes, never a data file rewritten on the write path.
@@ -181,12 +181,12 @@ def write_upserts(
             fault("after-commit-before-index")
             committed = table.snapshot(snapshot_id)
             if committed is not None and committed.parentId() != base:
-                # Another commit the validation allows (e.g. a compaction of files this pass did not touch)
-                # landed between the base and this commit: the index does not know its changes, so it is rebuilt.
+                # Another commit the validation allows (e.g. a compaction of files this pass did not touch, an
+                # analyst's DELETE elsewhere) landed between the base and this commit: the index stays at the base,
+                # and the next pass follows that commit and then this one (or rebuilds, if it cannot follow one).
                 update.abort()
-                index.forget_snapshot()
-                log.warning("%s: a concurrent commit landed during the upsert pass; the index is rebuilt next pass",
-                            table_name)
+                log.info("%s: a concurrent commit landed during the upsert pass; the next pass brings the index "
+                         "from snapshot %s through it and this one", table_name, base)
             else:  # the pass is done: its thread ends the index's transaction while the archiver goes on
                 update.commit_later(snapshot_id)
             stages.done("index-update")
