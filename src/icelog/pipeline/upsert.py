@@ -23,10 +23,10 @@ A pass (the rows decoded by the archiver's Spark workers, as for an append table
      concurrent compaction or DELETE of a referenced file fails it; the next pass starts over);
   6. the index takes the new rows and the new snapshot id, and forgets the stale rows, in one transaction
      (unless a concurrent commit landed between the base and this one: then the index stays at the base, and
-     the next pass follows both commits, as 1 does); its thread writes the rows while 4 and 5 run, and commits with 5's snapshot id while
-     the pass returns (the next pass of the table waits for it: pk_index.settle);
+     the next pass follows both commits, as 1 does); its thread writes the rows while 4 and 5 run, and commits
+     with 5's snapshot id while the pass returns (the next pass of the table waits for it: pk_index.settle);
 A crash before 5 leaves unreferenced files (orphans, as a failed Spark write leaves); after 5, an index behind the
-table, which 1 rebuilds. Never equality deletes, never a data file rewritten on the write path.
+table, which 1 brings up to it. Never equality deletes, never a data file rewritten on the write path.
 """
 
 from __future__ import annotations
