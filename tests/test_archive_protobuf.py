@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from archive_fixtures import create_topic, table
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -360,10 +361,12 @@ def test_reserved_field_names_are_refused_with_a_clear_error(
     assert state.archived_offset == 0 and "__raw__" in state.last_error  # what `icelog status` shows
 
 
+@pytest.mark.parametrize("compacted", [False, True], ids=["append", "upsert"])
 def test_registry_outage_seen_by_a_worker_fails_the_pass_never_an_err_row(
-    lake_broker: BrokerProcess, lake_spark: Any, lake_settings: Settings, lake_store: MetadataStore,
+    compacted: bool, lake_broker: BrokerProcess, lake_spark: Any, lake_settings: Settings, lake_store: MetadataStore,
 ) -> None:
-    """A schema id only a Spark worker fetches, while the registry fails: the pass fails, the next one decodes it."""
+    """A schema id only a Spark worker fetches, while the registry fails: the pass fails, saying why, and the next
+    one decodes it. (An upsert table's workers run an RDD job, whose failure comes back as a Java exception.)"""
     import threading
     import urllib.error
     import urllib.request
@@ -371,8 +374,8 @@ def test_registry_outage_seen_by_a_worker_fails_the_pass_never_an_err_row(
 
     from confluent_kafka.schema_registry import Schema
 
-    topic = "pb-worker-outage"
-    create_topic(lake_broker, topic, partitions=1)
+    topic = "pb-worker-outage" + ("-compacted" if compacted else "")
+    create_topic(lake_broker, topic, partitions=1, configs={"cleanup.policy": "compact"} if compacted else None)
     registry = SchemaRegistryClient({"url": lake_broker.registry_url})
     _, (m1,) = message_classes(V1, "ev.M")
     _, (m2,) = message_classes(V2, "ev.M")
@@ -381,7 +384,8 @@ def test_registry_outage_seen_by_a_worker_fails_the_pass_never_an_err_row(
     other_id = registry.register_schema(f"{topic}-other", Schema(V2, "PROTOBUF"))
     ctx = SerializationContext(topic, MessageField.VALUE)
     other = encode_envelope(other_id, [0]) + m2(id="b", amount=2, flag=True).SerializeToString()
-    produce_all(lake_broker, topic, [(None, serializer(m1, registry)(m1(id="a", amount=1), ctx)), (None, other)])
+    first = serializer(m1, registry)(m1(id="a", amount=1), ctx)
+    produce_all(lake_broker, topic, [(b"a" if compacted else None, first), (b"b" if compacted else None, other)])
     topic_id = lake_store.get_topic(topic).topic_id
 
     failing = threading.Event()

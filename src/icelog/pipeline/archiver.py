@@ -534,15 +534,30 @@ def first_line(exc: BaseException) -> str:
     if not text:
         return ""
     if text[0].startswith("An error occurred while calling"):  # a Py4JJavaError: the Java exception's own line
-        for line in text[1:]:
+        for n, line in enumerate(text[1:], 1):
             if line.startswith(": "):
-                return line[2:][:500]
+                # A job of Python workers (an RDD job) failed in a worker: its traceback comes before Java's stack.
+                worker = _worker_cause(text[n:]) if "PythonException" in line else None
+                return worker or line[2:][:500]
     if "Python worker" in text[0]:
         for line in reversed(text):
             cause = _WORKER_CAUSE.match(line)
             if cause:
                 return f"{cause.group(1)}: {cause.group(2)}"[:500]
     return text[0][:500]
+
+
+def _worker_cause(lines: list[str]) -> str | None:
+    """The last `SomeError: message` line of the Python worker's traceback in a Java exception's `lines` (it ends
+    where Java's stack begins)."""
+    found = None
+    for line in lines[1:]:
+        if line.startswith("\tat "):
+            break
+        cause = _WORKER_CAUSE.match(line)
+        if cause:
+            found = f"{cause.group(1)}: {cause.group(2)}"[:500]
+    return found
 
 
 _WORKER_CAUSE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$")
