@@ -114,6 +114,8 @@ class Broker:
         pressure_task.cancel()
         readback_task.cancel()
         if self.archiver is not None:
+            if stop_wait.done() and self.archiver.running():
+                print("icelog stopping: the archiver first ends the pass in flight (at most 15 s)", flush=True)
             await asyncio.get_running_loop().run_in_executor(None, self.archiver.stop)
         await self.server.stop()
         if self.registry is not None:

@@ -162,6 +162,9 @@ class ArchiverProcess:
             log.warning("the archiver exited with %s; restarting it", self.proc.returncode)
             self.start()
 
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def stop(self, timeout: float = 15.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
