@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import logging
 import re
 import time
@@ -135,8 +136,12 @@ class Archiver:
         # (each keeps its py4j connection). A topic still running is in _in_flight and is not started again.
         self._workers = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="archive-topic")
         self._in_flight: dict[uuid.UUID, tuple[TopicRecord, concurrent.futures.Future[TopicPassResult]]] = {}
-        # Spark tasks per archive job at most (plan.task_groups): the master's slots (local[N]: N).
-        self.task_slots = max(1, int(spark.sparkContext.defaultParallelism))
+
+    @functools.cached_property
+    def task_slots(self) -> int:
+        """Spark tasks per archive job at most (plan.task_groups): the master's slots (local[N]: N). Asked of
+        Spark when a job is first planned: a poll with nothing due never touches Spark."""
+        return max(1, int(self.spark.sparkContext.defaultParallelism))
 
     # -- naming --------------------------------------------------------------------------------
     def table_name(self, config: ArchiveTopicConfig) -> str:
