@@ -81,6 +81,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lookups", type=int, default=2000)
     parser.add_argument("--records", type=int, default=100000)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "registry_bench.json",
+                        help="where the results go as JSON (none: not written)")
     args = parser.parse_args()
     results: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -141,8 +143,8 @@ def main() -> None:
         finally:
             broker.stop()
     print(json.dumps(results, indent=2))
-    out = Path(__file__).parent / "results" / "registry_bench.json"
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    if str(args.out) != "none":
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":
