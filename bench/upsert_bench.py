@@ -15,6 +15,8 @@ One run, same machine and moment (a real broker, confluent-kafka producing, the 
   2. `--rounds` times, the same batch of `--batch` records (`--updates` of them update seeded keys, others each
      round; the rest new keys) goes to each topic and to a plain `append` topic; one archive pass each is timed:
      append time / upsert time (target >= 0.5) and the upsert times of the two sizes (target <= 1.5x apart);
+     (before the timed passes and each MERGE, os.sync(): no write-back of the seed or of the last MERGE
+     throttles the next timed writer);
   3. baseline, in the same round: a branch of each upsert table (made at its pre-batch snapshot, before round 1)
      takes the batch's rows (read from the upsert table and cached before timing: MERGE does not pay for
      decoding) by Spark SQL `MERGE INTO` (merge-on-read: Spark writes DVs too), after a warm-up MERGE of 1 000
@@ -194,6 +196,11 @@ def main() -> None:
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
             for topic in topics:
                 produce(broker.bootstrap, topic, batch, tag)
+            # Each round's timings start with nothing left to write back (the 10 M seed is ~1 GB of Parquet, a
+            # MERGE rewrites files): write-back throttles whichever writer comes next, the pass or the MERGE.
+            synced = time.perf_counter()
+            os.sync()
+            print(f"  sync: {time.perf_counter() - synced:.1f} s", flush=True)
             append_s = timed_pass(archiver, "append")
             upsert_s = {n: timed_pass(archiver, f"up{n}") for n in sizes}
             merge_s: dict[int, float] = {}
@@ -202,6 +209,7 @@ def main() -> None:
                 source = spark.table(table).where(f"substring(__value, 1, 1) = X'{ord(tag):02x}'").cache()
                 assert source.count() == len(batch)
                 source.createOrReplaceTempView("batch_rows")
+                os.sync()  # as before the passes
                 start = time.perf_counter()
                 spark.sql(f"MERGE INTO {table}.branch_merge_base t USING batch_rows s ON t.__key = s.__key "
                           "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *").collect()
