@@ -71,6 +71,7 @@ from icelog.topic_configs.table import (
 log = logging.getLogger(__name__)
 
 POLL_CHUNKS = 10_000  # intake chunks per partition one poll plans from (the rest wait for later passes)
+CONFLICT_RETRIES_AT_ONCE = 10  # consecutive commit conflicts retried at the next poll, before backing off
 RETRY_BACKOFF_FIRST_MS = 1000  # first wait after a topic fails; doubles per failure up to retry_backoff_max_ms
 RECONCILE_EVERY_MS = 60_000  # re-read a table's offsets at least this often even when nothing is due
 
@@ -214,12 +215,20 @@ class Archiver:
         previous = self._backoff.get(topic.topic_id)
         failures = 1 if previous is None else previous.failures + 1
         delay_ms = min(RETRY_BACKOFF_FIRST_MS * 2 ** (failures - 1), self.settings.archive.retry_backoff_max_ms)
+        if is_commit_conflict(exc) and failures <= CONFLICT_RETRIES_AT_ONCE:
+            # Another writer's commit won the race (an analyst's DELETE on a file this pass marks, a compaction
+            # of one): nothing is wrong, the next poll redoes the pass from the new snapshot.
+            delay_ms = 0
         self._backoff[topic.topic_id] = TopicBackoff(failures, now_ms + delay_ms, message)
         identifier = self.topic_config(topic).identifier
         self._tables_ready.discard(identifier)  # look again: it may have been dropped
         self._layouts.pop(identifier, None)
         self._synced.pop(identifier, None)
-        log.warning("archiving %s failed (intake kept; retry in %d ms): %s", topic.name, delay_ms, message)
+        if delay_ms:
+            log.warning("archiving %s failed (intake kept; retry in %d ms): %s", topic.name, delay_ms, message)
+        else:
+            log.info("archiving %s lost a commit race to another writer (intake kept; retried at the next poll): "
+                     "%s", topic.name, message)
         try:
             self.store.record_archive_error(topic.topic_id, range(topic.partitions), message, now_ms)
         except Exception:
@@ -526,6 +535,14 @@ def creation_properties(configs: dict[str, str]) -> dict[str, str]:
     forwarded = forwarded_properties(configs)
     listed = ",".join(sorted(k for k in forwarded if k not in CREATION_ONLY_PROPERTIES))
     return {**forwarded, FORWARDED_PROPERTY: listed}
+
+
+def is_commit_conflict(exc: BaseException) -> bool:
+    """Whether a pass failed because another writer's commit conflicts with its own (Iceberg's commit
+    validation or an exhausted commit retry): a race lost, not an outage."""
+    text = str(exc)[:20000]
+    return any(f"org.apache.iceberg.exceptions.{name}" in text for name in ("ValidationException",
+                                                                           "CommitFailedException"))
 
 
 def first_line(exc: BaseException) -> str:
