@@ -140,7 +140,7 @@ def test_archive_once_then_icelog_sql(lake_settings: Settings, lake_broker: Brok
     produce(lake_broker, topic, 7, partitions=1)
     once = run_archive_cli(lake_settings, topic)
     assert once.returncode == 0, once.stderr[-3000:]
-    assert f"{topic}: 7 records; archived through {{0: 7}}" in once.stdout
+    assert f"{topic}: 7 records; next offsets {{0: 7}}" in once.stdout
     out = subprocess.run(
         [
             sys.executable,

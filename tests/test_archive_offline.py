@@ -5,6 +5,7 @@ metadata store, so raw topics and Protobuf topics both archive without any proce
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -55,16 +56,33 @@ def test_archive_once_with_the_broker_stopped(tmp_path: Path) -> None:
     # Nothing listens anywhere now: not the broker, not the embedded registry (its port is the default's).
     env = {**os.environ, **ARCHIVE_ENV, "ICELOG_REGISTRY_LISTEN": f"127.0.0.1:{free_port()}"}
     # A typo in a cron line, or --topic without --once, is refused (exit 2) instead of archiving nothing.
-    for extra, said in ((["--once", "--topic", "off-clickz"], "no topic off-clickz"),
-                        (["--topic", "off-raw"], "--topic needs --once")):
-        command = [sys.executable, "-m", "icelog", "archive", *extra, "--data-dir", str(broker.data_dir)]
+    typo_dir = broker.data_dir.parent / "icelog-dta"
+    for extra, data_dir, said in ((["--once", "--topic", "off-clickz"], broker.data_dir, "no topic off-clickz"),
+                                  (["--topic", "off-raw"], broker.data_dir, "--topic needs --once"),
+                                  (["--once"], typo_dir, f"no icelog data in {typo_dir}")):
+        command = [sys.executable, "-m", "icelog", "archive", *extra, "--data-dir", str(data_dir)]
         refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
         assert refused.returncode == 2 and said in refused.stderr, refused.stdout + refused.stderr
+    assert not typo_dir.exists()  # and no empty metadata store is left there
     done = subprocess.run(
         [sys.executable, "-m", "icelog", "archive", "--once", "--data-dir", str(broker.data_dir)],
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+    # The continuous archiver, stopped with Ctrl-C once Spark runs: it ends its loop and exits cleanly (PySpark's
+    # own SIGINT handler, which cancels every job and raises KeyboardInterrupt, must not replace the archiver's).
+    running = subprocess.Popen([sys.executable, "-m", "icelog", "archive", "--data-dir", str(broker.data_dir)],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert running.stderr is not None
+    lines = []
+    for line in running.stderr:  # the archiver's log
+        lines.append(line)
+        if "Spark started" in line:
+            break
+    running.send_signal(signal.SIGINT)
+    _out, rest = running.communicate(timeout=120)
+    assert running.returncode == 0 and "KeyboardInterrupt" not in rest, "".join(lines) + rest
 
     raw = scan(broker.data_dir, "off-raw")
     assert sorted(bytes(r["value"]["__raw__"]) for r in raw) == sorted(f"v{i}".encode() for i in range(20))

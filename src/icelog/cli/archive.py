@@ -71,10 +71,11 @@ def cmd_archive(args: argparse.Namespace) -> int:
     if args.topics and not args.once:
         raise IcelogError("--topic needs --once (the continuous archiver archives every topic)")
     settings = archiver_settings(args)
-    if args.topics:  # a typo in a cron line must not archive nothing, silently, for ever
+    # A typo in a cron line (the data dir, a topic) must not archive nothing, silently, for ever.
+    require_metadata(settings)
+    if args.topics:
         from icelog.meta.store import open_store
 
-        require_metadata(settings)
         store = open_store(settings.metadata_url)
         try:
             refuse_unknown_topics(args.topics, {t.name for t in store.list_topics()})
@@ -88,7 +89,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
             results = service.run_once(force=True, topics=args.topics)
             for result in results:
                 status = f"failed: {result.error}" if result.error else f"{result.records} records"
-                print(f"{result.topic}: {status}; archived through {result.offsets}")
+                print(f"{result.topic}: {status}; next offsets {result.offsets}")
             return 1 if any(r.error for r in results) else 0
         signal.signal(signal.SIGTERM, lambda *_: service.stop_event.set())
         signal.signal(signal.SIGINT, lambda *_: service.stop_event.set())
