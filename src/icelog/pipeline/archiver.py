@@ -563,9 +563,8 @@ def first_line(exc: BaseException) -> str:
                 return worker or line[2:][:500]
     if "Python worker" in text[0]:
         for line in reversed(text):
-            cause = _WORKER_CAUSE.match(line)
-            if cause:
-                return f"{cause.group(1)}: {cause.group(2)}"[:500]
+            if cause := _cause(line):
+                return cause
     return text[0][:500]
 
 
@@ -576,10 +575,14 @@ def _worker_cause(lines: list[str]) -> str | None:
     for line in lines[1:]:
         if line.startswith("\tat "):
             break
-        cause = _WORKER_CAUSE.match(line)
-        if cause:
-            found = f"{cause.group(1)}: {cause.group(2)}"[:500]
+        found = _cause(line) or found
     return found
+
+
+def _cause(line: str) -> str | None:
+    """A traceback's `SomeError: message` line as `SomeError: message` (module path dropped), or None."""
+    cause = _WORKER_CAUSE.match(line)
+    return f"{cause.group(1)}: {cause.group(2)}"[:500] if cause else None
 
 
 _WORKER_CAUSE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$")
