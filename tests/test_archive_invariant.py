@@ -288,6 +288,41 @@ def test_a_table_waits_for_payloads_to_name_their_message(
     assert properties[message_property("value")] == "inv.Order"
 
 
+@pytest.mark.parametrize("layout", ["record", "table"])
+def test_tombstones_before_any_payload_do_not_choose_the_message(
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_spark: Any, inv_pb: ModuleType, layout: str,
+) -> None:
+    """A compacted topic whose first records are tombstones (more than the peek's 100 payloads): no payload names
+    the message, so the table must not be made with the file's first message (Inner, a helper): it waits as
+    bytes, and the first pass whose payloads say Order gives it Order's columns, with no stray Inner ones."""
+    registry = SchemaRegistryClient({"url": lake_broker.registry_url})
+    topic = f"inv-tomb-{layout}"
+    registry.register_schema(f"{topic}-value", Schema(PROTO, "PROTOBUF"))
+    create_topic(lake_broker, topic, 1, {"cleanup.policy": "compact", "icelog.archive.layout": layout})
+    send(lake_broker, topic, [(f"gone{i}".encode(), None, None) for i in range(120)], partition=0)
+    [first] = lake_archiver.run_pass(force=True, topics={topic})
+    assert first.error == "" and first.records == 120
+
+    serialize = ProtobufSerializer(inv_pb.Order, registry, {"use.deprecated.format": False})
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    orders = [(f"k{i}".encode(), serialize(inv_pb.Order(id=i, customer=f"c{i}", cents=i), ctx), None)
+              for i in range(4)]
+    tombstones = [(f"again{i}".encode(), None, None) for i in range(120)]
+    send(lake_broker, topic, tombstones + orders + [(b"k0", None, None)], partition=0)
+    [second] = lake_archiver.run_pass(force=True, topics={topic})
+    assert second.error == "" and second.records == 125
+
+    columns = lake_spark.table(table(topic)).columns
+    fields = set(columns) if layout == "table" else set(lake_spark.table(table(topic)).select("value.*").columns)
+    assert {"id", "customer", "cents", "inner"} <= fields and not {"name", "n"} & fields, fields
+    select = "__key AS k, id, customer" if layout == "table" else "key.__raw__ AS k, value.id, value.customer"
+    rows = {bytes(r["k"]): (r["id"], r["customer"]) for r in lake_spark.sql(f"SELECT {select} FROM {table(topic)}")
+            .collect()}
+    assert rows == {f"k{i}".encode(): (i, f"c{i}") for i in (1, 2, 3)}
+    properties = iceberg_java.table_properties(iceberg_java.load_table(lake_spark, table(topic)))
+    assert properties[message_property("value")] == "inv.Order"
+
+
 def test_every_upsert_table_row_rebuilds_the_latest_record_of_its_key(
     lake_broker: BrokerProcess, lake_archiver: Archiver, lake_spark: Any, lake_store: MetadataStore,
     inv_pb: ModuleType,

@@ -6,8 +6,9 @@ for the embedded registry (no broker needed), else `registry_url` over HTTP. Wit
 the raw layout and nothing here runs. With one, the table's message is, in this order: the topic's
 `icelog.schema.<side>.message`; the one remembered in the table property `icelog.archive.<side>.message`;
 the one the envelope (Confluent message indexes) of the first due payloads names, then remembered so
-the table does not flip; else, when records are due, the schema's first message (with nothing due, the table
-is left alone: MessageUndecided). The Iceberg schema is computed
+the table does not flip; else, when due payloads carry no envelope, the schema's first message. When no
+payload says anything (nothing due, the table is left alone: MessageUndecided; only null payloads due, e.g.
+tombstones, the side is archived as bytes until a payload names its message). The Iceberg schema is computed
 (schema/archive/iceberg_types.py), evolved against the column state kept in the metadata store
 (schema/archive/field_ids.py), and written to the catalog only when it changed:
   - no table yet: CREATE TABLE through Spark (schema id 0, the archive partition spec and sort order);
@@ -21,7 +22,6 @@ is left alone: MessageUndecided). The Iceberg schema is computed
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import re
 from collections.abc import Sequence
@@ -180,28 +180,47 @@ def side_struct(records: Sequence[TableColumn], side: str, descriptor: Descripto
     return Column(side, "struct", (*children, *extra))
 
 
-def peek_envelopes(intake_dir: str, archives: Sequence[PlannedArchive], side: str) -> list[tuple[int, list[int]]]:
-    """(schema id, message indexes) of the first payloads of a side that carry an envelope.
+@dataclass(frozen=True)
+class Peek:
+    """What the due payloads of a side say about their message."""
 
-    Reads only the first intake chunk of each archive (as the workers' decode.py does).
+    envelopes: list[tuple[int, list[int]]]  # (schema id, message indexes) of the first payload with an envelope
+    payloads: int  # non-null payloads looked at (0: every due record's side is null, e.g. only tombstones)
+
+
+def peek_envelopes(intake_dir: str, archives: Sequence[PlannedArchive], side: str) -> Peek:
+    """The first envelope among the due payloads of a side, looking at up to PEEK_RECORDS non-null payloads.
+
+    Null payloads (tombstones, records without a key) say nothing and cost little: they are skipped for as
+    long as the due records last, so a pass that starts with deletions still finds the message produced
+    after them. A batch that does not decode ends the look at its archive (the pass sends it to the
+    dead-letter table).
     """
-    from icelog.pipeline.decode import decode_archive
+    from icelog.pipeline.decode import UndecodableBatchError, decode_archive
 
-    found: list[tuple[int, list[int]]] = []
     column = 0 if side == "key" else 1
     looked = 0
     for archive in archives:
-        head = dataclasses.replace(archive, chunks=archive.chunks[:1])
-        for batch in decode_archive(intake_dir, head):
-            for payload in batch.column(column).field(RAW).to_pylist():
-                looked += 1
-                envelope = None if payload is None else parse_envelope(payload)
-                if envelope is not None:
-                    found.append((envelope[0], envelope[1]))
-                    return found
-                if looked >= PEEK_RECORDS:
-                    return found
-    return found
+        try:
+            for batch in decode_archive(intake_dir, archive):
+                for payload in batch.column(column).field(RAW).to_pylist():
+                    if payload is None:
+                        continue
+                    looked += 1
+                    envelope = parse_envelope(payload)
+                    if envelope is not None:
+                        return Peek([(envelope[0], envelope[1])], looked)
+                    if looked >= PEEK_RECORDS:
+                        return Peek([], looked)
+        except UndecodableBatchError:
+            continue
+    return Peek([], looked)
+
+
+def side_was_decoded(known: Sequence[TableColumn], side: str, is_table: bool) -> bool:
+    """Whether the table already holds the side's message columns (its error column is live)."""
+    err = (KEY_ERR if side == "key" else VALUE_ERR) if is_table else f"{side}.{ERR}"
+    return any(c.path == err and not c.deleted for c in known)
 
 
 class TableSchemas:
@@ -287,13 +306,20 @@ class TableSchemas:
                 descriptors[side] = None
                 continue
             name, source = self._message(topic, side, found, remembered, due)
-            if source == "first" and not due:
-                # Nothing to archive and nothing names the message: a guess would create (or evolve) the table
-                # with the file's first message, often a helper of the one produced. Wait for payloads.
-                raise MessageUndecided(
-                    f"{topic.name}: no payload has named the {side} message of {found.subject} yet; the table is "
-                    f"made with the first archived records (or set {key_of(side, 'message')})"
-                )
+            if source == "undecided":
+                # No due payload names the message: a guess would create (or evolve) the table with the file's
+                # first message, often a helper of the one produced.
+                if not due:  # nothing to archive: wait for payloads
+                    raise MessageUndecided(
+                        f"{topic.name}: no payload has named the {side} message of {found.subject} yet; the table "
+                        f"is made with the first archived records (or set {key_of(side, 'message')})"
+                    )
+                if not side_was_decoded(known, side, is_table):
+                    # Every due payload of the side is null (tombstones): archive it as bytes (nothing to lose);
+                    # the side gains its message's columns with the first payload that names it.
+                    descriptors[side] = None
+                    continue
+                name = message_name_at(main_file_of(found.fds), [0])  # the table's columns stay as they were
             if source == "envelope" and remembered.get(message_property(side)) != name:
                 learned[message_property(side)] = name
             try:
@@ -346,18 +372,24 @@ class TableSchemas:
         remembered: dict[str, str],
         due: Sequence[PlannedArchive],
     ) -> tuple[str, str]:
-        """(the side's message full name, where it came from: configured, remembered, envelope or first)."""
+        """(the side's message full name, where it came from: configured, remembered, envelope or first).
+
+        "undecided" (no name): no due payload of the side is non-null, so nothing says which message it is.
+        """
         configured = side_config(topic.name, side, topic.configs).message
         if configured:
             return configured.lstrip("."), "configured"
         if message_property(side) in remembered:
             return remembered[message_property(side)], "remembered"
-        for schema_id, indexes in peek_envelopes(self.intake_dir, due, side):
+        peek = peek_envelopes(self.intake_dir, due, side)
+        for schema_id, indexes in peek.envelopes:
             try:
                 fds = found.fds if schema_id == found.schema_id else self.source().by_id(schema_id)
                 return message_name_at(main_file_of(fds), indexes), "envelope"
             except SchemaNotFoundError:
                 continue  # not a registry envelope after all: its row will say so
+        if not peek.payloads:
+            return "", "undecided"
         return message_name_at(main_file_of(found.fds), [0]), "first"
 
     def _shipped(self, found: LatestSchema) -> dict[int, bytes]:
