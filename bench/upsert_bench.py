@@ -22,6 +22,9 @@ One run, same machine and moment (a real broker, confluent-kafka producing, the 
      decoding) by Spark SQL `MERGE INTO` (merge-on-read: Spark writes DVs too), after a warm-up MERGE of 1 000
      rows into another branch of each table before round 1; MERGE time / upsert time (target >= 3). Both hold
      equal rows after each round.
+While the tables are set up (minutes at 10 M rows), a thread does the archive service's idle duty, as a running
+archiver's polls do: it keeps Spark's Python workers alive (lake/warm_workers.py; without it round 1 ran in
+workers Spark had replaced after 60 s idle, ~0.4 s slower).
 Each ratio is reported per round and as the median of the rounds (one pass or one MERGE swings by a third on a
 shared machine).
 The archiver logs every upsert pass's stage times (icelog.pipeline.upsert at INFO).
@@ -30,6 +33,7 @@ The archiver logs every upsert pass's stage times (icelog.pipeline.upsert at INF
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import platform
@@ -37,8 +41,9 @@ import sqlite3
 import statistics
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +80,25 @@ def produce(bootstrap: str, topic: str, keys: list[int], tag: str, partition: in
         if n % 10_000 == 0:
             producer.poll(0)
     assert producer.flush(60) == 0
+
+
+@contextlib.contextmanager
+def idle_polls(archiver: Archiver) -> Iterator[None]:
+    """What ArchiveService's polls do while nothing is due: keep the Python workers alive (every second, as the
+    service polls; a ping runs only when a pool has been idle 45 s)."""
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(1.0):
+            archiver.python_workers.poll()
+
+    thread = threading.Thread(target=poll, name="idle-polls", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def timed_pass(archiver: Archiver, topic: str) -> float:
@@ -157,35 +181,36 @@ def main() -> None:
         big = max(sizes)
         print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
               f"load {os.getloadavg()[0]:.1f}", flush=True)
-        for n in sizes:  # seed: one record per partition creates the table, then Spark appends n rows
-            topic, table = f"up{n}", f"lake.icelog.up{n}"
-            for p in range(PARTITIONS):
-                produce(broker.bootstrap, topic, [big + 10_000_000 + p], "i", partition=p)
-            timed_pass(archiver, topic)
-            start = time.perf_counter()
-            offsets = seed_rows(spark, table, n, 1)
-            print(f"  {topic}: {n} rows seeded by Spark in {time.perf_counter() - start:.1f} s", flush=True)
-            move_partitions(broker, settings.metadata_url.removeprefix("sqlite:///"), topic, offsets)
-            for p in range(PARTITIONS):  # the first pass after the seed builds the index from the table; it
-                # replaces the first pass's rows, so the deletion-vector writer is warm before the timed passes
-                produce(broker.bootstrap, topic, [big + 10_000_000 + p], "w", partition=p)
-            index_s = timed_pass(archiver, topic)
-            print(f"  {topic}: pass with the index build from {n} rows: {index_s:.1f} s", flush=True)
-            spark.sql(f"ALTER TABLE {table} CREATE BRANCH merge_base")
-            spark.sql(f"ALTER TABLE {table} CREATE BRANCH merge_warmup")
-        produce(broker.bootstrap, "append", [big + 30_000_000], "i")
-        timed_pass(archiver, "append")
+        with idle_polls(archiver):  # the set-up's minutes, as a running archiver sees them
+            for n in sizes:  # seed: one record per partition creates the table, then Spark appends n rows
+                topic, table = f"up{n}", f"lake.icelog.up{n}"
+                for p in range(PARTITIONS):
+                    produce(broker.bootstrap, topic, [big + 10_000_000 + p], "i", partition=p)
+                timed_pass(archiver, topic)
+                start = time.perf_counter()
+                offsets = seed_rows(spark, table, n, 1)
+                print(f"  {topic}: {n} rows seeded by Spark in {time.perf_counter() - start:.1f} s", flush=True)
+                move_partitions(broker, settings.metadata_url.removeprefix("sqlite:///"), topic, offsets)
+                for p in range(PARTITIONS):  # the first pass after the seed builds the index from the table; it
+                    # replaces the first pass's rows, so the deletion-vector writer is warm before the timed passes
+                    produce(broker.bootstrap, topic, [big + 10_000_000 + p], "w", partition=p)
+                index_s = timed_pass(archiver, topic)
+                print(f"  {topic}: pass with the index build from {n} rows: {index_s:.1f} s", flush=True)
+                spark.sql(f"ALTER TABLE {table} CREATE BRANCH merge_base")
+                spark.sql(f"ALTER TABLE {table} CREATE BRANCH merge_warmup")
+            produce(broker.bootstrap, "append", [big + 30_000_000], "i")
+            timed_pass(archiver, "append")
 
-        updated = max(1, int(args.batch * args.updates))
-        step = max(1, min(sizes) // updated)
-        for n in sizes:  # MERGE is warm too: a MERGE of 1 000 seeded rows into another branch first
-            table = f"lake.icelog.up{n}"
-            spark.table(table).limit(1000).createOrReplaceTempView("warm")
-            start = time.perf_counter()
-            spark.sql(f"MERGE INTO {table}.branch_merge_warmup t USING warm s ON t.__key = s.__key "
-                      "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *").collect()
-            print(f"  warm-up MERGE of 1 000 rows into the {n}-row table: {time.perf_counter() - start:.1f} s",
-                  flush=True)
+            updated = max(1, int(args.batch * args.updates))
+            step = max(1, min(sizes) // updated)
+            for n in sizes:  # MERGE is warm too: a MERGE of 1 000 seeded rows into another branch first
+                table = f"lake.icelog.up{n}"
+                spark.table(table).limit(1000).createOrReplaceTempView("warm")
+                start = time.perf_counter()
+                spark.sql(f"MERGE INTO {table}.branch_merge_warmup t USING warm s ON t.__key = s.__key "
+                          "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *").collect()
+                print(f"  warm-up MERGE of 1 000 rows into the {n}-row table: {time.perf_counter() - start:.1f} s",
+                      flush=True)
         rounds: list[dict[str, Any]] = []
         for r in range(args.rounds):
             # Round r: updates of seeded keys (others each round) and new keys; its values start with its tag.
