@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -169,6 +170,7 @@ def main() -> None:
         store.close()
     finally:
         broker.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
