@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 BUFFERED_BYTES = 256 << 20  # a task's decoded rows held before they are written out (Arrow bytes)
+ROW_GROUP_BYTES = "write.parquet.row-group-size-bytes"  # Iceberg's (Java writers') row-group size
+ROW_GROUP_ROWS = "write.parquet.row-group-limit"  # pyiceberg's: it sizes row groups in rows only
 
 
 @dataclass(frozen=True)
@@ -89,12 +91,28 @@ def _written(
     from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
     spec, schema = metadata.spec(), metadata.schema()
+    metadata = metadata.model_copy(update={"properties": writer_properties(metadata.properties, rows)})
     for data_file in _dataframe_to_data_files(metadata, rows, io, write_uuid, counter):
         values = {}
         for position, field in enumerate(spec.fields):
             result_type = field.transform.result_type(schema.find_field(field.source_id).field_type)
             values[str(field.field_id)] = partition_json_value(result_type, data_file.partition[position])
         yield data_file.file_path, data_file.file_size_in_bytes, data_file.record_count, json.dumps(values)
+
+
+def writer_properties(properties: Mapping[str, str], rows: Any) -> dict[str, str]:
+    """The table's properties as pyiceberg's writer must see them to size row groups as the table asks.
+
+    pyiceberg ignores write.parquet.row-group-size-bytes (with a warning on every write) and cuts row groups at
+    write.parquet.row-group-limit rows (default 1 M), so an upsert table's files would have one row group where
+    Spark's writer makes many of 2 MiB (lake/layout.py: a read-back seek decodes one row group). The byte size
+    becomes a row limit from the rows' average Arrow (decoded) size, unless the table sets a row limit itself.
+    """
+    adjusted = dict(properties)
+    size = adjusted.pop(ROW_GROUP_BYTES, None)
+    if size is not None and ROW_GROUP_ROWS not in adjusted and rows.num_rows:
+        adjusted[ROW_GROUP_ROWS] = str(max(1, int(size) * rows.num_rows // max(1, rows.nbytes)))
+    return adjusted
 
 
 def partition_json_value(result_type: Any, value: Any) -> Any:
