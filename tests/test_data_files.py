@@ -97,7 +97,7 @@ def test_worker_written_files_have_the_tables_row_groups_and_no_writer_warning(t
                         pa.field("__offset", pa.int64(), nullable=False)])
     # The archive's table properties (pyiceberg cannot create the v3 table an upsert topic gets; the worker's
     # write is the same for both).
-    table = catalog.create_table("db.t", schema, properties=ARCHIVE_TABLE_PROPERTIES)
+    table = catalog.create_table("db.t", schema, properties=dict(ARCHIVE_TABLE_PROPERTIES))  # pyiceberg pops from it
     limit = int(ARCHIVE_TABLE_PROPERTIES["write.parquet.row-group-size-bytes"])
     produced = pa.table({"__key": [os.urandom(16) for _ in range(40_000)],
                          "__value": [os.urandom(120) for _ in range(40_000)],
