@@ -36,20 +36,27 @@ pytestmark = pytest.mark.slow
 NO_DELAY = {"icelog.archive.complete.delay.max.ms": "0", "icelog.archive.idle.max.ms": "0"}
 
 
-def corrupt_batch(base_offset: int, count: int = 3) -> bytes:
-    """A v2 batch with a valid header and CRC whose first record's key length runs past the batch."""
+def corrupt_batch(base_offset: int, count: int = 3, poison: str = "records") -> bytes:
+    """A v2 batch with a valid header. "records": its CRC checks, but its first record's key length runs past the
+    batch. "bit-flip": its records are well formed, but a bit of a value changed after the CRC was computed (a
+    disk's corruption)."""
     builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, 1 << 20)
     for i in range(count):
         builder.append(i, timestamp=int(time.time() * 1000), key=b"k%d" % i, value=b"poison", headers=[])
     data = bytearray(builder.build())
     struct.pack_into(">q", data, 0, base_offset)
+    if poison == "bit-flip":
+        data[data.index(b"poison")] ^= 0x20  # "Poison": the CRC the builder wrote no longer matches
+        return bytes(data)
     assert data[65] == 4  # the first record's key length (zigzag varint of 2)
     data[65] = 0x7E  # 63 bytes: more than the batch holds
     struct.pack_into(">I", data, 17, crc32c.crc32c(bytes(data[21:])))  # the batch CRC still checks
     return bytes(data)
 
 
-def inject(data_dir: Path, store_url: str, topic: str, partition: int = 0) -> tuple[int, bytes]:
+def inject(
+    data_dir: Path, store_url: str, topic: str, partition: int = 0, poison: str = "records"
+) -> tuple[int, bytes]:
     """Append a frame holding a corrupt batch at the partition's end (broker stopped; recovery indexes it)."""
     store = open_store(store_url)
     try:
@@ -58,7 +65,7 @@ def inject(data_dir: Path, store_url: str, topic: str, partition: int = 0) -> tu
         base = store.partitions(record.topic_id)[partition].high_watermark
     finally:
         store.close()
-    batch = corrupt_batch(base)
+    batch = corrupt_batch(base, poison=poison)
     directory = data_dir / "intake"
     path = intake_file.file_path(directory, intake_file.list_files(directory)[-1])
     with open(path, "ab") as handle:
@@ -85,16 +92,17 @@ def poison_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     proc.stop()
 
 
-@pytest.mark.parametrize("crash", [False, True], ids=["clean", "crash-after-dead-letters"])
+@pytest.mark.parametrize(("crash", "poison"), [(False, "records"), (True, "records"), (False, "bit-flip")],
+                         ids=["clean", "crash-after-dead-letters", "bit-flipped-on-disk"])
 def test_undecodable_batch_goes_to_the_dead_letter_table_and_the_partition_moves_on(
-    crash: bool, poison_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any
+    crash: bool, poison: str, poison_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any
 ) -> None:
-    topic = f"archive-poison-{'crash' if crash else 'clean'}"
+    topic = f"archive-poison-{'crash' if crash else 'clean'}-{poison}"
     settings = lake_settings_for(poison_broker, lake_settings)
     create_topic(poison_broker, topic, partitions=1)
     before = produce(poison_broker, topic, 20, partitions=1, tag="a")
     poison_broker.stop()
-    bad_base, bad_batch = inject(poison_broker.data_dir, settings.metadata_url, topic)
+    bad_base, bad_batch = inject(poison_broker.data_dir, settings.metadata_url, topic, poison=poison)
     poison_broker.start()
     after = produce(poison_broker, topic, 10, partitions=1, tag="b")
     assert after[0][1] == bad_base + 3  # the poison took offsets bad_base..bad_base+2
@@ -126,7 +134,7 @@ def test_undecodable_batch_goes_to_the_dead_letter_table_and_the_partition_moves
         assert [(r.partition, r.base_offset, r.last_offset, bytes(r.batch)) for r in dlq] == [
             (0, bad_base, bad_base + 2, bad_batch)
         ]
-        assert "Corrupt" in dlq[0].error
+        assert ("Corrupt" if poison == "records" else "CRC-32C mismatch") in dlq[0].error
 
         # The partition moved on: later records archive normally, the dead letter is not written again.
         later = produce(poison_broker, topic, 5, partitions=1, tag="c")

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import crc32c
+
 from icelog.errors import IcelogError
 from icelog.log import intake_file
 from icelog.log.batch import iter_stored_batches
@@ -20,9 +22,12 @@ from icelog.log.record_format import (
     ATTR_CONTROL,
     ATTR_TRANSACTIONAL,
     ATTRIBUTES_LOW_BYTE,
+    CRC,
+    CRC_START,
     HEADER_SIZE,
     INT64,
     PRODUCER_ID,
+    UINT32,
 )
 from icelog.pipeline.plan import PlannedArchive
 
@@ -112,11 +117,13 @@ class DeadLetter:
 
 
 def _archive_batches(directory: Path, archive: PlannedArchive) -> Iterator[tuple[bytes, int, int, str, int]]:
-    """(batch bytes, base offset, last offset, framing error, ingest ms) of the archive's data batches, in offset order.
+    """(batch bytes, base offset, last offset, error, ingest ms) of the archive's data batches, in offset order.
 
     Control batches, aborted transactions' batches and batches outside [start, end) are left out. Bytes
     whose batch framing is broken (a length running past the chunk) come out once, to the chunk's end,
-    with a framing error; dead letters named by the plan (`archive.dead_letters`) are left out.
+    with a framing error; a batch whose CRC-32C no longer matches its bytes (changed on disk after the broker
+    checked it at produce) comes out with that error; dead letters named by the plan (`archive.dead_letters`)
+    are left out.
     """
     start, end = archive.start_offset, archive.end_offset
     skip = set(archive.dead_letters)
@@ -149,7 +156,11 @@ def _archive_batches(directory: Path, archive: PlannedArchive) -> Iterator[tuple
                 producer_id = INT64.unpack_from(view, pos + PRODUCER_ID)[0]
                 if any(pid == producer_id and first <= base <= last for pid, first, last in archive.aborted):
                     continue  # an aborted transaction's records are not records of the topic
-            yield bytes(view[pos : pos + size]), base, last, "", ref.ingest_ms
+            stored, computed = UINT32.unpack_from(view, pos + CRC)[0], crc32c.crc32c(view[pos + CRC_START : pos + size])
+            error = "" if stored == computed else (
+                f"CRC-32C mismatch: the batch says {stored:#010x}, its bytes give {computed:#010x} (changed on disk "
+                "after the broker accepted it)")
+            yield bytes(view[pos : pos + size]), base, last, error, ref.ingest_ms
 
 
 def find_dead_letters(
@@ -158,8 +169,7 @@ def find_dead_letters(
     """The batches of an archive that cannot be decoded (checked in the driver, after a write failed)."""
     batch_class = _batch_class(prefer_fast)
     out: list[DeadLetter] = []
-    for data, base, last, framing_error, _ingest_ms in _archive_batches(Path(intake_dir), archive):
-        error = framing_error
+    for data, base, last, error, _ingest_ms in _archive_batches(Path(intake_dir), archive):
         if not error:
             try:
                 for record in batch_class(data):
@@ -184,9 +194,9 @@ def decode_archive(
     batch_class = _batch_class(prefer_fast)
     cols = _Columns()
     start, end = archive.start_offset, archive.end_offset
-    for data, base, _last, framing_error, ingest_ms in _archive_batches(Path(intake_dir), archive):
-        if framing_error:
-            raise UndecodableBatchError(f"partition {archive.partition} offset {base}: {framing_error}")
+    for data, base, _last, error, ingest_ms in _archive_batches(Path(intake_dir), archive):
+        if error:
+            raise UndecodableBatchError(f"partition {archive.partition} offset {base}: {error}")
         ingest_us = ingest_ms * 1000
         for record in batch_class(data):
             offset = record.offset
