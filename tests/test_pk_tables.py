@@ -330,7 +330,9 @@ def test_primary_key_on_value_columns_with_a_protobuf_schema(
 def test_compacted_record_layout_with_a_key_schema_is_refused_with_the_fix(
     lake_broker: BrokerProcess, lake_archiver: Archiver, lake_spark: Any
 ) -> None:
-    """The record layout keeps no key bytes for decodable keys: the pass fails naming the fix; nothing is lost."""
+    """The record layout keeps no key bytes for decodable keys: the pass fails naming the fix; nothing is lost; the
+    fix it names (icelog.schema.key=none) works on the table the failed pass created (with the key's columns)."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
     from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
     topic = "pk_record_key_schema"
@@ -339,6 +341,17 @@ def test_compacted_record_layout_with_a_key_schema_is_refused_with_the_fix(
     send(lake_broker, topic, [(b"k1", b"v1")], partitions=1)
     [result] = lake_archiver.run_pass(force=True, topics=[topic])
     assert "needs icelog.archive.layout=table" in result.error and result.records == 0
+    assert "or set icelog.schema.key=none" in result.error
+
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry("icelog.schema.key", "none", incremental_operation=AlterConfigOpType.SET)])
+    admin = AdminClient({"bootstrap.servers": lake_broker.bootstrap})
+    admin.incremental_alter_configs([resource])[resource].result(30)
+    send(lake_broker, topic, [(b"k1", b"v2"), (b"k2", b"v3")], partitions=1)
+    [result] = lake_archiver.run_pass(force=True, topics=[topic])
+    assert not result.error and result.records == 3, result
+    rows = lake_spark.sql(f"SELECT key.__raw__ AS k, value.__raw__ AS v FROM icelog.`{topic}`").collect()
+    assert sorted((bytes(r.k), bytes(r.v)) for r in rows) == [(b"k1", b"v2"), (b"k2", b"v3")]
 
 
 def test_deletion_vector_blobs_read_back_by_iceberg(lake_spark: Any) -> None:

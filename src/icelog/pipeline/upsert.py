@@ -68,10 +68,7 @@ class PassRows:
     decode: Callable[[Iterable[int]], Iterator[Any]]
     ddl: str
     io_properties: Mapping[str, str]  # how workers reach the warehouse (the catalog's properties)
-
-    def key_fields(self, spark: Any) -> list[str]:
-        """The fields of the record layout's `key` struct."""
-        return list(spark.createDataFrame([], self.ddl).schema["key"].dataType.fieldNames())
+    key_decoded: bool = False  # the key is decoded with a schema (else its bytes are kept as they are)
 
 
 @dataclass(frozen=True)
@@ -112,8 +109,9 @@ def write_upserts(
             f"{found_key!r}); a primary key is fixed when a table is created: drop the table, or archive the topic "
             "into another with icelog.archive.iceberg.table"
         )
-    if spec.layout != LAYOUT_TABLE and rows.key_fields(spark) != ["__raw__"]:
-        # The record layout keeps key.__raw__ only when the decoded fields cannot rebuild the key.
+    if spec.layout != LAYOUT_TABLE and rows.key_decoded:
+        # The record layout keeps key.__raw__ only when the decoded fields cannot rebuild the key. (Asked of this
+        # pass's decoding, not of the table's key columns: they stay after icelog.schema.key=none.)
         raise IcelogError(
             f"{table_name}: a compacted topic whose key has a schema needs icelog.archive.layout=table (its __key "
             "keeps every key's bytes); recreate the topic with it, or set icelog.schema.key=none"
