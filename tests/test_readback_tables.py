@@ -44,7 +44,8 @@ def status_rows(broker: BrokerProcess, topic: str) -> list[dict[str, str]]:
                             capture_output=True, text=True, timeout=120, env={**os.environ, **ARCHIVE_ENV})
     assert status.returncode == 0, status.stderr
     header = status.stdout.splitlines()[0].split()
-    return [dict(zip(header, line.split(), strict=True)) for line in status.stdout.splitlines()[1:]
+    # zip stops at the header's end: a last error's words (the last column) are not compared
+    return [dict(zip(header, line.split(), strict=False)) for line in status.stdout.splitlines()[1:]
             if line.split()[0] == topic]
 
 
@@ -188,13 +189,36 @@ def test_a_re_created_topic_never_reads_the_old_topics_table(
     ConfluentClient().produce(lake_broker.bootstrap, topic, records, codec="zstd")
     new = [replace(r, offset=i) for i, r in enumerate(records)]
     [result] = lake_archiver.run_pass(force=True, topics=[topic])
-    assert "holds the archive of an older topic" in result.error  # the archiver refuses it too
+    assert f"holds the archive of a deleted topic (perhaps an older '{topic}')" in result.error  # archiver too
+    # Nor does `icelog status` show the old table's offsets and bytes on the new topic's rows.
+    [row] = status_rows(lake_broker, topic)
+    assert (row["LOG-START"], row["TABLE-OFFSETS"], row["TABLE-BYTES"]) == ("0", "-", "-"), row
     assert ConfluentClient().watermarks(lake_broker.bootstrap, topic, 0) == (0, len(new))
     got = ConfluentClient().consume(lake_broker.bootstrap, topic, [0], "earliest", len(new))
     assert comparable(got) == comparable(new)
     # By timestamp: no record of the new topic is as late as the old ones (the old table would answer one).
     late = min(r.timestamp or 0 for r in old)
     assert CLIENTS["confluent"].offsets_for_times(lake_broker.bootstrap, topic, 0, [late, 0]) == [None, 0]
+
+
+def test_a_topic_pointed_at_another_live_topics_table_is_refused_naming_that_topic(
+    lake_broker: BrokerProcess, lake_archiver: Archiver
+) -> None:
+    owner, borrower = "rbt-owner", "rbt-borrower"
+    create_topic(lake_broker.bootstrap, owner, partitions=1)
+    produce_codecs(lake_broker, owner, 3, 1)
+    [result] = lake_archiver.run_pass(force=True, topics=[owner])
+    assert not result.error, result.error
+    create_topic(lake_broker.bootstrap, borrower, partitions=1,
+                 configs={"icelog.archive.iceberg.table": f"icelog.{owner}"})
+    produce_codecs(lake_broker, borrower, 2, 1)
+    [result] = lake_archiver.run_pass(force=True, topics=[borrower])
+    assert f"holds the archive of topic '{owner}', which archives there" in result.error, result.error
+    assert f"not of '{borrower}'" in result.error
+    [row] = status_rows(lake_broker, borrower)
+    assert (row["TABLE-OFFSETS"], row["TABLE-BYTES"]) == ("-", "-"), row  # not the owner's offsets
+    [row] = status_rows(lake_broker, owner)
+    assert row["TABLE-OFFSETS"] == f"0-{int(row['HIGH-WATERMARK']) - 1}", row
 
 
 def test_max_timestamp_offset_spans_table_and_intake(

@@ -53,7 +53,12 @@ def _table_ranges(settings: Any, store: Any) -> dict[str, dict[int, tuple[int, i
             continue
         try:
             table = tables.table(archive.identifier)
-            out[topic.name] = {} if table is None else partition_ranges(table)
+            ranges = {} if table is None else partition_ranges(table, str(topic.topic_id))
+            if ranges is None:  # a deleted topic's table (same name), or another live topic's
+                print(f"icelog status: table {'.'.join(archive.identifier)} holds the archive of another topic, "
+                      f"not {topic.name}'s: not read back to it", file=sys.stderr)
+                continue
+            out[topic.name] = ranges
         except Exception as exc:
             print(f"icelog status: cannot read table {'.'.join(archive.identifier)}: {exc}", file=sys.stderr)
     return out

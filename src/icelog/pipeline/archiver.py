@@ -306,10 +306,15 @@ class Archiver:
         """The table's offsets, copied into the metadata store."""
         found = table_offsets(self.spark, self.table_name(config))
         if found.topic_id is not None and found.topic_id != str(topic.topic_id):
-            # A deleted topic's table: its offsets say nothing about this topic (same name, new id).
+            # Another topic's table (a deleted topic of the same name, or a live topic archived there): its offsets
+            # say nothing about this topic.
+            owner = next((t.name for t in self.store.list_topics() if str(t.topic_id) == found.topic_id), None)
+            whose = (f"topic {owner!r}, which archives there" if owner is not None
+                     else f"a deleted topic (perhaps an older {topic.name!r})")
             raise IcelogError(
-                f"table {self.table_name(config)} holds the archive of an older topic {topic.name!r} "
-                f"(id {found.topic_id}); drop or rename it, or set {ARCHIVE_TABLE} for the new topic"
+                f"table {self.table_name(config)} holds the archive of {whose} (id {found.topic_id}), not of "
+                f"{topic.name!r} (id {topic.topic_id}); set {ARCHIVE_TABLE} for {topic.name!r} to another table, "
+                "or drop or rename this one if its topic is gone"
             )
         if found.offsets:
             self.store.record_archive(topic.topic_id, found.offsets, found.committed_ms)

@@ -216,10 +216,14 @@ def _raw_layout(schema: Any, layout: Layout) -> bool:
     )
 
 
-def partition_ranges(table: Any) -> dict[int, tuple[int, int, int]]:
-    """Per Kafka partition: (first offset, one past the last, data file bytes), from one scan plan (status)."""
+def partition_ranges(table: Any, topic_id: str) -> dict[int, tuple[int, int, int]] | None:
+    """Per Kafka partition: (first offset, one past the last, data file bytes), from one scan plan (status); None
+    when the table's archive commits came from another topic (read-back does not serve it to this one)."""
     out: dict[int, tuple[int, int, int]] = {}
-    for planned in plan_table(table, None).files:
+    plan = plan_table(table, None)
+    if plan.owner is not None and plan.owner != topic_id:
+        return None
+    for planned in plan.files:
         file_slice, partition = planned.slice, planned.partitions[0]
         if partition == ANY_PARTITION[0]:
             partition = -1  # no statistics and no partition value: unknown
