@@ -63,7 +63,13 @@ def test_archive_once_with_the_broker_stopped(tmp_path: Path) -> None:
         command = [sys.executable, "-m", "icelog", "archive", *extra, "--data-dir", str(data_dir)]
         refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
         assert refused.returncode == 2 and said in refused.stderr, refused.stdout + refused.stderr
-    assert not typo_dir.exists()  # and no empty metadata store is left there
+    # The other commands that read the data directory refuse the typo the same way (`sql` created an empty catalog
+    # there and answered "table not found").
+    for command in (["sql", "SELECT count(*) FROM icelog.`off-raw`"], ["status"], ["maintain", "--dry-run"]):
+        refused = subprocess.run([sys.executable, "-m", "icelog", *command, "--data-dir", str(typo_dir)],
+                                 env=env, capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2 and f"no icelog data in {typo_dir}" in refused.stderr, refused.stderr
+    assert not typo_dir.exists()  # and no empty metadata store or catalog is left there
     done = subprocess.run(
         [sys.executable, "-m", "icelog", "archive", "--once", "--data-dir", str(broker.data_dir)],
         env=env, capture_output=True, text=True, timeout=600,

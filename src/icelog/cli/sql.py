@@ -22,10 +22,14 @@ def add_parser(sub: Any) -> None:
 def cmd_sql(args: argparse.Namespace) -> int:
     from pyspark.errors import PySparkException
 
+    from icelog.cli.archive import require_metadata
     from icelog.lake.spark import create_session
 
     logging.basicConfig(level=logging.WARNING)
     settings = load_settings(args.config, data_dir=args.data_dir)
+    if settings.archive.catalog_uri is None:  # the embedded catalog: under the data directory
+        # Spark would create an empty catalog in a mistyped --data-dir and find no table there.
+        require_metadata(settings)
     spark = create_session(settings, "icelog-sql")
     try:
         try:

@@ -7,8 +7,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from icelog.cli.archive import require_metadata
 from icelog.config import load_settings
-from icelog.errors import IcelogError
 from icelog.meta.store import open_store
 from icelog.pipeline.progress import ArchiveProgress, archive_progress
 
@@ -76,10 +76,8 @@ def add_parser(sub: Any) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     settings = load_settings(args.config, data_dir=args.data_dir)
-    if settings.meta_url is None and not (settings.data_dir / "meta.db").exists():
-        # Opening the default SQLite store would create it: a mistyped --data-dir must not look like an
-        # empty broker.
-        raise IcelogError(f"no icelog data in {settings.data_dir} (no meta.db); pass the broker's --data-dir")
+    # Opening the default SQLite store would create it: a mistyped --data-dir must not look like an empty broker.
+    require_metadata(settings)
     if args.tables:
         from icelog.cli.status_tables import print_tables
 

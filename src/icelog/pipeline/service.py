@@ -72,11 +72,11 @@ class ArchiveService:
                 log.info("starting Spark (master %s) for the archiver", self.settings.archive.spark_master)
                 ours, started = signal.getsignal(signal.SIGINT), time.monotonic()
                 self._spark = create_session(self.settings, "icelog-archiver")
-                log.info("Spark started in %.1f s", time.monotonic() - started)
                 if threading.current_thread() is threading.main_thread() and ours is not None:
                     # PySpark's SparkContext takes SIGINT to cancel every job at once; the archiver's own handler
                     # (cli/archive.py: end the pass in flight, then stop) stays the process's.
                     signal.signal(signal.SIGINT, ours)
+                log.info("Spark started in %.1f s", time.monotonic() - started)  # after: Ctrl-C is ours again
             self._archiver = Archiver(self.settings, self._spark, self.store)
         return self._archiver
 
