@@ -9,7 +9,8 @@
                                function, and produce refuses a record whose partition is not its bucket. One column
                                only (Iceberg has no multi-argument bucket transform yet). Fixed at creation.
   icelog.table.primary.key     <col>[,<col>] (table layout): value columns identifying a row; the table is an
-                               upsert table (the latest record per key; a null value deletes the key's row).
+                               upsert table (the latest record per key), whatever cleanup.policy says; a null
+                               value names no row and deletes nothing.
   cleanup.policy=compact       an upsert table keyed by the record key (__key, or key.__raw__ in the record layout).
                                Both fixed at creation (pipeline/upsert.py).
   iceberg.<name>               forwarded to the table as the property <name> (iceberg.write.target-file-size-bytes).
