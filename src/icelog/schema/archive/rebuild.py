@@ -43,7 +43,8 @@ _NOT_INVERTIBLE = frozenset(
 
 
 class Schemas(Protocol):
-    """Compiled schemas by id (registry_source.StoreSchemaSource / HttpSchemaSource)."""
+    """Compiled schemas by id: registry_source.StoreSchemaSource (the embedded registry's metadata store) or
+    registry_client.RegistryClient (a registry's REST API)."""
 
     def by_id(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet: ...
 
