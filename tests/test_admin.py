@@ -581,6 +581,13 @@ def test_cli_topic_commands(broker: BrokerProcess, topic_name: str, tmp_path: Pa
     assert topic_name in listed.stdout.splitlines()
     listed_after = run_cli("topic", "list", *bootstrap, cwd=tmp_path)  # --bootstrap after the action, too
     assert listed_after.returncode == 0 and listed_after.stdout == listed.stdout, listed_after.stderr
+    groups_after = run_cli("group", "list", *bootstrap, cwd=tmp_path)  # and for `group`
+    assert groups_after.returncode == 0, groups_after.stderr
+    # Piped into a reader that leaves at once (`| head -1` of a long list): no BrokenPipeError traceback.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ICELOG_")}
+    piped = subprocess.run(f"{ICELOG} topic list {' '.join(bootstrap)} | true", shell=True, capture_output=True,
+                           text=True, cwd=tmp_path, env=env, timeout=120)
+    assert piped.returncode == 0 and "Traceback" not in piped.stderr, piped.stderr
 
     described = run_cli("topic", *bootstrap, "describe", topic_name, cwd=tmp_path)
     assert described.returncode == 0, described.stderr

@@ -160,6 +160,10 @@ def test_archive_once_then_icelog_sql(lake_settings: Settings, lake_broker: Brok
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"p": 0, "n": 7}
+    ddl = subprocess.run([sys.executable, "-m", "icelog", "sql", "--data-dir", str(lake_settings.data_dir),
+                          "CREATE NAMESPACE IF NOT EXISTS sql_cli_check"],
+                         capture_output=True, text=True, timeout=180, env={**os.environ, **ARCHIVE_ENV})
+    assert ddl.returncode == 0 and ddl.stdout.strip() == "ok", ddl.stdout + ddl.stderr[-2000:]  # not "++\n||"
 
 
 def test_only_committed_transactional_records_are_archived(

@@ -309,6 +309,9 @@ def test_maintain_cli_dry_run_changes_nothing_and_a_round_reports_counts(
 
     missing = run_icelog(lake_settings, "maintain", "--topic", "no-such-topic")
     assert missing.returncode == 2 and "no topic no-such-topic" in missing.stderr
+    create_topic(lake_broker, "maint-cli-plain", configs={"icelog.archive.kind": "none"})
+    plain = run_icelog(lake_settings, "maintain", "--topic", "maint-cli-plain")  # said "(no archived topics)", 0
+    assert plain.returncode == 2 and "topic maint-cli-plain is not archived" in plain.stderr, plain.stdout
 
 
 def test_the_archiver_maintains_due_tables_and_leaves_opted_out_ones_alone(

@@ -308,3 +308,23 @@ def test_registry_port_taken_stops_startup(tmp_path: Path) -> None:
         proc = BrokerProcess(tmp_path / "data", env={"ICELOG_REGISTRY_LISTEN": f"127.0.0.1:{port}"})
         with pytest.raises(RuntimeError, match="cannot serve the schema registry"):
             proc.start()
+
+
+def test_kafka_port_taken_stops_startup_with_one_line(tmp_path: Path) -> None:
+    """As for the registry's port: a clear line naming the fix, not uvloop's traceback."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        served = subprocess.run(
+            [sys.executable, "-m", "icelog", "serve", "--listen", f"127.0.0.1:{port}", "--registry-listen", "off",
+             "--data-dir", str(tmp_path / "data")],
+            capture_output=True, text=True, timeout=120, env={**os.environ, "ICELOG_ARCHIVE__ENABLED": "false"})
+    assert served.returncode != 0
+    assert f"icelog: cannot serve Kafka on 127.0.0.1:{port}" in served.stderr, served.stderr
+    assert "Traceback" not in served.stderr, served.stderr

@@ -88,7 +88,13 @@ class Broker:
                     f"icelog: cannot serve the schema registry on {self.settings.registry_listen}: {exc} "
                     "(set registry_listen / --registry-listen, or off)"
                 ) from exc
-        await self.server.start()
+        try:
+            await self.server.start()
+        except OSError as exc:
+            raise SystemExit(
+                f"icelog: cannot serve Kafka on {self.settings.listen}: {exc} (another broker on that port? set "
+                "listen / --listen)"
+            ) from exc
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stopping.set)

@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from icelog.cli.topic import bootstrap_after_action
 from icelog.errors import IcelogError
 
 
 def add_parser(sub: Any) -> None:
     group = sub.add_parser("group", help="list and describe consumer groups on a running broker")
     group.add_argument("--bootstrap", help="broker HOST:PORT (default: the configured listen address)")
+    after = bootstrap_after_action()
     actions = group.add_subparsers(dest="action", required=True)
-    actions.add_parser("list", help="list consumer groups and their states").set_defaults(func=cmd_list)
-    describe = actions.add_parser("describe", help="members, committed offsets and lag of a group")
+    actions.add_parser("list", help="list consumer groups and their states", parents=[after]).set_defaults(
+        func=cmd_list)
+    describe = actions.add_parser("describe", help="members, committed offsets and lag of a group", parents=[after])
     describe.add_argument("group_id")
     describe.set_defaults(func=cmd_describe)
 

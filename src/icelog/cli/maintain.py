@@ -54,12 +54,16 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     try:
         topics = {t.name: t for t in store.list_topics()}
         refuse_unknown_topics(args.topics or (), topics)
-        configs = [
-            archive_config(t.name, t.configs, settings.topic_defaults, settings.archive)
+        named = {
+            name: archive_config(t.name, t.configs, settings.topic_defaults, settings.archive)
             for name, t in sorted(topics.items())
             if args.topics is None or name in args.topics
-        ]
-        configs = [c for c in configs if c.enabled]
+        }
+        unarchived = [name for name, c in named.items() if not c.enabled and args.topics is not None]
+        if unarchived:  # named by --topic: say so rather than "(no archived topics)"
+            raise IcelogError(f"topic {', '.join(unarchived)} is not archived (icelog.archive.kind=none, or the "
+                              "archive's default kind), so it has no table to maintain")
+        configs = [c for c in named.values() if c.enabled]
         if not configs:
             print("(no archived topics)")
             return 0

@@ -36,7 +36,9 @@ def cmd_sql(args: argparse.Namespace) -> int:
             frame = spark.sql(args.query)
         except PySparkException as exc:
             raise IcelogError(f"query failed: {str(exc).strip().splitlines()[0]}") from None
-        if args.format == "json":
+        if not frame.columns:  # DDL and DML answer no rows (show() would draw an empty table)
+            print("ok")
+        elif args.format == "json":
             for line in frame.limit(args.limit).toJSON().collect():
                 print(line)
         else:

@@ -9,12 +9,18 @@ from typing import Any
 from icelog.errors import ConfigError, IcelogError
 
 
+def bootstrap_after_action() -> argparse.ArgumentParser:
+    """A parent parser for an action: --bootstrap after it too (`icelog topic list --bootstrap X`); absent there,
+    the one before the action stands."""
+    after = argparse.ArgumentParser(add_help=False)
+    after.add_argument("--bootstrap", default=argparse.SUPPRESS, help="broker HOST:PORT")
+    return after
+
+
 def add_parser(sub: Any) -> None:
     topic = sub.add_parser("topic", help="create, list, describe and delete topics on a running broker")
     topic.add_argument("--bootstrap", help="broker HOST:PORT (default: the configured listen address)")
-    # Also after the action (`icelog topic list --bootstrap X`); absent there, the one before it stands.
-    after = argparse.ArgumentParser(add_help=False)
-    after.add_argument("--bootstrap", default=argparse.SUPPRESS, help="broker HOST:PORT")
+    after = bootstrap_after_action()
     actions = topic.add_subparsers(dest="action", required=True)
 
     create = actions.add_parser("create", help="create a topic", parents=[after])
