@@ -58,6 +58,12 @@ def test_table_configs_must_fit_together() -> None:
     with pytest.raises(KafkaApiError, match="a primary-key table is format 3"):
         validate_table_configs({"cleanup.policy": "compact", "iceberg.format-version": "2"}, {})
     validate_table_configs({"cleanup.policy": "compact", "iceberg.format-version": "3"}, {})
+    # Its deletes are deletion vectors: copy-on-write modes are refused (an analyst's DML would rewrite files).
+    for kind in ("delete", "update", "merge"):
+        with pytest.raises(KafkaApiError, match="a primary-key table is merge-on-read"):
+            validate_table_configs({"cleanup.policy": "compact", f"iceberg.write.{kind}.mode": "copy-on-write"}, {})
+        validate_table_configs({"cleanup.policy": "compact", f"iceberg.write.{kind}.mode": "merge-on-read"}, {})
+        validate_table_configs({f"iceberg.write.{kind}.mode": "copy-on-write"}, {})  # an append table may
 
 
 def test_layout_configs_are_fixed_once_the_topic_exists() -> None:

@@ -160,6 +160,12 @@ def table_config(explicit: Mapping[str, str], broker_defaults: Mapping[str, str]
         raise ValueError(
             f"{ICEBERG_PREFIX}format-version={version!r}: a primary-key table is format 3 (its DVs need it)"
         )
+    for mode in (f"{ICEBERG_PREFIX}write.{kind}.mode" for kind in ("delete", "update", "merge")):
+        if primary and configs.get(mode, "merge-on-read").strip() != "merge-on-read":
+            raise ValueError(
+                f"{mode}={configs[mode]!r}: a primary-key table is merge-on-read (deletes are deletion vectors, "
+                "which its index follows; copy-on-write would rewrite data files under it)"
+            )
     return TableTopicConfig(layout, partition_by, bucket[0] if bucket else None, primary)
 
 
