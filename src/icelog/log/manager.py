@@ -422,7 +422,8 @@ class LogManager:
                     self.store.trim_intake(part.topic_id, part.partition, new_start)  # durable on return
                     fault_point("trim-committed")
                     part.drop_chunks_before(new_start, part.intake_bytes - remaining)
-                    log.info("retention: %s-%d log start offset is now %d", state.name, part.partition, new_start)
+                    # The intake's start; the log start consumers see can be older (read-back from the table).
+                    log.info("retention: %s-%d intake starts at offset %d now", state.name, part.partition, new_start)
         if dropped:
             self._delete_unreferenced_files()
         return dropped
