@@ -61,7 +61,7 @@ def test_worker_written_files_are_described_as_sparks_writer_describes_them(
 
     table = iceberg_java.load_table(lake_spark, names["ours"])
     files = iceberg_java.parquet_data_files(lake_spark, table, write_data_files(lake_spark, table,
-                                                                              PassRows(2, decode, COLUMNS, {})))
+                                                                              PassRows(2, decode, {})))
     iceberg_java.commit_row_delta(table, None, files, iceberg_java.WrittenDVs([], []), [], {})
 
     def described(name: str) -> list[tuple[Any, ...]]:

@@ -59,7 +59,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
             for name, t in sorted(topics.items())
             if args.topics is None or name in args.topics
         }
-        unarchived = [name for name, c in named.items() if not c.enabled and args.topics is not None]
+        unarchived = [name for name, c in named.items() if not c.enabled] if args.topics is not None else []
         if unarchived:  # named by --topic: say so rather than "(no archived topics)"
             raise IcelogError(f"topic {', '.join(unarchived)} is not archived (icelog.archive.kind=none, or the "
                               "archive's default kind), so it has no table to maintain")

@@ -514,7 +514,7 @@ class Archiver:
             COMMIT_USER_PROPERTY: COMMIT_USER,
         }
         if spec.primary_key:  # an upsert table: data files + deletion vectors in one row delta
-            rows = PassRows(len(groups), decode, ddl, self.settings.archive.catalog_properties,
+            rows = PassRows(len(groups), decode, self.settings.archive.catalog_properties,
                             key_decoded=schema is not None and schema.key is not None)
             write_upserts(self.spark, self.table_name(config), rows, spec, summary, str(self.settings.data_dir),
                           fault_point)

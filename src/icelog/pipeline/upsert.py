@@ -62,11 +62,10 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class PassRows:
     """A pass's rows as the archiver's Spark workers decode them: `decode` maps task numbers (of 0..tasks-1) to
-    their rows, as Arrow batches of the columns `ddl` declares."""
+    their rows, as Arrow batches of the table's columns."""
 
     tasks: int
     decode: Callable[[Iterable[int]], Iterator[Any]]
-    ddl: str
     io_properties: Mapping[str, str]  # how workers reach the warehouse (the catalog's properties)
     key_decoded: bool = False  # the key is decoded with a schema (else its bytes are kept as they are)
 
