@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import crc32c
-
 from icelog.errors import ErrorCode, KafkaApiError
 from icelog.log.record_format import (
     ATTR_COMPRESSION_MASK,
@@ -21,7 +19,6 @@ from icelog.log.record_format import (
     BASE_OFFSET,
     BATCH_LENGTH,
     CRC,
-    CRC_START,
     HEADER,
     HEADER_SIZE,
     INT16,
@@ -32,6 +29,7 @@ from icelog.log.record_format import (
     MAX_TIMESTAMP,
     RECORDS,
     UINT32,
+    batch_crc,
 )
 from icelog.log.records import decompress, validate_records
 
@@ -100,7 +98,7 @@ def parse_produced_batches(
             raise KafkaApiError(
                 ErrorCode.MESSAGE_TOO_LARGE, f"batch of {size} bytes is over max.message.bytes={max_batch_bytes}"
             )
-        if crc32c.crc32c(view[pos + CRC_START : pos + size]) != crc:
+        if batch_crc(view, pos, size) != crc:
             raise KafkaApiError(ErrorCode.CORRUPT_MESSAGE, "record batch CRC-32C mismatch")
         if count < 1 or last_delta != count - 1:
             raise KafkaApiError(
@@ -151,7 +149,7 @@ def set_log_append_time(buffer: bytearray, batches: list[BatchHeader], timestamp
         attributes = INT16.unpack_from(buffer, attributes_pos)[0] | ATTR_LOG_APPEND_TIME
         INT16.pack_into(buffer, attributes_pos, attributes)
         INT64.pack_into(buffer, batch.position + MAX_TIMESTAMP, timestamp_ms)
-        crc = crc32c.crc32c(memoryview(buffer)[batch.position + CRC_START : batch.position + batch.size])
+        crc = batch_crc(buffer, batch.position, batch.size)
         UINT32.pack_into(buffer, batch.position + CRC, crc)
 
 
@@ -194,5 +192,5 @@ def empty_batch(first_offset: int, last_offset: int) -> bytes:
     out = bytearray(HEADER_SIZE)
     HEADER.pack_into(out, 0, first_offset, HEADER_SIZE - LOG_OVERHEAD, 0, 2, 0, 0, last_offset - first_offset,
                      -1, -1, -1, -1, -1, 0)
-    UINT32.pack_into(out, CRC, crc32c.crc32c(memoryview(out)[CRC_START:]))
+    UINT32.pack_into(out, CRC, batch_crc(out))
     return bytes(out)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import struct
 
+import crc32c
+
 BASE_OFFSET = 0
 BATCH_LENGTH = 8
 PARTITION_LEADER_EPOCH = 12
@@ -54,3 +56,10 @@ CODEC_ZSTD = 4
 CODEC_NAMES = {CODEC_NONE: "none", CODEC_GZIP: "gzip", CODEC_SNAPPY: "snappy", CODEC_LZ4: "lz4", CODEC_ZSTD: "zstd"}
 
 assert HEADER.size == HEADER_SIZE
+
+
+def batch_crc(data: bytes | bytearray | memoryview, position: int = 0, size: int | None = None) -> int:
+    """The CRC-32C a batch carries: of its bytes from the attributes to its end (the batch of `size` bytes at
+    `position`; by default all of `data`)."""
+    view = memoryview(data)
+    return crc32c.crc32c(view[position + CRC_START : len(view) if size is None else position + size])

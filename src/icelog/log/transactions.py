@@ -14,18 +14,16 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import crc32c
-
 from icelog.log.producers import StoredBatch
 from icelog.log.record_format import (
     ATTR_CONTROL,
     ATTR_TRANSACTIONAL,
     CRC,
-    CRC_START,
     HEADER,
     HEADER_SIZE,
     LOG_OVERHEAD,
     UINT32,
+    batch_crc,
 )
 from icelog.log.varint import encode_varint as _write_varint
 from icelog.log.varint import read_varint as _read_varint
@@ -135,5 +133,5 @@ def encode_marker_batch(
         HEADER.pack(0, length, -1, 2, 0, attributes, 0, timestamp_ms, timestamp_ms, producer_id, producer_epoch, -1, 1)
     )
     batch += record
-    UINT32.pack_into(batch, CRC, crc32c.crc32c(memoryview(batch)[CRC_START:]))
+    UINT32.pack_into(batch, CRC, batch_crc(batch))
     return bytes(batch)

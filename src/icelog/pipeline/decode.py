@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import crc32c
-
 from icelog.errors import IcelogError
 from icelog.log import intake_file
 from icelog.log.batch import iter_stored_batches
@@ -23,11 +21,11 @@ from icelog.log.record_format import (
     ATTR_TRANSACTIONAL,
     ATTRIBUTES_LOW_BYTE,
     CRC,
-    CRC_START,
     HEADER_SIZE,
     INT64,
     PRODUCER_ID,
     UINT32,
+    batch_crc,
 )
 from icelog.pipeline.plan import PlannedArchive
 
@@ -156,7 +154,7 @@ def _archive_batches(directory: Path, archive: PlannedArchive) -> Iterator[tuple
                 producer_id = INT64.unpack_from(view, pos + PRODUCER_ID)[0]
                 if any(pid == producer_id and first <= base <= last for pid, first, last in archive.aborted):
                     continue  # an aborted transaction's records are not records of the topic
-            stored, computed = UINT32.unpack_from(view, pos + CRC)[0], crc32c.crc32c(view[pos + CRC_START : pos + size])
+            stored, computed = UINT32.unpack_from(view, pos + CRC)[0], batch_crc(view, pos, size)
             error = "" if stored == computed else (
                 f"CRC-32C mismatch: the batch says {stored:#010x}, its bytes give {computed:#010x} (changed on disk "
                 "after the broker accepted it)")

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import crc32c
-
-from icelog.log.record_format import ATTR_LOG_APPEND_TIME, CRC, CRC_START, HEADER, LOG_OVERHEAD, UINT32
+from icelog.log.record_format import ATTR_LOG_APPEND_TIME, CRC, HEADER, LOG_OVERHEAD, UINT32, batch_crc
 from icelog.log.varint import encode_varint
 
 Header = tuple[str, bytes | None]
@@ -73,5 +71,5 @@ def encode_batch(base_offset: int, rows: Sequence[Row], log_append_time: bool = 
         base_ts, max_ts, -1, -1, -1, len(rows),
     )
     out += body
-    UINT32.pack_into(out, CRC, crc32c.crc32c(memoryview(out)[CRC_START:]))
+    UINT32.pack_into(out, CRC, batch_crc(out))
     return bytes(out)
