@@ -199,3 +199,44 @@ def test_retention_keeps_everything_by_default_for_recent_data(
     time.sleep(0.6)  # a few retention passes (they run every 200 ms)
     assert earliest(broker, topic_name) == 0
     assert [offset for offset, _ in consume_from_earliest(broker, topic_name)] == list(range(12))
+
+
+def test_produce_and_fetch_are_served_while_a_retention_pass_is_in_flight(fresh_broker: BrokerProcess) -> None:
+    """A retention pass reads the store, commits its trim with an fsync and deletes files: off the event loop.
+
+    The broker holds its retention pass right after storing a trim (a test hook) until the test says; while it
+    is held, a producer's records are acknowledged and a consumer reads them. Run on the event loop, as it was,
+    the held pass stalled every connection: nothing was acknowledged until the pass ended.
+    """
+    broker = fresh_broker
+    broker.env.update({
+        "ICELOG_RETENTION_CHECK_INTERVAL_MS": "200",
+        "ICELOG_INTAKE__SEGMENT_BYTES": "4096",
+        "ICELOG_ARCHIVE__ENABLED": "false",
+        "ICELOG_ARCHIVE__DEFAULT_KIND": "none",
+        "ICELOG_TEST_FAULT": "trim-held",
+    })
+    broker.start()
+    topic = "held-trim"
+    create_topic(broker, topic, 2, {"retention.ms": str(HOUR_MS)})
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 0})
+    now_ms = int(time.time() * 1000)
+    for i in range(5):
+        producer.produce(topic, b"expired" + b"." * 300, partition=0, timestamp=now_ms - 2 * HOUR_MS + i)
+    assert producer.flush(10) == 0
+    release = broker.data_dir / "trim-held.release"
+    wait_for(lambda: "holding at trim-held" in broker.log(), "the retention pass to hold after its trim")
+
+    try:
+        fresh = [b"fresh-%d" % i for i in range(3)]
+        for value in fresh:
+            producer.produce(topic, value, partition=1, timestamp=now_ms)
+        assert producer.flush(20) == 0, "records produced while a retention pass is in flight are acknowledged"
+        assert [v for _, v in consume_from_earliest(broker, topic, 1)] == fresh
+        assert "holding at trim-held" in broker.log() and not release.exists(), "the pass was still held"
+    finally:
+        release.touch()
+    # The held pass then ends as it would have: partition 0's expired records are gone, the fresh ones kept.
+    wait_for(lambda: earliest(broker, topic) == 5, "partition 0's log start offset to reach 5")
+    assert consume_from_earliest(broker, topic, 0) == []
+    assert [v for _, v in consume_from_earliest(broker, topic, 1)] == fresh

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import shutil
 import signal
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from icelog.config import Settings
@@ -56,6 +58,7 @@ class Broker:
             self.schema_source = HttpSchemaSource(settings.registry_url)
         self.state.enforcer = Enforcer(self.schema_source, settings.registry_cache_ttl_ms, settings.topic_defaults)
         self._stopping = asyncio.Event()
+        self._retention: asyncio.Future[int] | None = None  # the retention pass in flight, on a worker thread
         self.archiver: ArchiverProcess | None = None
         # Read-back: partitions of archived topics serve offsets below the intake from the Iceberg table.
         schemas = (RegistryClient(settings.registry_url) if settings.registry_url
@@ -117,6 +120,8 @@ class Broker:
         waiters: set[asyncio.Future[Any]] = {stop_wait, writer_task}
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         upkeep.cancel()
+        if self._retention is not None:  # a retention pass in flight ends first (it uses the store)
+            await asyncio.wait({self._retention})
         pressure_task.cancel()
         readback_task.cancel()
         if self.archiver is not None:
@@ -136,12 +141,20 @@ class Broker:
 
     async def _upkeep(self) -> None:
         interval = self.settings.retention_check_interval_ms / 1000
+        loop = asyncio.get_running_loop()
+        on_loop = _on_loop(loop)
         while True:
             await asyncio.sleep(interval)
             if self.archiver is not None:
                 self.archiver.check()
+            # On a worker thread: a retention pass reads the store, commits trims durably (an fsync) and
+            # deletes files, and each would stall every connection; only its in-memory changes run here.
+            # Shielded: shutting down waits for a pass in flight (`run`) instead of closing the store under it.
+            self._retention = loop.run_in_executor(None, lambda: self.logs.enforce_retention(on_loop=on_loop))
             try:
-                self.logs.enforce_retention()
+                await asyncio.shield(self._retention)
+            except asyncio.CancelledError:
+                raise
             except Exception:
                 log.exception("retention pass failed; will retry")
 
@@ -163,6 +176,26 @@ class Broker:
             except Exception:
                 log.exception("back-pressure refresh failed; will retry")
             await asyncio.sleep(pressure.REFRESH_INTERVAL_S)
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> Callable[[Callable[[], None]], None]:
+    """For a worker thread: run a change on the event loop and wait until it is done (its error raised here)."""
+
+    def run(change: Callable[[], None]) -> None:
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def call() -> None:
+            try:
+                change()
+            except BaseException as exc:
+                done.set_exception(exc)
+            else:
+                done.set_result(None)
+
+        loop.call_soon_threadsafe(call)
+        done.result()
+
+    return run
 
 
 def _advertisable(host: str) -> str:

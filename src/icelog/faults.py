@@ -13,14 +13,19 @@ The archive job's points (pipeline/archiver.py, pipeline/upsert.py):
   after-commit               the table has the archive, the metadata store does not know yet
   after-commit-before-index  an upsert table's snapshot is committed, its primary-key index not updated
   after-dead-letters         undecodable batches are in the dead-letter table, the archive not yet committed
-Not a kill, a hold (pipeline/maintenance_schedule.py, checked with `armed`):
-  maintenance-stall          a maintenance round holds one Spark task slot until <data_dir>/maintenance-stall.release
+Not a kill, a hold:
+  maintenance-stall   a maintenance round holds one Spark task slot until <data_dir>/maintenance-stall.release
+                      (pipeline/maintenance_schedule.py, checked with `armed`)
+  trim-held           a retention pass holds after storing an intake trim until <data_dir>/trim-held.release
+                      (log/manager.py, with `hold_point`)
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
+from pathlib import Path
 
 FAULT_ENV = "ICELOG_TEST_FAULT"
 
@@ -39,3 +44,13 @@ def fault_point(name: str) -> None:
     if name in _points:
         log.error("fault injection: killing the process at %s", name)
         os._exit(137)
+
+
+def hold_point(name: str, release: Path, timeout_s: float = 120.0) -> None:
+    """Wait here until `release` exists (at most `timeout_s`) when ICELOG_TEST_FAULT names this point."""
+    if name not in _points:
+        return
+    log.error("fault injection: holding at %s until %s exists", name, release)
+    deadline = time.monotonic() + timeout_s
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import shutil
 import struct
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from icelog.config import Settings
 from icelog.errors import ErrorCode, KafkaApiError, StoreError, TopicExistsError, UnknownTopicError
-from icelog.faults import fault_point
+from icelog.faults import fault_point, hold_point
 from icelog.log import intake_file, pressure
 from icelog.log.batch import assign_offsets, parse_produced_batches, set_log_append_time
 from icelog.log.intake import IntakeFiles, IntakeWriter
@@ -35,6 +36,12 @@ from icelog.topics import (
 )
 
 log = logging.getLogger(__name__)
+
+OnLoop = Callable[[Callable[[], None]], None]  # runs a change to in-memory partition state on the event loop
+
+
+def _inline(change: Callable[[], None]) -> None:
+    change()
 
 
 @dataclass
@@ -380,8 +387,13 @@ class LogManager:
         return done
 
     # -- retention -----------------------------------------------------------------------------
-    def enforce_retention(self, now_ms: int | None = None) -> int:
-        """Apply retention.ms / retention.bytes to every partition; return how many chunks were dropped."""
+    def enforce_retention(self, now_ms: int | None = None, on_loop: OnLoop = _inline) -> int:
+        """Apply retention.ms / retention.bytes to every partition; return how many chunks were dropped.
+
+        The broker runs this on a worker thread (its store reads, durable trims and file deletions would
+        stall every connection on the event loop), with `on_loop` running the in-memory changes (the
+        partition's chunk list and log starts, which the loop appends to) on the event loop.
+        """
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         dropped = 0
         for state in list(self.topics.values()):
@@ -396,11 +408,12 @@ class LogManager:
                 archived = {a.partition: a.archived_offset for a in states}
             for part in state.partitions:
                 if archived is not None:
-                    self._move_retention_start(state.name, part, retention_ms, retention_bytes, now_ms)
+                    self._move_retention_start(state.name, part, retention_ms, retention_bytes, now_ms, on_loop)
                 if retention_ms < 0 and retention_bytes < 0 and (archived is None or archive.intake_retention_ms < 0):
                     continue  # nothing can expire: no walk at all
                 new_start = part.log_start_offset
                 remaining = part.intake_bytes
+                trimmed = 0
                 readable_end = max((s.end_offset() or 0 for s in part.older_sources), default=0)
                 # Oldest first, page by page from the store's index; stops at the first chunk kept.
                 for chunk in part.chunks_from(part.log_start_offset):
@@ -417,11 +430,13 @@ class LogManager:
                         break
                     new_start = chunk.end_offset
                     remaining -= chunk.length
+                    trimmed += chunk.length
                     dropped += 1
                 if new_start > part.log_start_offset:
                     self.store.trim_intake(part.topic_id, part.partition, new_start)  # durable on return
                     fault_point("trim-committed")
-                    part.drop_chunks_before(new_start, part.intake_bytes - remaining)
+                    hold_point("trim-held", Path(self.settings.data_dir) / "trim-held.release")
+                    on_loop(functools.partial(part.drop_chunks_before, new_start, trimmed))
                     # The intake's start; the log start consumers see can be older (read-back from the table).
                     log.info("retention: %s-%d intake starts at offset %d now", state.name, part.partition, new_start)
         if dropped:
@@ -429,7 +444,7 @@ class LogManager:
         return dropped
 
     def _move_retention_start(
-        self, topic: str, part: PartitionLog, retention_ms: int, retention_bytes: int, now_ms: int
+        self, topic: str, part: PartitionLog, retention_ms: int, retention_bytes: int, now_ms: int, on_loop: OnLoop
     ) -> None:
         """Kafka retention of an archived partition read back from its table: move the visible log start.
 
@@ -439,7 +454,7 @@ class LogManager:
             kept = source.retention_start(retention_ms, retention_bytes, now_ms)
             if kept is not None and kept > part.retention_start_offset:
                 self.store.move_retention_start(part.topic_id, part.partition, kept)
-                part.retention_start_offset = kept
+                on_loop(functools.partial(setattr, part, "retention_start_offset", kept))
                 log.info("retention: %s-%d log start consumers see is now %d (table rows are kept)",
                          topic, part.partition, kept)
 
