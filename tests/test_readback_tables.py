@@ -171,6 +171,48 @@ def test_compacted_topic_reads_back_as_after_log_compaction(
     got = ConfluentClient().consume(lake_broker.bootstrap, topic, [0], gap, 1)
     assert [r.offset for r in got] == [min(o for o in live if o > gap)]
 
+def test_retention_keeps_a_compacted_topics_keys_and_applies_with_compact_delete(
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_store: MetadataStore
+) -> None:
+    """Kafka ignores retention.ms on a topic whose cleanup.policy is compact alone: a key's latest record stays
+    readable whatever its age. With compact,delete, retention drops old records too (here: whole table files)."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    topics = {"compact": "rbt-retention-compact", "compact,delete": "rbt-retention-compact-delete"}
+    old_ms = now_ms() - 3 * 3600_000
+    for policy, topic in topics.items():
+        create_topic(lake_broker.bootstrap, topic, partitions=1,
+                     configs={**TRIM, "cleanup.policy": policy, "icelog.archive.layout": "table"})
+        producer = Producer({"bootstrap.servers": lake_broker.bootstrap, "linger.ms": 5})
+        for i in range(10):  # three hours old: offsets 0-9
+            producer.produce(topic, key=b"k%d" % i, value=b"old-%d" % i, partition=0, timestamp=old_ms + i)
+        assert producer.flush(30) == 0
+        [result] = lake_archiver.run_pass(force=True, topics=[topic])
+        assert result.error == "", result.error
+        for i in range(5):  # keys k0-k4 again, now: offsets 10-14
+            producer.produce(topic, key=b"k%d" % i, value=b"new-%d" % i, partition=0)
+        assert producer.flush(30) == 0
+        [result] = lake_archiver.run_pass(force=True, topics=[topic])
+        assert result.error == "", result.error
+        wait_trimmed(lake_store, topic, {0: 15})
+    admin = AdminClient({"bootstrap.servers": lake_broker.bootstrap})
+    for topic in topics.values():  # one hour: the first pass's file holds only older records
+        entry = ConfigEntry("retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET)
+        resource = ConfigResource("topic", topic, incremental_configs=[entry])
+        admin.incremental_alter_configs([resource])[resource].result(30)
+
+    # compact,delete: retention drops the old file, so k5-k9 are gone as Kafka's delete policy drops old segments.
+    wait_for(lambda: ConfluentClient().watermarks(lake_broker.bootstrap, topics["compact,delete"], 0) == (10, 15), 30)
+    got = ConfluentClient().consume(lake_broker.bootstrap, topics["compact,delete"], [0], "earliest", 5)
+    assert [(r.offset, r.key, r.value) for r in got] == [(10 + i, b"k%d" % i, b"new-%d" % i) for i in range(5)]
+    # compact alone: the same retention passes left the log start where it was; every key's latest record is read.
+    assert ConfluentClient().watermarks(lake_broker.bootstrap, topics["compact"], 0) == (0, 15)
+    got = ConfluentClient().consume(lake_broker.bootstrap, topics["compact"], [0], "earliest", 10)
+    assert [(r.offset, r.key, r.value) for r in got] == (
+        [(i, b"k%d" % i, b"old-%d" % i) for i in range(5, 10)] + [(10 + i, b"k%d" % i, b"new-%d" % i) for i in range(5)]
+    )
+
+
 def test_a_re_created_topic_never_reads_the_old_topics_table(
     lake_broker: BrokerProcess, lake_archiver: Archiver, lake_store: MetadataStore
 ) -> None:

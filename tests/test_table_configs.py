@@ -129,8 +129,11 @@ def test_primary_key_configs() -> None:
         "shop", "user")
     assert table_config({}).primary_key == () and table_config({"cleanup.policy": "delete"}).primary_key == ()
     validate_topic_configs({"cleanup.policy": "compact"})
-    for key, value in (("cleanup.policy", "compact,delete"), ("icelog.table.primary.key", "a,a"),
-                       ("icelog.table.primary.key", " ")):
+    for policy in ("compact,delete", "delete, compact"):  # Kafka's list: compacted, and retention applies
+        validate_topic_configs({"cleanup.policy": policy})
+        assert table_config({"cleanup.policy": policy}).primary_key == ("key.__raw__",)
+    for key, value in (("cleanup.policy", "compact,forever"), ("cleanup.policy", ","),
+                       ("icelog.table.primary.key", "a,a"), ("icelog.table.primary.key", " ")):
         with pytest.raises(KafkaApiError) as info:
             validate_topic_configs({key: value})
         assert info.value.code.name == "INVALID_CONFIG"
@@ -139,6 +142,14 @@ def test_primary_key_configs() -> None:
     for fixed in ({"cleanup.policy": "compact"}, {"icelog.table.primary.key": "id"}):
         with pytest.raises(KafkaApiError, match="fixed when the topic is created"):
             validate_config_change({}, fixed, [])
+    # cleanup.policy may gain or lose delete (retention on or off), never compact (the table's kind).
+    compact = {"cleanup.policy": "compact"}
+    validate_config_change(compact, {"cleanup.policy": "compact,delete"}, [])
+    validate_config_change({"cleanup.policy": "compact,delete"}, compact, [])
+    for current, change, deleted in ((compact, {"cleanup.policy": "delete"}, []), (compact, {}, ["cleanup.policy"]),
+                                     ({}, {"cleanup.policy": "delete,compact"}, [])):
+        with pytest.raises(KafkaApiError, match="fixed when the topic is created"):
+            validate_config_change(current, change, deleted)
     upsert = table_spec(table_config({"cleanup.policy": "compact", "icelog.archive.layout": "table"}), 3)
     statement = archive_table_ddl("lake", "ns", "t", "`a` INT", upsert).statements[1]
     for prop in ("'format-version'='3'", "'write.delete.mode'='merge-on-read'", "'write.merge.mode'='merge-on-read'",

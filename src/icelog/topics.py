@@ -12,7 +12,15 @@ from icelog.topic_configs.archive import CHECKS as ARCHIVE_CHECKS
 from icelog.topic_configs.checks import Check, check_long, one_of
 from icelog.topic_configs.schema import CHECKS as SCHEMA_CHECKS
 from icelog.topic_configs.table import CHECKS as TABLE_CHECKS
-from icelog.topic_configs.table import FIXED_AT_CREATION, ICEBERG_PREFIX, check_iceberg_key, table_config
+from icelog.topic_configs.table import (
+    CLEANUP_POLICY,
+    FIXED_AT_CREATION,
+    ICEBERG_PREFIX,
+    check_cleanup_policy,
+    check_iceberg_key,
+    cleanup_policies,
+    table_config,
+)
 
 MAX_TOPIC_NAME_LENGTH = 249
 # Each partition costs memory and start-up work in the broker; a request for millions would stall it.
@@ -60,9 +68,10 @@ TOPIC_CONFIG_KEYS: dict[str, TopicConfigKey] = {
         TopicConfigKey(RETENTION_BYTES, "-1", check_long(-1), "Keep at most this many intake bytes per partition."),
         TopicConfigKey(MAX_MESSAGE_BYTES, "1048588", check_long(0), "Largest record batch accepted."),
         TopicConfigKey(TIMESTAMP_TYPE, "CreateTime", one_of("CreateTime", "LogAppendTime"), "Timestamp type."),
-        TopicConfigKey("cleanup.policy", "delete", one_of("delete", "compact"),
-                       "compact: the archive table keeps the latest record per key (a primary-key table); "
-                       "the intake itself is not compacted."),
+        TopicConfigKey("cleanup.policy", "delete", check_cleanup_policy,
+                       "compact: the archive table keeps the latest record per key (a primary-key table), and "
+                       "retention.ms / retention.bytes do not apply (they do with compact,delete); the intake "
+                       "itself is not compacted."),
         TopicConfigKey("compression.type", "producer", one_of("producer"), "Batches are stored as produced."),
         TopicConfigKey("min.insync.replicas", "1", check_long(1), "Accepted for compatibility; one durable copy."),
         TopicConfigKey("segment.bytes", "268435456", check_long(14), "Accepted for compatibility."),
@@ -131,11 +140,19 @@ def validate_table_configs(configs: Mapping[str, str], broker_defaults: Mapping[
 def validate_config_change(
     current: Mapping[str, str], set_configs: Mapping[str, str], delete_keys: Iterable[str]
 ) -> None:
-    """Refuse changing the configs that shape a topic's table (its layout and spec) once the topic exists."""
+    """Refuse changing the configs that shape a topic's table (its layout and spec) once the topic exists.
+
+    cleanup.policy may change as long as it keeps (or keeps lacking) compact: adding or removing delete only
+    turns retention on or off, as in Kafka.
+    """
     for key in FIXED_AT_CREATION:
         changed = (key in set_configs and set_configs[key] != current.get(key)) or (
             key in delete_keys and key in current
         )
+        if changed and key == CLEANUP_POLICY:
+            after = "delete" if key in delete_keys else set_configs.get(key, "delete")
+            before = current.get(key, "delete")
+            changed = ("compact" in cleanup_policies(after)) != ("compact" in cleanup_policies(before))
         if changed:
             raise KafkaApiError(
                 ErrorCode.INVALID_CONFIG,
@@ -172,8 +189,13 @@ class EffectiveConfig:
 
     @property
     def compacted(self) -> bool:
-        """cleanup.policy=compact: every record needs a key (Kafka refuses one without, INVALID_RECORD)."""
-        return self.values["cleanup.policy"] == "compact"
+        """cleanup.policy has compact: every record needs a key (Kafka refuses one without, INVALID_RECORD)."""
+        return "compact" in cleanup_policies(self.values["cleanup.policy"])
+
+    @property
+    def deletes(self) -> bool:
+        """cleanup.policy has delete: retention.ms / retention.bytes apply (Kafka ignores them on compact alone)."""
+        return "delete" in cleanup_policies(self.values["cleanup.policy"])
 
     @property
     def log_append_time(self) -> bool:

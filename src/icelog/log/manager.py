@@ -398,6 +398,8 @@ class LogManager:
         dropped = 0
         for state in list(self.topics.values()):
             retention_ms, retention_bytes = state.config.retention_ms, state.config.retention_bytes
+            if not state.config.deletes:  # cleanup.policy=compact alone: Kafka keeps every key whatever their age
+                retention_ms = retention_bytes = -1
             # Archived topics: intake is dropped only once archived (the archiver records how far in
             # the store), then by Kafka retention or icelog.intake.retention.ms, whichever comes first.
             archive = archive_config(state.name, state.record.configs, self.settings.topic_defaults,

@@ -11,8 +11,9 @@
   icelog.table.primary.key     <col>[,<col>] (table layout): value columns identifying a row; the table is an
                                upsert table (the latest record per key), whatever cleanup.policy says; a null
                                value names no row and deletes nothing.
-  cleanup.policy=compact       an upsert table keyed by the record key (__key, or key.__raw__ in the record layout).
-                               Both fixed at creation (pipeline/upsert.py).
+  cleanup.policy=compact       an upsert table keyed by the record key (__key, or key.__raw__ in the record layout);
+                               also with compact,delete (as in Kafka: compacted, and retention.ms / retention.bytes
+                               apply; with compact alone they do not). Both fixed at creation (pipeline/upsert.py).
   iceberg.<name>               forwarded to the table as the property <name> (iceberg.write.target-file-size-bytes).
 Every other explicit topic config is recorded on the table as `icelog.<key>` (FORWARD_PREFIX).
 """
@@ -109,6 +110,21 @@ def check_iceberg_key(key: str, value: str | None = None) -> None:
         )
 
 
+CLEANUP_POLICIES = ("delete", "compact")
+
+
+def cleanup_policies(value: str) -> frozenset[str]:
+    """A cleanup.policy value's policies: Kafka takes a list ("compact,delete": compacted, and retention applies)."""
+    return frozenset(column_list(value))
+
+
+def check_cleanup_policy(value: str) -> None:
+    names = column_list(value)
+    unknown = [name for name in names if name not in CLEANUP_POLICIES]
+    if not names or unknown:
+        raise ValueError(f"{value!r} is not delete, compact or both (compact,delete)")
+
+
 def _check_primary_key(value: str) -> None:
     names = column_list(value)
     if not names:
@@ -153,7 +169,7 @@ def table_config(explicit: Mapping[str, str], broker_defaults: Mapping[str, str]
     if primary and layout != LAYOUT_TABLE:
         raise ValueError(f"{PRIMARY_KEY} names value columns, which need {ARCHIVE_LAYOUT}=table "
                          f"(with the record layout, {CLEANUP_POLICY}=compact keys the table by the record key)")
-    if not primary and configs.get(CLEANUP_POLICY) == "compact":
+    if not primary and "compact" in cleanup_policies(configs.get(CLEANUP_POLICY, "delete")):
         primary = (KEY_BYTES,) if layout == LAYOUT_TABLE else (RECORD_KEY_PATH,)
     version = configs.get(f"{ICEBERG_PREFIX}format-version")
     if primary and version is not None and version.strip() != "3":
