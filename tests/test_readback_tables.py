@@ -152,7 +152,8 @@ def test_compacted_topic_reads_back_as_after_log_compaction(
 ) -> None:
     topic = f"rbt-compacted-{layout}"
     create_topic(lake_broker.bootstrap, topic, partitions=3,
-                 configs={**TRIM, "cleanup.policy": "compact", "icelog.archive.layout": layout})
+                 configs={**TRIM, "cleanup.policy": "compact", "icelog.archive.layout": layout,
+                          "delete.retention.ms": "0"})
     produced: list[tuple[int, int, bytes, bytes | None]] = []
     for batch in three_passes(lake_broker, topic):
         produced += send(lake_broker, topic, batch)
@@ -182,7 +183,8 @@ def test_retention_keeps_a_compacted_topics_keys_and_applies_with_compact_delete
     old_ms = now_ms() - 3 * 3600_000
     for policy, topic in topics.items():
         create_topic(lake_broker.bootstrap, topic, partitions=1,
-                     configs={**TRIM, "cleanup.policy": policy, "icelog.archive.layout": "table"})
+                     configs={**TRIM, "cleanup.policy": policy, "icelog.archive.layout": "table",
+                              "delete.retention.ms": "0"})
         producer = Producer({"bootstrap.servers": lake_broker.bootstrap, "linger.ms": 5})
         for i in range(10):  # three hours old: offsets 0-9
             producer.produce(topic, key=b"k%d" % i, value=b"old-%d" % i, partition=0, timestamp=old_ms + i)
@@ -211,6 +213,42 @@ def test_retention_keeps_a_compacted_topics_keys_and_applies_with_compact_delete
     assert [(r.offset, r.key, r.value) for r in got] == (
         [(i, b"k%d" % i, b"old-%d" % i) for i in range(5, 10)] + [(10 + i, b"k%d" % i, b"new-%d" % i) for i in range(5)]
     )
+
+
+def test_a_compacted_topics_tombstones_stay_readable_for_delete_retention_ms(
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_store: MetadataStore
+) -> None:
+    """The table holds no tombstones, so a compacted topic's archived intake stays for delete.retention.ms (Kafka
+    keeps a tombstone that long after compaction): a consumer catching up within it still sees the delete."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    kept, sentinel = "rbt-tombstones-kept", "rbt-tombstones-sentinel"
+    for topic, delete_retention in ((kept, "86400000"), (sentinel, "0")):
+        create_topic(lake_broker.bootstrap, topic, partitions=1,
+                     configs={**TRIM, "cleanup.policy": "compact", "delete.retention.ms": delete_retention})
+        producer = Producer({"bootstrap.servers": lake_broker.bootstrap, "linger.ms": 5})
+        for key, value in ((b"k1", b"v1"), (b"k2", b"v2"), (b"k1", None)):
+            producer.produce(topic, key=key, value=value, partition=0)
+        assert producer.flush(30) == 0
+        [result] = lake_archiver.run_pass(force=True, topics=[topic])
+        assert result.error == "", result.error
+    wait_trimmed(lake_store, sentinel, {0: 3})  # retention passes ran: the sentinel's intake is gone
+    got = ConfluentClient().consume(lake_broker.bootstrap, sentinel, [0], "earliest", 1)
+    assert [(r.offset, r.key, r.value) for r in got] == [(1, b"k2", b"v2")]  # from the table: no tombstone
+
+    # Within delete.retention.ms (a day): the intake is kept, and a consumer from the beginning reads the delete.
+    assert lake_store.partitions(topic_id(lake_store, kept))[0].log_start_offset == 0
+    got = ConfluentClient().consume(lake_broker.bootstrap, kept, [0], "earliest", 3)
+    assert [(r.offset, r.key, r.value) for r in got] == [(0, b"k1", b"v1"), (1, b"k2", b"v2"), (2, b"k1", None)]
+
+    # Past it (here: set to 0), the intake goes and the table serves the compacted log, tombstone gone.
+    entry = ConfigEntry("delete.retention.ms", "0", incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource("topic", kept, incremental_configs=[entry])
+    admin = AdminClient({"bootstrap.servers": lake_broker.bootstrap})
+    admin.incremental_alter_configs([resource])[resource].result(30)
+    wait_trimmed(lake_store, kept, {0: 3})
+    got = ConfluentClient().consume(lake_broker.bootstrap, kept, [0], "earliest", 1)
+    assert [(r.offset, r.key, r.value) for r in got] == [(1, b"k2", b"v2")]
 
 
 def test_a_re_created_topic_never_reads_the_old_topics_table(

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from icelog.errors import ErrorCode, KafkaApiError
 from icelog.topic_configs.archive import CHECKS as ARCHIVE_CHECKS
-from icelog.topic_configs.checks import Check, check_long, one_of
+from icelog.topic_configs.checks import Check, check_long, check_ratio, one_of
 from icelog.topic_configs.schema import CHECKS as SCHEMA_CHECKS
 from icelog.topic_configs.table import CHECKS as TABLE_CHECKS
 from icelog.topic_configs.table import (
@@ -60,6 +60,7 @@ RETENTION_MS = "retention.ms"
 RETENTION_BYTES = "retention.bytes"
 MAX_MESSAGE_BYTES = "max.message.bytes"
 TIMESTAMP_TYPE = "message.timestamp.type"
+DELETE_RETENTION_MS = "delete.retention.ms"
 
 TOPIC_CONFIG_KEYS: dict[str, TopicConfigKey] = {
     key.name: key
@@ -72,6 +73,13 @@ TOPIC_CONFIG_KEYS: dict[str, TopicConfigKey] = {
                        "compact: the archive table keeps the latest record per key (a primary-key table), and "
                        "retention.ms / retention.bytes do not apply (they do with compact,delete); the intake "
                        "itself is not compacted."),
+        TopicConfigKey(DELETE_RETENTION_MS, "86400000", check_long(0),
+                       "Compacted topics: a tombstone stays readable at least this long. The table holds no "
+                       "tombstones, so a compacted topic's archived intake is kept at least this long."),
+        TopicConfigKey("min.compaction.lag.ms", "0", check_long(0), "Accepted for compatibility (the table is "
+                       "compacted by each archive pass)."),
+        TopicConfigKey("max.compaction.lag.ms", "9223372036854775807", check_long(1), "Accepted for compatibility."),
+        TopicConfigKey("min.cleanable.dirty.ratio", "0.5", check_ratio, "Accepted for compatibility."),
         TopicConfigKey("compression.type", "producer", one_of("producer"), "Batches are stored as produced."),
         TopicConfigKey("min.insync.replicas", "1", check_long(1), "Accepted for compatibility; one durable copy."),
         TopicConfigKey("segment.bytes", "268435456", check_long(14), "Accepted for compatibility."),
@@ -182,6 +190,10 @@ class EffectiveConfig:
     @property
     def retention_bytes(self) -> int:
         return int(self.values[RETENTION_BYTES])
+
+    @property
+    def delete_retention_ms(self) -> int:
+        return int(self.values[DELETE_RETENTION_MS])
 
     @property
     def max_message_bytes(self) -> int:

@@ -404,6 +404,11 @@ class LogManager:
             # the store), then by Kafka retention or icelog.intake.retention.ms, whichever comes first.
             archive = archive_config(state.name, state.record.configs, self.settings.topic_defaults,
                                      self.settings.archive)
+            # How long archived intake stays once the table holds it. A compacted topic's table holds no tombstones:
+            # its intake serves them for delete.retention.ms, as long as Kafka keeps a tombstone after compaction.
+            kept_ms = archive.intake_retention_ms
+            if state.config.compacted and kept_ms >= 0:
+                kept_ms = max(kept_ms, state.config.delete_retention_ms)
             archived: dict[int, int] | None = None
             if archive.enabled:
                 states = self.store.archive_states(state.record.topic_id)
@@ -411,7 +416,7 @@ class LogManager:
             for part in state.partitions:
                 if archived is not None:
                     self._move_retention_start(state.name, part, retention_ms, retention_bytes, now_ms, on_loop)
-                if retention_ms < 0 and retention_bytes < 0 and (archived is None or archive.intake_retention_ms < 0):
+                if retention_ms < 0 and retention_bytes < 0 and (archived is None or kept_ms < 0):
                     continue  # nothing can expire: no walk at all
                 new_start = part.log_start_offset
                 remaining = part.intake_bytes
@@ -426,7 +431,7 @@ class LogManager:
                             break
                         # Only what consumers can read from the table instead (read-back on, and the
                         # broker's plan of the table already holds it): else keep it.
-                        intake_ms = archive.intake_retention_ms if chunk.end_offset <= readable_end else -1
+                        intake_ms = kept_ms if chunk.end_offset <= readable_end else -1
                         too_old = too_old or (intake_ms >= 0 and chunk.max_timestamp < now_ms - intake_ms)
                     if not (too_old or too_big) or chunk.base_offset >= part.high_watermark:
                         break

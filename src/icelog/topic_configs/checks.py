@@ -21,6 +21,16 @@ def check_long(minimum: int) -> Check:
     return check
 
 
+def check_ratio(value: str) -> None:
+    """A validator of a fraction between 0 and 1 (min.cleanable.dirty.ratio)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a number") from None
+    if not 0 <= number <= 1:
+        raise ValueError(f"{number} is not between 0 and 1")
+
+
 def one_of(*choices: str) -> Check:
     """A validator of values that must be one of `choices`."""
 
