@@ -12,7 +12,7 @@ from icelog.schema.archive.iceberg_types import iceberg_schema, table_layout_col
 from icelog.schema.archive.table_rules import check_spec_columns
 from icelog.schema.protobuf_schema import build_pool, compile_schema
 from icelog.topic_configs.table import forwarded_properties, table_config
-from icelog.topics import validate_config_change, validate_table_configs, validate_topic_configs
+from icelog.topics import validate_config_change, validate_table_configs, validate_together, validate_topic_configs
 
 V1 = 'syntax = "proto3"; package t; message M { int64 id = 1; double score = 2; repeated string tags = 3; }'
 V2 = V1.replace("repeated string tags = 3;", "repeated string tags = 3; string region = 4;")
@@ -139,17 +139,22 @@ def test_primary_key_configs() -> None:
         assert info.value.code.name == "INVALID_CONFIG"
     with pytest.raises(KafkaApiError, match="need icelog.archive.layout=table"):
         validate_table_configs({"icelog.table.primary.key": "id"}, {})
-    for fixed in ({"cleanup.policy": "compact"}, {"icelog.table.primary.key": "id"}):
-        with pytest.raises(KafkaApiError, match="fixed when the topic is created"):
-            validate_config_change({}, fixed, [])
+    with pytest.raises(KafkaApiError, match="fixed when the topic is created"):
+        validate_config_change({}, {"icelog.table.primary.key": "id"}, [])
     # cleanup.policy may gain or lose delete (retention on or off), never compact (the table's kind).
     compact = {"cleanup.policy": "compact"}
     validate_config_change(compact, {"cleanup.policy": "compact,delete"}, [])
     validate_config_change({"cleanup.policy": "compact,delete"}, compact, [])
-    for current, change, deleted in ((compact, {"cleanup.policy": "delete"}, []), (compact, {}, ["cleanup.policy"]),
-                                     ({}, {"cleanup.policy": "delete,compact"}, [])):
-        with pytest.raises(KafkaApiError, match="fixed when the topic is created"):
+    refused = [(compact, {"cleanup.policy": "delete"}, []), (compact, {}, ["cleanup.policy"]),
+               ({}, {"cleanup.policy": "delete,compact"}, []), (compact, {"cleanup.policy": ""}, [])]
+    for current, change, deleted in refused:
+        with pytest.raises(KafkaApiError, match="may gain or lose delete .retention., not compact") as info:
             validate_config_change(current, change, deleted)
+        assert info.value.code.name == "INVALID_CONFIG"
+    # Kafka's own cross-check: the compaction lags must be in order.
+    validate_together({"min.compaction.lag.ms": "1000", "max.compaction.lag.ms": "1000"}, {})
+    with pytest.raises(KafkaApiError, match=r"min.compaction.lag.ms \(100000\) is greater than max.compaction.lag.ms"):
+        validate_together({"min.compaction.lag.ms": "100000", "max.compaction.lag.ms": "1000"}, {})
     upsert = table_spec(table_config({"cleanup.policy": "compact", "icelog.archive.layout": "table"}), 3)
     statement = archive_table_ddl("lake", "ns", "t", "`a` INT", upsert).statements[1]
     for prop in ("'format-version'='3'", "'write.delete.mode'='merge-on-read'", "'write.merge.mode'='merge-on-read'",

@@ -160,13 +160,32 @@ def validate_config_change(
         if changed and key == CLEANUP_POLICY:
             after = "delete" if key in delete_keys else set_configs.get(key, "delete")
             before = current.get(key, "delete")
-            changed = ("compact" in cleanup_policies(after)) != ("compact" in cleanup_policies(before))
+            if ("compact" in cleanup_policies(after)) != ("compact" in cleanup_policies(before)):
+                raise KafkaApiError(
+                    ErrorCode.INVALID_CONFIG,
+                    f"{key} may gain or lose delete (retention), not compact once the topic exists: compact makes "
+                    f"the archive table a primary-key table (here {before!r} → {after!r}); create a new topic with "
+                    "the policy you want",
+                )
+            continue
         if changed:
             raise KafkaApiError(
                 ErrorCode.INVALID_CONFIG,
                 f"{key} is fixed when the topic is created (it shapes the archive table's columns and partition "
                 "spec); create a new topic with the value you want",
             )
+
+
+def validate_together(configs: Mapping[str, str], broker_defaults: Mapping[str, str]) -> None:
+    """Refuse Kafka configs that conflict with each other, as Kafka does (INVALID_CONFIG)."""
+    values = {**broker_defaults, **configs}
+    low = int(values.get("min.compaction.lag.ms", "0"))
+    high = int(values.get("max.compaction.lag.ms", str(2**63 - 1)))
+    if low > high:
+        raise KafkaApiError(
+            ErrorCode.INVALID_CONFIG,
+            f"min.compaction.lag.ms ({low}) is greater than max.compaction.lag.ms ({high})",
+        )
 
 
 @dataclass(frozen=True)

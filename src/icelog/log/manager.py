@@ -31,6 +31,7 @@ from icelog.topics import (
     EffectiveConfig,
     validate_config_change,
     validate_table_configs,
+    validate_together,
     validate_topic_configs,
     validate_topic_name,
 )
@@ -230,6 +231,7 @@ class LogManager:
             )
         values = {k: v for k, v in validate_topic_configs(configs).items() if v is not None}
         validate_table_configs(values, self.settings.topic_defaults)
+        validate_together(values, self.settings.topic_defaults)
         if name in self.topics:
             raise KafkaApiError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
         if validate_only:
@@ -290,10 +292,11 @@ class LogManager:
         if state is None:
             raise KafkaApiError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
         delete_keys = list(delete_keys)
+        validate_config_change(state.record.configs, set_configs, delete_keys)  # first: its reason is the real one
         validate_topic_configs({**set_configs, **{k: None for k in delete_keys}})
-        validate_config_change(state.record.configs, set_configs, delete_keys)
         after = {k: v for k, v in {**state.record.configs, **set_configs}.items() if k not in delete_keys}
         validate_table_configs(after, self.settings.topic_defaults)
+        validate_together(after, self.settings.topic_defaults)
         if not validate_only:
             self._install(self.store.alter_topic_configs(name, set_configs, list(delete_keys)))
 
