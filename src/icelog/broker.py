@@ -153,8 +153,6 @@ class Broker:
             self._retention = loop.run_in_executor(None, lambda: self.logs.enforce_retention(on_loop=on_loop))
             try:
                 await asyncio.shield(self._retention)
-            except asyncio.CancelledError:
-                raise
             except Exception:
                 log.exception("retention pass failed; will retry")
 

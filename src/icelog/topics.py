@@ -19,6 +19,7 @@ from icelog.topic_configs.table import (
     check_cleanup_policy,
     check_iceberg_key,
     cleanup_policies,
+    compacts,
     table_config,
 )
 
@@ -61,6 +62,8 @@ RETENTION_BYTES = "retention.bytes"
 MAX_MESSAGE_BYTES = "max.message.bytes"
 TIMESTAMP_TYPE = "message.timestamp.type"
 DELETE_RETENTION_MS = "delete.retention.ms"
+MIN_COMPACTION_LAG_MS = "min.compaction.lag.ms"
+MAX_COMPACTION_LAG_MS = "max.compaction.lag.ms"
 
 TOPIC_CONFIG_KEYS: dict[str, TopicConfigKey] = {
     key.name: key
@@ -69,16 +72,16 @@ TOPIC_CONFIG_KEYS: dict[str, TopicConfigKey] = {
         TopicConfigKey(RETENTION_BYTES, "-1", check_long(-1), "Keep at most this many intake bytes per partition."),
         TopicConfigKey(MAX_MESSAGE_BYTES, "1048588", check_long(0), "Largest record batch accepted."),
         TopicConfigKey(TIMESTAMP_TYPE, "CreateTime", one_of("CreateTime", "LogAppendTime"), "Timestamp type."),
-        TopicConfigKey("cleanup.policy", "delete", check_cleanup_policy,
+        TopicConfigKey(CLEANUP_POLICY, "delete", check_cleanup_policy,
                        "compact: the archive table keeps the latest record per key (a primary-key table), and "
                        "retention.ms / retention.bytes do not apply (they do with compact,delete); the intake "
                        "itself is not compacted."),
         TopicConfigKey(DELETE_RETENTION_MS, "86400000", check_long(0),
                        "Compacted topics: a tombstone stays readable at least this long. The table holds no "
                        "tombstones, so a compacted topic's archived intake is kept at least this long."),
-        TopicConfigKey("min.compaction.lag.ms", "0", check_long(0), "Accepted for compatibility (the table is "
+        TopicConfigKey(MIN_COMPACTION_LAG_MS, "0", check_long(0), "Accepted for compatibility (the table is "
                        "compacted by each archive pass)."),
-        TopicConfigKey("max.compaction.lag.ms", "9223372036854775807", check_long(1), "Accepted for compatibility."),
+        TopicConfigKey(MAX_COMPACTION_LAG_MS, "9223372036854775807", check_long(1), "Accepted for compatibility."),
         TopicConfigKey("min.cleanable.dirty.ratio", "0.5", check_ratio, "Accepted for compatibility."),
         TopicConfigKey("compression.type", "producer", one_of("producer"), "Batches are stored as produced."),
         TopicConfigKey("min.insync.replicas", "1", check_long(1), "Accepted for compatibility; one durable copy."),
@@ -160,7 +163,7 @@ def validate_config_change(
         if changed and key == CLEANUP_POLICY:
             after = "delete" if key in delete_keys else set_configs.get(key, "delete")
             before = current.get(key, "delete")
-            if ("compact" in cleanup_policies(after)) != ("compact" in cleanup_policies(before)):
+            if compacts(after) != compacts(before):
                 raise KafkaApiError(
                     ErrorCode.INVALID_CONFIG,
                     f"{key} may gain or lose delete (retention), not compact once the topic exists: compact makes "
@@ -178,9 +181,8 @@ def validate_config_change(
 
 def validate_together(configs: Mapping[str, str], broker_defaults: Mapping[str, str]) -> None:
     """Refuse Kafka configs that conflict with each other, as Kafka does (INVALID_CONFIG)."""
-    values = {**broker_defaults, **configs}
-    low = int(values.get("min.compaction.lag.ms", "0"))
-    high = int(values.get("max.compaction.lag.ms", str(2**63 - 1)))
+    values = EffectiveConfig.of(configs, broker_defaults).values  # with every key's default
+    low, high = int(values[MIN_COMPACTION_LAG_MS]), int(values[MAX_COMPACTION_LAG_MS])
     if low > high:
         raise KafkaApiError(
             ErrorCode.INVALID_CONFIG,
@@ -221,12 +223,12 @@ class EffectiveConfig:
     @property
     def compacted(self) -> bool:
         """cleanup.policy has compact: every record needs a key (Kafka refuses one without, INVALID_RECORD)."""
-        return "compact" in cleanup_policies(self.values["cleanup.policy"])
+        return compacts(self.values[CLEANUP_POLICY])
 
     @property
     def deletes(self) -> bool:
         """cleanup.policy has delete: retention.ms / retention.bytes apply (Kafka ignores them on compact alone)."""
-        return "delete" in cleanup_policies(self.values["cleanup.policy"])
+        return "delete" in cleanup_policies(self.values[CLEANUP_POLICY])
 
     @property
     def log_append_time(self) -> bool:

@@ -118,6 +118,11 @@ def cleanup_policies(value: str) -> frozenset[str]:
     return frozenset(column_list(value))
 
 
+def compacts(policy: str) -> bool:
+    """Whether a cleanup.policy value has compact: the topic's table is a primary-key table."""
+    return "compact" in cleanup_policies(policy)
+
+
 def check_cleanup_policy(value: str) -> None:
     names = column_list(value)
     unknown = [name for name in names if name not in CLEANUP_POLICIES]
@@ -169,7 +174,7 @@ def table_config(explicit: Mapping[str, str], broker_defaults: Mapping[str, str]
     if primary and layout != LAYOUT_TABLE:
         raise ValueError(f"{PRIMARY_KEY} names value columns, which need {ARCHIVE_LAYOUT}=table "
                          f"(with the record layout, {CLEANUP_POLICY}=compact keys the table by the record key)")
-    if not primary and "compact" in cleanup_policies(configs.get(CLEANUP_POLICY, "delete")):
+    if not primary and compacts(configs.get(CLEANUP_POLICY, "delete")):
         primary = (KEY_BYTES,) if layout == LAYOUT_TABLE else (RECORD_KEY_PATH,)
     version = configs.get(f"{ICEBERG_PREFIX}format-version")
     if primary and version is not None and version.strip() != "3":
