@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml setup.py src/icelog/log/_records.c scripts/setup.sh
 lint: setup
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 bench: setup
 	$(PY) bench/broker_bench.py

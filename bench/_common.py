@@ -20,8 +20,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from icelog.meta.store import MetadataStore, open_store
-from icelog.pipeline.reconcile import OFFSETS_PROPERTY, decode_offsets
+from icelog.archive.reconcile import OFFSETS_PROPERTY, decode_offsets
+from icelog.meta.backends import open_store
+from icelog.meta.store import MetadataStore
 
 # The archiver child's first pass includes its Spark start; on a loaded 2-core machine (load 10+), at
 # archive.nice 10, that took more than the 180 s this wait used to allow.

@@ -43,12 +43,12 @@ from _common import freshness_latencies, pass_stats, percentile, running_archive
 from archive_bench import PARTITIONS, RECORD_SIZE, producer, steady_produce  # noqa: E402
 from conftest import BrokerProcess  # noqa: E402
 
+from icelog.archive.maintenance import table_state  # noqa: E402
+from icelog.archive.maintenance_schedule import LOOK_EVERY_MS  # noqa: E402
 from icelog.config import load_settings  # noqa: E402
 from icelog.lake.iceberg_java import load_table  # noqa: E402
-from icelog.lake.layout import archive_table_ddl, quote_identifier  # noqa: E402
 from icelog.lake.table_stats import open_catalog, table_stats  # noqa: E402
-from icelog.pipeline.maintenance import table_state  # noqa: E402
-from icelog.pipeline.maintenance_schedule import LOOK_EVERY_MS  # noqa: E402
+from icelog.table.layout import archive_table_ddl, quote_identifier  # noqa: E402
 from icelog.topic_configs.archive import TABLE_AUTO_MAINTENANCE  # noqa: E402
 
 

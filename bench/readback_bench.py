@@ -37,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_results  # noqa: E402
 from conftest import BrokerProcess  # noqa: E402
 
+from icelog.archive.archiver import Archiver  # noqa: E402
 from icelog.config import load_settings  # noqa: E402
-from icelog.meta.store import open_store  # noqa: E402
-from icelog.pipeline.archiver import Archiver  # noqa: E402
+from icelog.meta.backends import open_store  # noqa: E402
 
 RECORD_SIZE = 1024
 TOPIC = "bench-readback"

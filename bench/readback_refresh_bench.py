@@ -32,9 +32,9 @@ from _common import write_results  # noqa: E402
 
 from icelog.config import load_settings  # noqa: E402
 from icelog.lake.catalog import prepare_sqlite_catalog, sqlite_catalog_path
-from icelog.lake.layout import LAYOUT_PROPERTY, LAYOUT_PROPERTY_VALUES, OFFSETS_PROPERTY, TOPIC_ID_PROPERTY
 from icelog.readback.service import ReadBack
-from icelog.topic_configs.table import LAYOUT_RECORD
+from icelog.table.config import LAYOUT_RECORD
+from icelog.table.layout import LAYOUT_PROPERTY, LAYOUT_PROPERTY_VALUES, OFFSETS_PROPERTY, TOPIC_ID_PROPERTY
 
 ROWS = 200  # per data file
 

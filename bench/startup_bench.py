@@ -32,12 +32,12 @@ from pathlib import Path
 import crc32c
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
+from icelog.archive.archiver import Archiver
 from icelog.config import IntakeSettings, Settings
 from icelog.log import intake_file
 from icelog.log.manager import LogManager
 from icelog.meta.sqlite import SqliteStore
 from icelog.meta.store import IntakeChunk, IntakeTail
-from icelog.pipeline.archiver import Archiver
 from icelog.topic_configs.archive import ARCHIVE_COMPLETE_DELAY_MAX_MS, ARCHIVE_IDLE_MAX_MS, ARCHIVE_MAX_BYTES
 
 TOPIC = "bench"

@@ -30,7 +30,7 @@ archiver's polls do: it keeps Spark's Python workers alive (lake/warm_workers.py
 workers Spark had replaced after 60 s idle, ~0.4 s slower).
 Each ratio is reported per round and as the median of the rounds (one pass or one MERGE swings by a third on a
 shared machine).
-The archiver logs every upsert pass's stage times (icelog.pipeline.upsert at INFO).
+The archiver logs every upsert pass's stage times (icelog.archive.upsert at INFO).
 """
 
 from __future__ import annotations
@@ -57,16 +57,16 @@ from confluent_kafka.admin import AdminClient, NewTopic
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import BrokerProcess  # noqa: E402
 
-from icelog.config import load_settings  # noqa: E402
-from icelog.lake.spark import create_session  # noqa: E402
-from icelog.meta.store import open_store  # noqa: E402
-from icelog.pipeline.archiver import Archiver  # noqa: E402
-from icelog.pipeline.reconcile import (  # noqa: E402
+from icelog.archive.archiver import Archiver  # noqa: E402
+from icelog.archive.reconcile import (  # noqa: E402
     COMMIT_USER_PROPERTY,
     OFFSETS_PROPERTY,
     TOPIC_ID_PROPERTY,
     encode_offsets,
 )
+from icelog.config import load_settings  # noqa: E402
+from icelog.lake.spark import create_session  # noqa: E402
+from icelog.meta.backends import open_store  # noqa: E402
 
 PARTITIONS = 4
 ENV = {"ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg", "ICELOG_ARCHIVE__ENABLED": "false"}
@@ -178,7 +178,7 @@ def main() -> None:
         parser.error("--rounds must be between 1 and 6")
     sizes = [int(s) for s in args.sizes.split(",")]
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("icelog.pipeline.upsert").setLevel(logging.INFO)  # where an upsert pass's time goes
+    logging.getLogger("icelog.archive.upsert").setLevel(logging.INFO)  # where an upsert pass's time goes
     workdir = Path(tempfile.mkdtemp(prefix="upsert-bench-"))
     broker = BrokerProcess(workdir / "data", env=ENV).start()
     try:

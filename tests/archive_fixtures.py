@@ -22,10 +22,11 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from conftest import BrokerProcess
 
+from icelog.archive.archiver import Archiver
 from icelog.config import Settings, load_settings
 from icelog.faults import FAULT_ENV
-from icelog.meta.store import MetadataStore, open_store
-from icelog.pipeline.archiver import Archiver
+from icelog.meta.backends import open_store
+from icelog.meta.store import MetadataStore
 
 ARCHIVE_ENV = {
     "ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg",

@@ -25,10 +25,11 @@ from archive_fixtures import (
 from confluent_kafka import Producer
 from conftest import BrokerProcess
 
+from icelog.archive.archiver import Archiver
+from icelog.archive.reconcile import OFFSETS_PROPERTY, decode_offsets
 from icelog.config import Settings, load_settings
-from icelog.meta.store import MetadataStore, open_store
-from icelog.pipeline.archiver import Archiver
-from icelog.pipeline.reconcile import OFFSETS_PROPERTY, decode_offsets
+from icelog.meta.backends import open_store
+from icelog.meta.store import MetadataStore
 
 
 def test_pass_archives_exactly_what_was_produced(

@@ -24,10 +24,10 @@ from archive_fixtures import (
 )
 from conftest import BrokerProcess
 
+from icelog.archive.archiver import Archiver
+from icelog.archive.reconcile import OFFSETS_PROPERTY
 from icelog.config import Settings
 from icelog.meta.store import MetadataStore
-from icelog.pipeline.archiver import Archiver
-from icelog.pipeline.reconcile import OFFSETS_PROPERTY
 
 
 @pytest.mark.parametrize("fault", ["after-write", "after-commit"])

@@ -25,12 +25,12 @@ from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from conftest import BrokerProcess
 
+from icelog.archive.archiver import Archiver
+from icelog.archive.table_schema import message_property
 from icelog.lake import iceberg_java
 from icelog.meta.store import MetadataStore
-from icelog.pipeline.archiver import Archiver
-from icelog.pipeline.table_schema import message_property
-from icelog.schema.archive.rebuild import Rebuilder, rebuild_headers, rebuild_table_row
-from icelog.schema.archive.registry_source import StoreSchemaSource
+from icelog.schema.codec.rebuild import Rebuilder, rebuild_headers, rebuild_table_row
+from icelog.schema.codec.registry_source import StoreSchemaSource
 from icelog.schema.protobuf_schema import encode_envelope
 from icelog.schema.registry_client import RegistryClient, SchemaNotFoundError
 

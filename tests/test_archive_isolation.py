@@ -25,11 +25,12 @@ from confluent_kafka.admin import AdminClient
 from conftest import BrokerProcess
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
+from icelog.archive.archiver import Archiver
 from icelog.config import Settings
 from icelog.faults import FAULT_ENV
 from icelog.log import intake_file
-from icelog.meta.store import MetadataStore, open_store
-from icelog.pipeline.archiver import Archiver
+from icelog.meta.backends import open_store
+from icelog.meta.store import MetadataStore
 
 pytestmark = pytest.mark.slow
 

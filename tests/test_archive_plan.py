@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import uuid
 
+from icelog.archive.plan import PlannedArchive, monotonic_ingest_times, next_due_ms, plan_partition, task_groups
 from icelog.config import ArchiveSettings
 from icelog.meta.store import IntakeChunk
-from icelog.pipeline.plan import PlannedArchive, monotonic_ingest_times, next_due_ms, plan_partition, task_groups
 from icelog.topic_configs.archive import archive_config
 
 TOPIC = uuid.uuid4()

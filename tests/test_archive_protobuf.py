@@ -24,13 +24,13 @@ from conftest import BrokerProcess
 from google.protobuf import descriptor_pool, duration_pb2, json_format, message_factory, timestamp_pb2
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
+from icelog.archive.archiver import Archiver
 from icelog.config import Settings
 from icelog.meta.store import MetadataStore
-from icelog.pipeline.archiver import Archiver
-from icelog.schema.archive.iceberg_types import WRAPPERS, is_map
-from icelog.schema.archive.rebuild import Rebuilder
-from icelog.schema.archive.registry_source import StoreSchemaSource
+from icelog.schema.codec.rebuild import Rebuilder
+from icelog.schema.codec.registry_source import StoreSchemaSource
 from icelog.schema.protobuf_schema import build_pool, compile_schema, encode_envelope
+from icelog.table.iceberg_types import WRAPPERS, is_map
 
 EVERYTHING = (Path(__file__).parent / "protos" / "everything.proto").read_text()
 
@@ -332,7 +332,7 @@ def records_of(settings: Settings, topic: str) -> list[Any]:
     """Column records (path, field id) of the table's current schema, from its metadata file."""
     from pyiceberg.schema import Schema
 
-    from icelog.schema.archive.iceberg_types import records_from_schema
+    from icelog.table.iceberg_types import records_from_schema
 
     meta = table_metadata(settings, topic)
     [schema] = [s for s in meta["schemas"] if s["schema-id"] == meta["current-schema-id"]]

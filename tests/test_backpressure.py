@@ -18,8 +18,8 @@ from conftest import BrokerProcess
 from kafka import KafkaProducer
 from kafka.errors import NotEnoughReplicasError
 
+from icelog.archive.archiver import Archiver
 from icelog.meta.store import MetadataStore
-from icelog.pipeline.archiver import Archiver
 
 BOUND = 200_000
 VALUE_SIZE = 1000

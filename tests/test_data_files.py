@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from archive_fixtures import lake_settings, lake_spark  # noqa: F401 - fixtures
 
+from icelog.archive.upsert import PassRows, write_data_files
 from icelog.config import Settings
 from icelog.lake import iceberg_java
 from icelog.lake.data_files import file_writer
-from icelog.lake.layout import ARCHIVE_TABLE_PROPERTIES
-from icelog.pipeline.upsert import PassRows, write_data_files
+from icelog.table.layout import ARCHIVE_TABLE_PROPERTIES
 
 COLUMNS = ("id bigint, small bigint, region string, day date, at timestamp, blob binary, price decimal(10, 2), "
            "flag boolean, n int")

@@ -9,9 +9,10 @@ import pyarrow as pa
 import pytest
 from google.protobuf import message_factory
 
-from icelog.meta.store import TableColumn
-from icelog.schema.archive.field_ids import evolve
-from icelog.schema.archive.iceberg_types import (
+from icelog.schema.codec.proto_decode import SideDecoder, SideDecoding
+from icelog.schema.protobuf_schema import compile_schema, encode_envelope, message_descriptor
+from icelog.table.field_ids import TableColumn, evolve
+from icelog.table.iceberg_types import (
     arrow_schema,
     column_tree,
     iceberg_schema,
@@ -19,8 +20,6 @@ from icelog.schema.archive.iceberg_types import (
     spark_ddl,
     table_columns,
 )
-from icelog.schema.archive.proto_decode import SideDecoder, SideDecoding
-from icelog.schema.protobuf_schema import compile_schema, encode_envelope, message_descriptor
 
 EVERYTHING = (Path(__file__).parent / "protos" / "everything.proto").read_text()
 
@@ -193,7 +192,7 @@ class _Fixed:
 
 def test_lossless_rows_drop_raw_and_rebuild_byte_identical() -> None:
     """A value row without __raw__ rebuilds its bytes exactly; anything not provably lossless keeps __raw__."""
-    from icelog.schema.archive.rebuild import rebuild_payload
+    from icelog.schema.codec.rebuild import rebuild_payload
 
     fds = compile_schema(LOSSLESS, {})
     d = message_descriptor(fds, None, "ll.Order")
@@ -225,7 +224,7 @@ def test_registry_outage_in_a_worker_fails_the_task_not_the_row() -> None:
     """A schema id the worker must fetch from an unreachable registry raises (pass retried), never an __err__ row."""
     from conftest import free_port
 
-    from icelog.schema.archive.registry_source import SourceSpec
+    from icelog.schema.codec.registry_source import SourceSpec
     from icelog.schema.registry_client import RegistryUnavailableError
 
     fds = compile_schema(V1, {})

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from icelog.archive.locks import ArchiverLock, WriterTurns
 from icelog.errors import IcelogError
-from icelog.pipeline.locks import ArchiverLock, WriterTurns
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -29,7 +29,7 @@ def hold_in_another_process(code: str) -> subprocess.Popen[str]:
 def test_a_second_archiver_is_refused_while_the_first_runs(tmp_path: Path) -> None:
     child = hold_in_another_process(f"""
         import time
-        from icelog.pipeline.locks import ArchiverLock
+        from icelog.archive.locks import ArchiverLock
         lock = ArchiverLock({str(tmp_path)!r})
         lock.acquire()
         print("held", flush=True); time.sleep(60)
@@ -49,7 +49,7 @@ def test_passes_skip_their_turn_while_a_compaction_runs_and_a_compaction_waits_f
     turns = WriterTurns(tmp_path, "icelog.orders/é")
     child = hold_in_another_process(f"""
         import time
-        from icelog.pipeline.locks import WriterTurns
+        from icelog.archive.locks import WriterTurns
         with WriterTurns({str(tmp_path)!r}, "icelog.orders/é").compacting():
             print("held", flush=True); time.sleep(60)
     """)

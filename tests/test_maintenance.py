@@ -31,15 +31,15 @@ from archive_fixtures import (
 )
 from conftest import BrokerProcess
 
+from icelog.archive.archiver import Archiver
+from icelog.archive.dead_letter import DLQ_SUFFIX, dlq_table_name, write_dead_letters
+from icelog.archive.decode import DeadLetter
+from icelog.archive.maintenance import MaintenancePolicy, maintain_table, table_state
+from icelog.archive.maintenance_schedule import STALL_POINT, MaintenanceScheduler
+from icelog.archive.reconcile import table_offsets
 from icelog.config import ArchiveSettings, Settings
 from icelog.faults import FAULT_ENV
 from icelog.lake.iceberg_java import load_table
-from icelog.pipeline.archiver import Archiver
-from icelog.pipeline.dead_letter import DLQ_SUFFIX, dlq_table_name, write_dead_letters
-from icelog.pipeline.decode import DeadLetter
-from icelog.pipeline.maintenance import MaintenancePolicy, maintain_table, table_state
-from icelog.pipeline.maintenance_schedule import STALL_POINT, MaintenanceScheduler
-from icelog.pipeline.reconcile import table_offsets
 from icelog.topic_configs.archive import TABLE_AUTO_MAINTENANCE
 
 pytestmark = pytest.mark.slow
@@ -401,7 +401,7 @@ def test_an_archive_pass_commits_while_a_maintenance_round_holds_a_spark_slot(
 def test_a_java_error_py4j_did_not_convert_is_reported_by_its_own_line(lake_spark: Any) -> None:
     """A maintenance round's failure shows the Java exception (e.g. a CommitFailedException), not py4j's
     "An error occurred while calling o438.execute." (what `icelog maintain` printed)."""
-    from icelog.pipeline.archiver import first_line
+    from icelog.archive.archiver import first_line
 
     with pytest.raises(Exception) as info:
         lake_spark._jvm.java.util.ArrayList().get(3)  # IndexOutOfBoundsException: pyspark leaves it a Py4JJavaError
@@ -417,7 +417,7 @@ def test_compaction_of_an_upsert_table_takes_turns_with_a_steady_stream_of_updat
     under a steady stream of updates and the table stays exactly the latest row per key."""
     from confluent_kafka import Producer
 
-    from icelog.pipeline.locks import WriterTurns
+    from icelog.archive.locks import WriterTurns
 
     topic = "maint-upserts"
     create_topic(lake_broker, topic, 2, {"cleanup.policy": "compact"})

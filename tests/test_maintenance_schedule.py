@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from icelog.archive.maintenance import MaintenancePolicy, MaintenanceResult, TableState
+from icelog.archive.maintenance_schedule import due_reason, record_of
 from icelog.config import ArchiveSettings
 from icelog.errors import KafkaApiError
 from icelog.meta.sqlite import SqliteStore
 from icelog.meta.store import MaintenanceRecord
-from icelog.pipeline.maintenance import MaintenancePolicy, MaintenanceResult, TableState
-from icelog.pipeline.maintenance_schedule import due_reason, record_of
 from icelog.topic_configs.archive import CHECKS, TABLE_AUTO_MAINTENANCE, archive_config
 from icelog.topics import validate_topic_configs
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from icelog.errors import StoreError, TopicExistsError, UnknownTopicError
-from icelog.meta.store import IntakeChunk, IntakeTail, MetadataStore, TopicRecord, open_store
+from icelog.meta.backends import open_store
+from icelog.meta.store import IntakeChunk, IntakeTail, MetadataStore, TopicRecord
 
 BACKENDS: dict[str, Callable[[Path], str]] = {
     "sqlite": lambda tmp: f"sqlite:///{tmp / 'meta.db'}",
@@ -293,7 +294,7 @@ def test_reopen_keeps_everything(open_same_store: OpenStore) -> None:
 
 # -- archive table columns (field ids of tables with a Protobuf schema) ---------------------------------------
 def test_table_columns_are_replaced_per_table_and_survive_reopen(open_same_store: OpenStore) -> None:
-    from icelog.meta.store import TableColumn
+    from icelog.table.field_ids import TableColumn
 
     store = open_same_store()
     assert store.table_columns("icelog.a") == []

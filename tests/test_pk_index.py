@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from icelog.lake.pk_index import (
+from icelog.archive.pk_index import (
     IndexEntry,
     IndexRows,
     PrimaryKeyIndex,
@@ -95,7 +95,7 @@ def test_an_index_of_the_older_format_is_emptied_so_the_next_pass_rebuilds_it(tm
 
     import lmdb
 
-    from icelog.lake.pk_index import describe_index, index_directory
+    from icelog.archive.pk_index import describe_index, index_directory
 
     directory = index_directory(tmp_path, "uuid-1")
     directory.mkdir(parents=True)
@@ -161,7 +161,7 @@ def test_an_update_committed_later_is_what_the_next_opener_of_the_index_sees(tmp
     assert reopened.snapshot_id() == 2 and dict(reopened.items()) == {a: IndexEntry("f2", 0, 2),
                                                                       b: IndexEntry("f2", 1, 3)}
     broken = IndexRows([a, b], ["f3"], [0], [0], [4])  # columns of unequal length: the update fails
-    with caplog.at_level(logging.WARNING, logger="icelog.lake.pk_index"), reopened.prepare(broken, []) as update:
+    with caplog.at_level(logging.WARNING, logger="icelog.archive.pk_index"), reopened.prepare(broken, []) as update:
         update.commit_later(3)
     reopened.close()
     settle()

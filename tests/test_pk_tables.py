@@ -16,10 +16,10 @@ from archive_fixtures import create_topic, run_archive_cli
 from confluent_kafka import Producer
 from conftest import BrokerProcess
 
+from icelog.archive.archiver import Archiver
+from icelog.archive.pk_index import IndexEntry, PrimaryKeyIndex, encode_key
+from icelog.archive.reconcile import decode_offsets
 from icelog.config import Settings
-from icelog.lake.pk_index import IndexEntry, PrimaryKeyIndex, encode_key
-from icelog.pipeline.archiver import Archiver
-from icelog.pipeline.reconcile import decode_offsets
 
 pytestmark = pytest.mark.slow
 
@@ -216,7 +216,7 @@ def test_index_deleted_or_table_compacted_between_passes(
 
     shutil.rmtree(index_root / table_uuid)  # deleted by hand: rebuilt from the table
     produced += send(lake_broker, topic, second)
-    with caplog.at_level(logging.INFO, logger="icelog.pipeline.upsert"):
+    with caplog.at_level(logging.INFO, logger="icelog.archive.upsert"):
         pass_ok(lake_archiver, topic)
     assert "primary-key index rebuilt" in caplog.text
     check_table(lake_spark, lake_settings, topic, "table", latest(produced))
@@ -233,7 +233,7 @@ def test_index_deleted_or_table_compacted_between_passes(
     assert operation == "replace"
     assert not lake_spark.sql(f"SELECT * FROM lake.icelog.`{topic}`.delete_files").collect()  # DVs applied
     produced += send(lake_broker, topic, third)
-    with caplog.at_level(logging.INFO, logger="icelog.pipeline.upsert"):
+    with caplog.at_level(logging.INFO, logger="icelog.archive.upsert"):
         pass_ok(lake_archiver, topic)
     # The index followed the REPLACE snapshot (the moved rows only), no rebuild.
     assert "follows REPLACE snapshot" in caplog.text and "rebuilt" not in caplog.text
@@ -251,7 +251,7 @@ def test_index_deleted_or_table_compacted_between_passes(
     expected.update({k: (v, p, o) for p, o, k, v in fourth if v is not None})
     expected.pop(b"k17")
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="icelog.pipeline.upsert"):
+    with caplog.at_level(logging.INFO, logger="icelog.archive.upsert"):
         pass_ok(lake_archiver, topic)
     assert "follows DELETE snapshot" in caplog.text and "follows OVERWRITE snapshot" in caplog.text
     assert "rebuilt" not in caplog.text
@@ -385,7 +385,7 @@ def test_a_concurrent_commit_during_an_upsert_pass_never_corrupts_the_table_or_t
     index, which did not see that commit, stays at the pass's base: the next pass follows that commit and then
     the pass's own (no rebuild from the whole table).
     """
-    from icelog.pipeline import archiver as archiver_module
+    from icelog.archive import archiver as archiver_module
 
     topic = f"pk_race_{concurrent.replace('-', '_')}"
     create_topic(lake_broker, topic, 3, {"cleanup.policy": "compact", "icelog.archive.layout": "table"})
@@ -443,7 +443,7 @@ def test_a_concurrent_commit_during_an_upsert_pass_never_corrupts_the_table_or_t
     expected = latest(produced)
     if concurrent.startswith("user-delete"):
         expected.pop(victim)
-    with caplog.at_level(logging.INFO, logger="icelog.pipeline.upsert"):
+    with caplog.at_level(logging.INFO, logger="icelog.archive.upsert"):
         pass_ok(lake_archiver, topic)  # redoes the failed pass's records too
     if concurrent.endswith("elsewhere"):
         followed = "follows REPLACE snapshot" if concurrent.startswith("rewrite") else "follows DELETE snapshot"
@@ -494,7 +494,7 @@ def test_maintenance_compacts_an_upsert_table_and_the_index_follows(
 
     more = [(f"k{i}".encode(), f"d{i}".encode()) for i in range(0, 40, 3)] + [(b"k1", None), (b"k99", b"d99")]
     produced += send(lake_broker, topic, more, partitions=2)
-    with caplog.at_level(logging.INFO, logger="icelog.pipeline.upsert"):
+    with caplog.at_level(logging.INFO, logger="icelog.archive.upsert"):
         pass_ok(lake_archiver, topic)
     assert "follows REPLACE snapshot" in caplog.text and "rebuilt" not in caplog.text
     check_table(lake_spark, lake_settings, topic, "table", latest(produced))
@@ -577,7 +577,7 @@ def test_an_analysts_insert_of_an_existing_key_is_followed_and_the_older_row_mar
     assert sorted(r[0] for r in spark_rows_all(lake_spark, topic)).count(b"k3") == 2  # until the next pass
 
     produced += send(lake_broker, topic, [(b"k1", b"b1"), (b"k20", b"b20")])
-    with caplog.at_level(logging.INFO, logger="icelog.pipeline.upsert"):
+    with caplog.at_level(logging.INFO, logger="icelog.archive.upsert"):
         pass_ok(lake_archiver, topic)
     expected = {**latest(produced), **analyst}
     check_table(lake_spark, lake_settings, topic, "table", expected)  # k3 once: the analyst's row
@@ -595,7 +595,7 @@ def test_an_analysts_insert_of_an_existing_key_is_followed_and_the_older_row_mar
     shutil.rmtree(Path(lake_settings.data_dir) / "pk-index" / table_uuid)
     produced += send(lake_broker, topic, [(b"k6", b"d6")])
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="icelog.pipeline.upsert"):
+    with caplog.at_level(logging.INFO, logger="icelog.archive.upsert"):
         pass_ok(lake_archiver, topic)
     assert "1 stale rows" in caplog.text
     check_table(lake_spark, lake_settings, topic, "table", {**latest(produced), **analyst})

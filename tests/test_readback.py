@@ -21,8 +21,8 @@ from clients_util import CLIENTS, CODECS, ConfluentClient, Rec, comparable, crea
 from confluent_kafka import Consumer, TopicPartition
 from conftest import BrokerProcess
 
+from icelog.archive.archiver import Archiver
 from icelog.meta.store import MetadataStore
-from icelog.pipeline.archiver import Archiver
 
 pytestmark = pytest.mark.slow
 

@@ -18,9 +18,9 @@ from conftest import BrokerProcess
 from test_pk_tables import pass_ok, send, three_passes
 from test_readback import TRIM, archive_and_trim, produce_codecs, read_back
 
+from icelog.archive.archiver import Archiver
 from icelog.config import Settings
 from icelog.meta.store import MetadataStore
-from icelog.pipeline.archiver import Archiver
 from icelog.readback.lake import LakeTables, catalog_locations, catalog_opener
 from icelog.readback.plan import TablePlan, plan_table
 

@@ -21,8 +21,8 @@ from conftest import BrokerProcess
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from test_readback import archive_and_trim
 
+from icelog.archive.archiver import Archiver
 from icelog.meta.store import MetadataStore
-from icelog.pipeline.archiver import Archiver
 
 pytestmark = pytest.mark.slow
 

@@ -30,9 +30,9 @@ from test_pk_tables import latest, send, three_passes
 from test_readback import TRIM, archive_and_trim, produce_codecs, topic_id, wait_trimmed
 from test_table_layout import PROTO, orders, tl_pb  # noqa: F401  (tl_pb: the module's fixture)
 
+from icelog.archive.archiver import Archiver
 from icelog.meta.store import MetadataStore
-from icelog.pipeline.archiver import Archiver
-from icelog.schema.archive.table_rules import bucket_of
+from icelog.table.rules import bucket_of
 
 pytestmark = pytest.mark.slow
 

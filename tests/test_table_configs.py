@@ -6,12 +6,12 @@ import pytest
 from google.protobuf import descriptor_pb2
 
 from icelog.errors import KafkaApiError
-from icelog.lake.layout import archive_table_ddl, table_spec
-from icelog.schema.archive.field_ids import evolve
-from icelog.schema.archive.iceberg_types import iceberg_schema, table_layout_columns
-from icelog.schema.archive.table_rules import check_spec_columns
 from icelog.schema.protobuf_schema import build_pool, compile_schema
-from icelog.topic_configs.table import forwarded_properties, table_config
+from icelog.table.config import forwarded_properties, table_config
+from icelog.table.field_ids import evolve
+from icelog.table.iceberg_types import iceberg_schema, table_layout_columns
+from icelog.table.layout import archive_table_ddl, table_spec
+from icelog.table.rules import check_spec_columns
 from icelog.topics import validate_config_change, validate_table_configs, validate_together, validate_topic_configs
 
 V1 = 'syntax = "proto3"; package t; message M { int64 id = 1; double score = 2; repeated string tags = 3; }'

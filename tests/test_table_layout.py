@@ -30,10 +30,10 @@ from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from conftest import BrokerProcess
 
+from icelog.archive.archiver import Archiver
 from icelog.config import Settings
 from icelog.meta.store import MetadataStore
-from icelog.pipeline.archiver import Archiver
-from icelog.schema.archive.table_rules import bucket_of
+from icelog.table.rules import bucket_of
 
 pytestmark = pytest.mark.slow
 

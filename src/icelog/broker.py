@@ -11,16 +11,17 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from icelog.archive.service import ArchiverProcess
 from icelog.config import Settings
 from icelog.coordinator.groups import GroupCoordinator, GroupSettings
 from icelog.coordinator.transactions import TransactionCoordinator
 from icelog.log import pressure
 from icelog.log.manager import LogManager
 from icelog.log.partition import OffsetRangeSource
-from icelog.meta.store import TopicRecord, open_store
-from icelog.pipeline.service import ArchiverProcess
+from icelog.meta.backends import open_store
+from icelog.meta.store import TopicRecord
 from icelog.readback.service import ReadBack
-from icelog.schema.archive.registry_source import StoreSchemaSource
+from icelog.schema.codec.registry_source import StoreSchemaSource
 from icelog.schema.enforce.enforcement import Enforcer, HttpSchemaSource, LocalSchemaSource, SchemaSource
 from icelog.schema.registry.server import RegistryServer
 from icelog.schema.registry.service import RegistryService

@@ -18,6 +18,7 @@ from pydantic_settings import (
 from icelog.errors import ConfigError
 
 DEFAULT_CONFIG_FILE = "icelog.yaml"
+SETTINGS_ENV = "ICELOG_ARCHIVER_SETTINGS"  # a parent broker's Settings as JSON, for its archiver and maintenance
 
 
 class IntakeSettings(BaseModel):

@@ -8,14 +8,14 @@ no clean-up), so tests can check what survives a crash at the worst moment. Poin
   txn-completed        CompleteCommit/CompleteAbort is stored, EndTxn not yet answered
   schema-stored        a registry write is stored, the HTTP request not yet answered
   trim-committed       an intake trim is stored, the files it released not yet deleted
-The archive job's points (pipeline/archiver.py, pipeline/upsert.py):
+The archive job's points (archive/archiver.py, archive/upsert.py):
   after-write                data files and a staged, never-published snapshot exist
   after-commit               the table has the archive, the metadata store does not know yet
   after-commit-before-index  an upsert table's snapshot is committed, its primary-key index not updated
   after-dead-letters         undecodable batches are in the dead-letter table, the archive not yet committed
 Not a kill, a hold:
   maintenance-stall   a maintenance round holds one Spark task slot until <data_dir>/maintenance-stall.release
-                      (pipeline/maintenance_schedule.py, checked with `armed`)
+                      (archive/maintenance_schedule.py, checked with `armed`)
   trim-held           a retention pass holds after storing an intake trim until <data_dir>/trim-held.release
                       (log/manager.py, with `hold_point`)
 """

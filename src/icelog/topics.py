@@ -8,11 +8,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.topic_configs.archive import CHECKS as ARCHIVE_CHECKS
-from icelog.topic_configs.checks import Check, check_long, check_ratio, one_of
-from icelog.topic_configs.schema import CHECKS as SCHEMA_CHECKS
-from icelog.topic_configs.table import CHECKS as TABLE_CHECKS
-from icelog.topic_configs.table import (
+from icelog.table.config import CHECKS as TABLE_CHECKS
+from icelog.table.config import (
     CLEANUP_POLICY,
     FIXED_AT_CREATION,
     ICEBERG_PREFIX,
@@ -22,6 +19,9 @@ from icelog.topic_configs.table import (
     compacts,
     table_config,
 )
+from icelog.topic_configs.archive import CHECKS as ARCHIVE_CHECKS
+from icelog.topic_configs.checks import Check, check_long, check_ratio, one_of
+from icelog.topic_configs.schema import CHECKS as SCHEMA_CHECKS
 
 MAX_TOPIC_NAME_LENGTH = 249
 # Each partition costs memory and start-up work in the broker; a request for millions would stall it.
@@ -122,7 +122,7 @@ def validate_topic_configs(configs: Mapping[str, str | None]) -> dict[str, str |
         if key.startswith(ICELOG_PREFIX):
             _check_icelog_key(key, value)
             continue
-        if key.startswith(ICEBERG_PREFIX):  # forwarded to the archive table as a property (topic_configs/table.py)
+        if key.startswith(ICEBERG_PREFIX):  # forwarded to the archive table as a property (table/config.py)
             try:
                 check_iceberg_key(key, value)
             except ValueError as exc:

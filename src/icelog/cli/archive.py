@@ -35,7 +35,7 @@ def add_parser(sub: Any) -> None:
 
 
 def archiver_settings(args: argparse.Namespace) -> Settings:
-    from icelog.pipeline.service import SETTINGS_ENV
+    from icelog.config import SETTINGS_ENV
 
     inherited = os.environ.get(SETTINGS_ENV)
     if inherited:  # started by `icelog serve`: exactly the broker's settings
@@ -60,8 +60,8 @@ def refuse_unknown_topics(asked: Iterable[str], known: Collection[str]) -> None:
 
 
 def cmd_archive(args: argparse.Namespace) -> int:
-    from icelog.pipeline.locks import ArchiverLock
-    from icelog.pipeline.service import ArchiveService
+    from icelog.archive.locks import ArchiverLock
+    from icelog.archive.service import ArchiveService
 
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
@@ -74,7 +74,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
     # A typo in a cron line (the data dir, a topic) must not archive nothing, silently, for ever.
     require_metadata(settings)
     if args.topics:
-        from icelog.meta.store import open_store
+        from icelog.meta.backends import open_store
 
         store = open_store(settings.metadata_url)
         try:

@@ -1,6 +1,6 @@
 """`icelog maintain [--topic T] [--dry-run]`: one maintenance round of archive tables now (a Spark job).
 
-`icelog maintain --due` is how the archiver runs its automatic rounds (pipeline/maintenance_schedule.py):
+`icelog maintain --due` is how the archiver runs its automatic rounds (archive/maintenance_schedule.py):
 only the due tables, recorded as the schedule needs, at once skipped if another round holds the lock.
 Either way the process (and its Spark) runs at CPU niceness `archive.maintenance_nice`.
 """
@@ -31,15 +31,15 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
+    from icelog.archive.dead_letter import DLQ_SUFFIX
+    from icelog.archive.locks import ArchiverLock, WriterTurns
+    from icelog.archive.maintenance import DLQ_SORT_COLUMN, SORT_COLUMN, MaintenancePolicy, maintain_table
+    from icelog.archive.maintenance_schedule import MAINTENANCE_LOCK, failure_record, record_of
+    from icelog.archive.service import lower_priority
     from icelog.cli.archive import archiver_settings, refuse_unknown_topics, require_metadata
     from icelog.errors import IcelogError
-    from icelog.lake.layout import quote_identifier
-    from icelog.meta.store import open_store
-    from icelog.pipeline.dead_letter import DLQ_SUFFIX
-    from icelog.pipeline.locks import ArchiverLock, WriterTurns
-    from icelog.pipeline.maintenance import DLQ_SORT_COLUMN, SORT_COLUMN, MaintenancePolicy, maintain_table
-    from icelog.pipeline.maintenance_schedule import MAINTENANCE_LOCK, failure_record, record_of
-    from icelog.pipeline.service import lower_priority
+    from icelog.meta.backends import open_store
+    from icelog.table.layout import quote_identifier
     from icelog.topic_configs.archive import archive_config, table_key
 
     level = logging.INFO if args.due else logging.WARNING  # --due: the archiver's log says what a round did
@@ -95,7 +95,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
                         turns=WriterTurns(settings.data_dir, key),
                     )
                 except Exception as exc:
-                    from icelog.pipeline.archiver import first_line
+                    from icelog.archive.archiver import first_line
 
                     failed += 1
                     message = f"{type(exc).__name__}: {first_line(exc)}"
@@ -117,9 +117,9 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 
 def run_due(settings: Settings) -> int:
     """The automatic round: every due table, in a Spark session of this process (skipped if locked)."""
+    from icelog.archive.maintenance_schedule import MaintenanceScheduler
     from icelog.lake.spark import create_session
-    from icelog.meta.store import open_store
-    from icelog.pipeline.maintenance_schedule import MaintenanceScheduler
+    from icelog.meta.backends import open_store
 
     store = open_store(settings.metadata_url)
     spark = create_session(settings, "icelog-maintenance")

@@ -7,10 +7,10 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from icelog.archive.progress import ArchiveProgress, archive_progress
 from icelog.cli.archive import require_metadata
 from icelog.config import load_settings
-from icelog.meta.store import open_store
-from icelog.pipeline.progress import ArchiveProgress, archive_progress
+from icelog.meta.backends import open_store
 
 ARCHIVE_COLUMNS = (
     "ARCHIVED-THROUGH", "LAG-RECORDS", "LAG-BYTES", "LAG-SECONDS", "LAST-COMMIT", "DEAD-LETTERS", "LAST-ERROR"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from icelog.archive.pk_index import describe_index
 from icelog.config import Settings
-from icelog.lake.pk_index import describe_index
 from icelog.lake.table_stats import open_catalog, table_stats
-from icelog.meta.store import open_store
+from icelog.meta.backends import open_store
 from icelog.topic_configs.archive import archive_config, table_key
 
 COLUMNS = (

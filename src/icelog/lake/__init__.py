@@ -1,5 +1,6 @@
-"""Iceberg table layouts, catalog configuration and the Spark session factory.
+"""The Spark, JVM and catalog boundary: catalog configuration, the Spark session factory and its Python
+workers, the typed facade over Iceberg's Java API (py4j), table sizes and data files written with pyiceberg.
 
-Nothing here imports pyspark at module import time. Archive topic configs live in `icelog.topic_configs.archive`
-(the broker's retention reads them too, and the log must not import the lake).
+Nothing here imports pyspark at module import time. What a table *is* (layouts, types, field ids) lives in the
+engine-free `icelog.table`; the Spark jobs that write tables live in `icelog.archive`.
 """

@@ -1,6 +1,6 @@
 """Data files written by pyiceberg in Spark's Python workers, for the driver to commit (upsert passes).
 
-An upsert pass commits its data files and its deletion vectors in one RowDelta (pipeline/upsert.py), so its data
+An upsert pass commits its data files and its deletion vectors in one RowDelta (archive/upsert.py), so its data
 files must be written without a commit. The worker that decoded a task's rows writes them itself, with pyiceberg's
 Parquet writer and the table's metadata (its schema's field ids, partition spec, location provider and
 `write.parquet.*` properties): no Arrow → JVM row → Parquet conversion, no staged snapshot. The task yields one row
@@ -105,7 +105,7 @@ def writer_properties(properties: Mapping[str, str], rows: Any) -> dict[str, str
 
     pyiceberg ignores write.parquet.row-group-size-bytes (with a warning on every write) and cuts row groups at
     write.parquet.row-group-limit rows (default 1 M), so an upsert table's files would have one row group where
-    Spark's writer makes many of 2 MiB (lake/layout.py: a read-back seek decodes one row group). The byte size
+    Spark's writer makes many of 2 MiB (table/layout.py: a read-back seek decodes one row group). The byte size
     becomes a row limit from the rows' average Arrow (decoded) size, unless the table sets a row limit itself.
     """
     adjusted = dict(properties)

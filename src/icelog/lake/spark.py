@@ -45,7 +45,7 @@ def spark_conf(settings: Settings, app_name: str = "icelog") -> dict[str, str]:
         "spark.python.daemon.module": "icelog.lake.spark_daemon",
         # Jobs that threads of one session start together share its task slots in turn rather than in
         # submission order. (Automatic maintenance has a process and a session of its own:
-        # pipeline/maintenance_schedule.py.)
+        # archive/maintenance_schedule.py.)
         "spark.scheduler.mode": "FAIR",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         # Workers decode batches in Python: give them the driver's interpreter (and its packages).

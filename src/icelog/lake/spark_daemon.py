@@ -40,9 +40,9 @@ PRELOADED = (
     "pyarrow",
     "pyarrow.parquet",
     "pyiceberg.io.pyarrow",
-    "icelog.pipeline.decode",
-    "icelog.pipeline.decode_table",
-    "icelog.pipeline.decode_protobuf",
+    "icelog.archive.decode",
+    "icelog.archive.decode_table",
+    "icelog.archive.decode_protobuf",
     "icelog.lake.data_files",
 )
 

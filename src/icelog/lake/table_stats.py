@@ -8,7 +8,7 @@ from typing import Any
 from icelog.config import Settings
 from icelog.errors import ConfigError
 from icelog.lake.catalog import pyiceberg_catalog_opener
-from icelog.lake.layout import PRIMARY_KEY_PROPERTY
+from icelog.table.layout import PRIMARY_KEY_PROPERTY
 
 
 @dataclass(frozen=True)

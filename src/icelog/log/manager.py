@@ -24,8 +24,8 @@ from icelog.log.producers import iter_stored_headers
 from icelog.log.snapshots import decode_state, encode_state
 from icelog.log.transactions import encode_marker_batch, marker_type
 from icelog.meta.store import ArchiveState, IntakeChunk, MetadataStore, ProducerSnapshot, TopicRecord
+from icelog.table.config import BUCKET_KEY, table_config
 from icelog.topic_configs.archive import archive_config
-from icelog.topic_configs.table import BUCKET_KEY, table_config
 from icelog.topics import (
     MAX_PARTITIONS_PER_TOPIC,
     EffectiveConfig,

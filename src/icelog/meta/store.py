@@ -7,8 +7,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from icelog.errors import ConfigError
 from icelog.meta.registry import RegistryStore
+from icelog.table.field_ids import TableColumn
 
 
 @dataclass(frozen=True)
@@ -129,20 +129,6 @@ class ProducerSnapshot:
     partition: int
     offset: int
     state: str
-
-
-@dataclass(frozen=True)
-class TableColumn:
-    """One column of an archive table with a schema: its Iceberg field id, allocated once and kept.
-
-    `path` is the column's dotted path in the table ("value.amount", "value.tags.element"); `signature`
-    its type ("long", "struct", "list", ...); `deleted` marks a column no longer in the schema (kept, null).
-    """
-
-    path: str
-    field_id: int
-    signature: str
-    deleted: bool = False
 
 
 @dataclass(frozen=True)
@@ -355,12 +341,3 @@ class MetadataStore(RegistryStore, ABC):
     @abstractmethod
     def close(self) -> None:
         """Release connections."""
-
-
-def open_store(url: str) -> MetadataStore:
-    """Open the metadata store a URL names (sqlite:///path)."""
-    if url.startswith("sqlite:///"):
-        from icelog.meta.sqlite import SqliteStore
-
-        return SqliteStore(url.removeprefix("sqlite:///"))
-    raise ConfigError(f"unsupported metadata store URL {url!r}; use sqlite:///PATH")

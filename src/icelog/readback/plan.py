@@ -19,9 +19,9 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from icelog.lake.layout import OFFSETS_PROPERTY, TOPIC_ID_PROPERTY, layout_of_properties
-from icelog.schema.archive.iceberg_types import RAW
-from icelog.topic_configs.table import BATCH_START, BUCKET, LAYOUT_TABLE, OFFSET, TIMESTAMP, VALUE_PREFIX
+from icelog.table.config import BATCH_START, BUCKET, LAYOUT_TABLE, OFFSET, TIMESTAMP, VALUE_PREFIX
+from icelog.table.iceberg_types import RAW
+from icelog.table.layout import OFFSETS_PROPERTY, TOPIC_ID_PROPERTY, layout_of_properties
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ TABLE_LAYOUT = Layout(BUCKET, OFFSET, TIMESTAMP, BATCH_START, True)
 
 
 def layout_of(table: Any) -> Layout:
-    """The layout a table was created with (lake/layout.py records it in the table property icelog.layout)."""
+    """The layout a table was created with (table/layout.py records it in the table property icelog.layout)."""
     return TABLE_LAYOUT if layout_of_properties(table.properties) == LAYOUT_TABLE else RECORD_LAYOUT
 
 
@@ -191,7 +191,7 @@ def _planned_files(table: Any, tasks: Any, layout: Layout) -> list[PlannedFile]:
 
 def archive_summary(table: Any, max_ancestors: int = 1000) -> tuple[str | None, dict[int, int]]:
     """(topic id, next offset per partition) the newest archive commit on the current lineage records (None, {}:
-    none left to say; snapshots of others, compaction or deletes, record nothing: pipeline/reconcile.py)."""
+    none left to say; snapshots of others, compaction or deletes, record nothing: archive/reconcile.py)."""
     from pyiceberg.table.snapshots import ancestors_of
 
     for hops, snapshot in enumerate(ancestors_of(table.current_snapshot(), table.metadata)):

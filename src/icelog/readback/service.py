@@ -9,7 +9,7 @@ import uuid
 from icelog.config import Settings
 from icelog.readback.lake import LakeTables, catalog_locations, catalog_opener
 from icelog.readback.source import BatchCache, TableSource
-from icelog.schema.archive.rebuild import Schemas
+from icelog.schema.codec.rebuild import Schemas
 from icelog.topic_configs.archive import archive_config
 
 log = logging.getLogger(__name__)

@@ -34,9 +34,8 @@ from icelog.readback.batches import header_section
 from icelog.readback.columnar import as_binary, encode_batches
 from icelog.readback.lake import LakeTables
 from icelog.readback.plan import RECORD_LAYOUT, FileSlice, Layout, TablePlan
-from icelog.schema.archive.iceberg_types import RAW
-from icelog.schema.archive.rebuild import Rebuilder, Schemas, rebuild_headers, table_side_row
-from icelog.topic_configs.table import (
+from icelog.schema.codec.rebuild import Rebuilder, Schemas, rebuild_headers, table_side_row
+from icelog.table.config import (
     BATCH_START,
     HEADERS,
     KEY_BYTES,
@@ -47,6 +46,7 @@ from icelog.topic_configs.table import (
     VALUE_ERR,
     VALUE_PREFIX,
 )
+from icelog.table.iceberg_types import RAW
 
 log = logging.getLogger(__name__)
 
@@ -541,7 +541,7 @@ _VALUE_KEPT = (VALUE_BYTES, VALUE_PREFIX, VALUE_ERR)
 
 def _table_values(arrow: Any, rebuilder: Rebuilder) -> Any:
     """A table layout's values per row: `__value` when kept, else rebuilt from `__value_prefix` and the value's
-    top-level columns (schema/archive/rebuild.py); neither: a null value."""
+    top-level columns (schema/codec/rebuild.py); neither: a null value."""
     import pyarrow.compute as pc
 
     values = arrow.column(VALUE_BYTES)

@@ -16,10 +16,10 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, message_factory
 
-from icelog.schema.archive.iceberg_types import Column, field_signature
-from icelog.schema.archive.proto_values import struct_parts
-from icelog.schema.archive.table_rules import BUCKETABLE, bucket_function
+from icelog.schema.codec.proto_values import struct_parts
 from icelog.schema.protobuf_schema import message_descriptor
+from icelog.table.iceberg_types import Column, field_signature
+from icelog.table.rules import BUCKETABLE, bucket_function
 
 _CACHE_SIZE = 4096
 

@@ -26,8 +26,6 @@ except ImportError:  # pragma: no cover - aiokafka without its extension
 
 from icelog.errors import ErrorCode, KafkaApiError
 from icelog.log.batch import ATTR_COMPRESSION_MASK, parse_produced_batches
-from icelog.schema.archive.iceberg_types import Column, message_columns
-from icelog.schema.archive.table_rules import BUCKETABLE, check_spec_columns
 from icelog.schema.enforce.buckets import BucketLocator
 from icelog.schema.protobuf_schema import (
     InvalidSchemaError,
@@ -38,8 +36,10 @@ from icelog.schema.protobuf_schema import (
     parse_envelope,
 )
 from icelog.schema.registry_client import RegistryClient, SchemaNotFoundError
+from icelog.table.config import BUCKET_KEY, KEY_BYTES, table_config
+from icelog.table.iceberg_types import Column, message_columns
+from icelog.table.rules import BUCKETABLE, check_spec_columns
 from icelog.topic_configs.schema import SIDES, SideSchemaConfig, side_config
-from icelog.topic_configs.table import BUCKET_KEY, KEY_BYTES, table_config
 
 _PARSER_CACHE_SIZE = 4096
 

@@ -16,13 +16,11 @@ Every column is optional: Iceberg can only add optional columns, and proto3 abse
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
-from icelog.schema.archive.field_ids import FieldIdRecord, child_paths
-from icelog.topic_configs.table import (
+from icelog.table.config import (
     BATCH_START,
     BUCKET,
     HEADERS,
@@ -35,6 +33,8 @@ from icelog.topic_configs.table import (
     VALUE_ERR,
     VALUE_PREFIX,
 )
+from icelog.table.field_ids import Column as Column  # re-exported: the column tree computed from a schema
+from icelog.table.field_ids import FieldIdRecord, child_paths
 
 MAX_DEPTH = 10  # message nesting kept as structs; deeper message fields become JSON strings
 
@@ -80,19 +80,6 @@ WELL_KNOWN: dict[str, str] = {
     "google.protobuf.Any": "string",
     **WRAPPERS,
 }
-
-
-@dataclass(frozen=True)
-class Column:
-    """A column as computed from a schema: its name, type signature and children.
-
-    signature: a primitive Iceberg type ("int", "decimal(20,0)", ...) or "struct" / "list" / "map";
-    children: a struct's fields, a list's ("element",), a map's ("key", "value").
-    """
-
-    name: str
-    signature: str
-    children: tuple[Column, ...] = ()
 
 
 def is_map(field: FieldDescriptor) -> bool:

@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from icelog.schema.archive.iceberg_types import Column
-from icelog.topic_configs.table import (
+from icelog.table.config import (
     BUCKET_KEY,
     KEY_BYTES,
     PARTITION_BY,
     SYSTEM_COLUMNS,
     layout_column_problem,
 )
+from icelog.table.iceberg_types import Column
 
 # Iceberg can bucket int, long, decimal, date, time, timestamp(tz), string, uuid, fixed and binary; of the
 # types a Protobuf field maps to (iceberg_types.py), these.

@@ -2,7 +2,7 @@
 
 Nobu's design: an upsert batch finds the rows it replaces by a local lookup instead of scanning the table.
 The index is a cache of the table, never the truth: it records the snapshot it reflects, and the upsert
-writer (pipeline/upsert.py) rebuilds it from the table whenever that is not the table's current snapshot
+writer (archive/upsert.py) rebuilds it from the table whenever that is not the table's current snapshot
 and it cannot follow the snapshots since (the directory deleted by hand, a copy-on-write DELETE or MERGE, an
 INSERT OVERWRITE or equality deletes by someone else).
 Updates after a commit go in one LMDB transaction with the new snapshot id, so the index is either wholly

@@ -15,17 +15,17 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from icelog.config import Settings
-from icelog.meta.store import MetadataStore, open_store
-from icelog.pipeline.archiver import Archiver, TopicPassResult, first_line
+from icelog.archive.archiver import Archiver, TopicPassResult, first_line
+from icelog.config import SETTINGS_ENV, Settings
+from icelog.meta.backends import open_store
+from icelog.meta.store import MetadataStore
 from icelog.topic_configs.archive import archive_config
 
 if TYPE_CHECKING:
-    from icelog.pipeline.maintenance_schedule import MaintenanceScheduler
+    from icelog.archive.maintenance_schedule import MaintenanceScheduler
 
 log = logging.getLogger(__name__)
 
-SETTINGS_ENV = "ICELOG_ARCHIVER_SETTINGS"  # the parent broker's Settings as JSON
 
 
 def lower_priority(niceness: int, setting: str = "archive.nice") -> None:
@@ -84,7 +84,7 @@ class ArchiveService:
         """The automatic table maintenance: looks for due tables with the archiver's Spark session, on a thread
         of its own, and runs each round as a child process with a Spark of its own (never in a pass's way)."""
         if self._maintenance is None:
-            from icelog.pipeline.maintenance_schedule import MaintenanceScheduler
+            from icelog.archive.maintenance_schedule import MaintenanceScheduler
 
             self._maintenance = MaintenanceScheduler(self.settings, self.archiver().spark, self.store)
         return self._maintenance

@@ -1,7 +1,7 @@
 """Upsert tables: one pass of a primary-key topic becomes one Iceberg commit of data files plus deletion vectors.
 
 A pass (the rows decoded by the archiver's Spark workers, as for an append table):
-  1. the table's primary-key index (lake/pk_index.py) is brought to the table's current snapshot (the base):
+  1. the table's primary-key index (archive/pk_index.py) is brought to the table's current snapshot (the base):
      it follows REPLACE, APPEND and merge-on-read DELETE/overwrite snapshots since its own (refresh_index),
      or is rebuilt from the table
      (reading only the key and offset columns of each live data file, less the positions of its deletion
@@ -41,13 +41,12 @@ from typing import Any
 
 import numpy as np
 
+from icelog.archive.pk_index import IndexEntry, IndexRows, PrimaryKeyIndex, encode_keys
 from icelog.errors import IcelogError
 from icelog.lake import iceberg_java
 from icelog.lake.data_files import WrittenFile
 from icelog.lake.data_files import write_data_files as write_files
-from icelog.lake.layout import PRIMARY_KEY_PROPERTY, TableSpec
-from icelog.lake.pk_index import IndexEntry, IndexRows, PrimaryKeyIndex, encode_keys
-from icelog.topic_configs.table import (
+from icelog.table.config import (
     BUCKET,
     LAYOUT_TABLE,
     OFFSET,
@@ -55,6 +54,7 @@ from icelog.topic_configs.table import (
     VALUE_ERR,
     VALUE_PREFIX,
 )
+from icelog.table.layout import PRIMARY_KEY_PROPERTY, TableSpec
 
 log = logging.getLogger(__name__)
 

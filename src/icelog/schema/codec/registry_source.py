@@ -85,7 +85,7 @@ def open_source(spec: SourceSpec, store: Any = None) -> SchemaSource:
     if spec.kind == "http":
         return RegistryClient(spec.location)
     if store is None:
-        from icelog.meta.store import open_store
+        from icelog.meta.backends import open_store
 
         try:
             store = open_store(spec.location)

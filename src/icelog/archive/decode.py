@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from icelog.archive.plan import PlannedArchive
 from icelog.errors import IcelogError
 from icelog.log import intake_file
 from icelog.log.batch import iter_stored_batches
@@ -27,7 +28,6 @@ from icelog.log.record_format import (
     UINT32,
     batch_crc,
 )
-from icelog.pipeline.plan import PlannedArchive
 
 try:  # the compiled parser
     from aiokafka.record._crecords import DefaultRecordBatch as _FastBatch
@@ -65,7 +65,7 @@ class _Columns:
     def to_arrow(self, partition: int) -> Any:
         import pyarrow as pa
 
-        from icelog.lake.layout import arrow_schema
+        from icelog.table.layout import arrow_schema
 
         schema = arrow_schema()
         n = len(self.offsets)

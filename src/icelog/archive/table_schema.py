@@ -9,8 +9,8 @@ the one the envelope (Confluent message indexes) of the first due payloads names
 the table does not flip; else, when due payloads carry no envelope, the schema's first message. When no
 payload says anything (nothing due, the table is left alone: MessageUndecided; only null payloads due, e.g.
 tombstones, the side is archived as bytes until a payload names its message). The Iceberg schema is computed
-(schema/archive/iceberg_types.py), evolved against the column state kept in the metadata store
-(schema/archive/field_ids.py), and written to the catalog only when it changed:
+(table/iceberg_types.py), evolved against the column state kept in the metadata store
+(table/field_ids.py), and written to the catalog only when it changed:
   - no table yet: CREATE TABLE through Spark (schema id 0, the archive partition spec and sort order);
     the ids the catalog assigned are adopted into the store;
   - a table whose columns the store does not know (a raw table, or a crash before the store was
@@ -32,14 +32,36 @@ from typing import Any
 from google.protobuf import descriptor_pb2
 from google.protobuf.descriptor import Descriptor
 
+from icelog.archive.plan import PlannedArchive
 from icelog.config import Settings
 from icelog.errors import IcelogError
 from icelog.lake import iceberg_java
-from icelog.lake.layout import RECORD_SPEC, TableSpec, archive_table_ddl
-from icelog.meta.store import MetadataStore, TableColumn, TopicRecord
-from icelog.pipeline.plan import PlannedArchive
-from icelog.schema.archive.field_ids import evolve
-from icelog.schema.archive.iceberg_types import (
+from icelog.meta.store import MetadataStore, TopicRecord
+from icelog.schema.codec.proto_decode import SideDecoding
+from icelog.schema.codec.registry_source import (
+    SchemaSource,
+    SourceSpec,
+    StoreSchemaSource,
+)
+from icelog.schema.protobuf_schema import build_pool, main_file_of, message_name_at, parse_envelope
+from icelog.schema.registry_client import (
+    LatestSchema,
+    RegistryClient,
+    RegistryUnavailableError,
+    SchemaNotFoundError,
+)
+from icelog.table.config import (
+    BUCKET,
+    BUCKET_KEY,
+    KEY_ERR,
+    LAYOUT_RECORD,
+    LAYOUT_TABLE,
+    PARTITION_BY,
+    SYSTEM_COLUMNS,
+    VALUE_ERR,
+)
+from icelog.table.field_ids import TableColumn, evolve
+from icelog.table.iceberg_types import (
     ERR,
     PREFIX,
     RAW,
@@ -52,32 +74,10 @@ from icelog.schema.archive.iceberg_types import (
     table_columns,
     table_layout_columns,
 )
-from icelog.schema.archive.proto_decode import SideDecoding
-from icelog.schema.archive.registry_source import (
-    SchemaSource,
-    SourceSpec,
-    StoreSchemaSource,
-)
-from icelog.schema.archive.table_rules import check_spec_columns
-from icelog.schema.protobuf_schema import build_pool, main_file_of, message_name_at, parse_envelope
-from icelog.schema.registry_client import (
-    LatestSchema,
-    RegistryClient,
-    RegistryUnavailableError,
-    SchemaNotFoundError,
-)
+from icelog.table.layout import RECORD_SPEC, TableSpec, archive_table_ddl
+from icelog.table.rules import check_spec_columns
 from icelog.topic_configs.archive import ArchiveTopicConfig
 from icelog.topic_configs.schema import MODE_AUTO, SIDES, key_of, side_config
-from icelog.topic_configs.table import (
-    BUCKET,
-    BUCKET_KEY,
-    KEY_ERR,
-    LAYOUT_RECORD,
-    LAYOUT_TABLE,
-    PARTITION_BY,
-    SYSTEM_COLUMNS,
-    VALUE_ERR,
-)
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class ArchiveSchema:
     """The columns of a topic's archive table and how to decode each side (None: raw bytes).
 
     In the table layout a side's `column` is a struct of the side's top-level columns plus __prefix__,
-    __err__ and __raw__ (what the SideDecoder fills); pipeline/decode_table.py spreads it over the table.
+    __err__ and __raw__ (what the SideDecoder fills); archive/decode_table.py spreads it over the table.
     """
 
     columns: tuple[TableColumn, ...]
@@ -196,7 +196,7 @@ def peek_envelopes(intake_dir: str, archives: Sequence[PlannedArchive], side: st
     after them. A batch that does not decode ends the look at its archive (the pass sends it to the
     dead-letter table).
     """
-    from icelog.pipeline.decode import UndecodableBatchError, decode_archive
+    from icelog.archive.decode import UndecodableBatchError, decode_archive
 
     column = 0 if side == "key" else 1
     looked = 0

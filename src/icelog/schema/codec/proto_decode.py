@@ -9,7 +9,7 @@ and turns payloads into dicts shaped like the side's struct column:
   - a payload of another message than the table's, or one that does not decode, sets `__err__` (why)
     and `__raw__` (the whole payload) only;
   - `__prefix__` holds the envelope bytes; `__raw__` is always set for keys and for values it is left
-    null only when the row provably rebuilds the payload (schema/archive/rebuild.py): the payload has an
+    null only when the row provably rebuilds the payload (schema/codec/rebuild.py): the payload has an
     envelope, its message is fully invertible from the columns, and it re-serializes to the same bytes.
 A registry that cannot be reached raises RegistryUnavailableError: the task and the pass fail (retried),
 so an outage never becomes an `__err__` row.
@@ -23,12 +23,12 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, message_factory
 
-from icelog.schema.archive.iceberg_types import ERR, PREFIX, RAW, Column
-from icelog.schema.archive.proto_values import FieldPart, column_values, struct_converter, struct_parts
-from icelog.schema.archive.rebuild import invertible
-from icelog.schema.archive.registry_source import SourceSpec, open_source
+from icelog.schema.codec.proto_values import FieldPart, column_values, struct_converter, struct_parts
+from icelog.schema.codec.rebuild import invertible
+from icelog.schema.codec.registry_source import SourceSpec, open_source
 from icelog.schema.protobuf_schema import build_pool, main_file_of, message_name_at, parse_envelope
 from icelog.schema.registry_client import RegistryUnavailableError
+from icelog.table.iceberg_types import ERR, PREFIX, RAW, Column
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
-from icelog.schema.archive.field_ids import compatible, shape
-from icelog.schema.archive.iceberg_types import WRAPPERS, Column, field_signature, is_map
+from icelog.table.field_ids import compatible, shape
+from icelog.table.iceberg_types import WRAPPERS, Column, field_signature, is_map
 
 Convert = Callable[[Any], Any]
 _US = 1_000_000

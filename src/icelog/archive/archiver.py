@@ -28,26 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from icelog.config import Settings
-from icelog.errors import IcelogError
-from icelog.faults import armed, fault_point
-from icelog.lake import iceberg_java
-from icelog.lake.layout import (
-    RECORD_SPEC,
-    SPARK_SCHEMA_DDL,
-    TableSpec,
-    archive_table_ddl,
-    layout_of_properties,
-    quote_identifier,
-    table_spec,
-)
-from icelog.lake.warm_workers import ARROW, RDD, WorkerKeeper
-from icelog.meta.store import IntakeChunk, MetadataStore, PartitionRecord, TopicRecord
-from icelog.pipeline.dead_letter import dead_letter_counts, dlq_table_name, is_worker_failure, write_dead_letters
-from icelog.pipeline.decode import find_dead_letters
-from icelog.pipeline.locks import WriterTurns
-from icelog.pipeline.plan import PlannedArchive, over_task_numbers, plan_partition, task_groups
-from icelog.pipeline.reconcile import (
+from icelog.archive.dead_letter import dead_letter_counts, dlq_table_name, is_worker_failure, write_dead_letters
+from icelog.archive.decode import find_dead_letters
+from icelog.archive.locks import WriterTurns
+from icelog.archive.plan import PlannedArchive, over_task_numbers, plan_partition, task_groups
+from icelog.archive.reconcile import (
     COMMIT_USER,
     COMMIT_USER_PROPERTY,
     OFFSETS_PROPERTY,
@@ -56,11 +41,16 @@ from icelog.pipeline.reconcile import (
     encode_offsets,
     table_offsets,
 )
-from icelog.pipeline.table_schema import ArchiveSchema, MessageUndecided, TableSchemas
-from icelog.pipeline.transactions import TransactionTracker
-from icelog.pipeline.upsert import PassRows, write_upserts
-from icelog.topic_configs.archive import ARCHIVE_TABLE, ArchiveTopicConfig, archive_config, table_key
-from icelog.topic_configs.table import (
+from icelog.archive.table_schema import ArchiveSchema, MessageUndecided, TableSchemas
+from icelog.archive.transactions import TransactionTracker
+from icelog.archive.upsert import PassRows, write_upserts
+from icelog.config import Settings
+from icelog.errors import IcelogError
+from icelog.faults import armed, fault_point
+from icelog.lake import iceberg_java
+from icelog.lake.warm_workers import ARROW, RDD, WorkerKeeper
+from icelog.meta.store import IntakeChunk, MetadataStore, PartitionRecord, TopicRecord
+from icelog.table.config import (
     ARCHIVE_LAYOUT,
     LAYOUT_RECORD,
     LAYOUT_TABLE,
@@ -68,6 +58,16 @@ from icelog.topic_configs.table import (
     forwarded_properties,
     table_config,
 )
+from icelog.table.layout import (
+    RECORD_SPEC,
+    SPARK_SCHEMA_DDL,
+    TableSpec,
+    archive_table_ddl,
+    layout_of_properties,
+    quote_identifier,
+    table_spec,
+)
+from icelog.topic_configs.archive import ARCHIVE_TABLE, ArchiveTopicConfig, archive_config, table_key
 
 log = logging.getLogger(__name__)
 
@@ -480,7 +480,7 @@ class Archiver:
 
         # Each decoder maps the task numbers a Spark task is given to the Arrow batches of its archives' rows.
         def decode(tasks: Iterable[int]) -> Iterator[Any]:
-            from icelog.pipeline.decode import decode_archive
+            from icelog.archive.decode import decode_archive
 
             for archive in task_archives(tasks):
                 yield from decode_archive(intake_dir, archive)
@@ -491,7 +491,7 @@ class Archiver:
             ddl = schema.spark_ddl
 
             def decode(tasks: Iterable[int]) -> Iterator[Any]:  # noqa: F811 - the table layout's variant
-                from icelog.pipeline.decode_table import decode_archive_table
+                from icelog.archive.decode_table import decode_archive_table
 
                 decoders: dict[str, Any] = {}
                 for archive in task_archives(tasks):
@@ -502,7 +502,7 @@ class Archiver:
             ddl = schema.spark_ddl
 
             def decode(tasks: Iterable[int]) -> Iterator[Any]:  # noqa: F811 - the Protobuf variant
-                from icelog.pipeline.decode_protobuf import decode_archive_protobuf
+                from icelog.archive.decode_protobuf import decode_archive_protobuf
 
                 decoders: dict[str, Any] = {}
                 for archive in task_archives(tasks):

@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from icelog.lake.layout import quote_identifier
-from icelog.pipeline.decode import DeadLetter
+from icelog.archive.decode import DeadLetter
+from icelog.table.layout import quote_identifier
 
 log = logging.getLogger(__name__)
 

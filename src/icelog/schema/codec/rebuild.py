@@ -21,10 +21,10 @@ from typing import Any, Protocol
 from google.protobuf import descriptor_pb2, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
-from icelog.schema.archive.field_ids import compatible, shape
-from icelog.schema.archive.iceberg_types import ERR, PREFIX, RAW, WRAPPERS, Column, field_signature, is_map
 from icelog.schema.protobuf_schema import build_pool, main_file_of, message_name_at, parse_envelope
-from icelog.topic_configs.table import HEADERS, KEY_BYTES, VALUE_BYTES, VALUE_ERR, VALUE_PREFIX
+from icelog.table.config import HEADERS, KEY_BYTES, VALUE_BYTES, VALUE_ERR, VALUE_PREFIX
+from icelog.table.field_ids import compatible, shape
+from icelog.table.iceberg_types import ERR, PREFIX, RAW, WRAPPERS, Column, field_signature, is_map
 
 _MESSAGE_KINDS = (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP)
 _RENAMED = re.compile(r"^(?P<name>.+)__v\d+$")

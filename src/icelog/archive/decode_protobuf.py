@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from icelog.pipeline.decode import decode_archive
-from icelog.pipeline.plan import PlannedArchive
-from icelog.schema.archive.iceberg_types import RAW
-from icelog.schema.archive.proto_decode import SideDecoder, SideDecoding
+from icelog.archive.decode import decode_archive
+from icelog.archive.plan import PlannedArchive
+from icelog.schema.codec.proto_decode import SideDecoder, SideDecoding
+from icelog.table.iceberg_types import RAW
 
 
 def _side_array(raw_struct: Any, decoder: SideDecoder | None, target: Any) -> Any:

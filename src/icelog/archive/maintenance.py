@@ -9,7 +9,7 @@ A round, in this order (each step is skipped when there is nothing for it to do)
      `min-input-files`), so a lone file is never rewritten, and a compacted file (about a group's size)
      is not rewritten round after round with every newer file (automatic rounds run in a process and a
      Spark of their own, so a long rewrite task holds no slot an archive pass needs:
-     pipeline/maintenance_schedule.py); files whose deletes (deletion vectors, position deletes) cover
+     archive/maintenance_schedule.py); files whose deletes (deletion vectors, position deletes) cover
      `maintenance_delete_ratio` of their rows are rewritten with the deletes applied. Appends that commit
      meanwhile are no conflict (Iceberg re-applies the smaller side, the append, on its retry); a rewrite
      that loses a real race (its files were deleted meanwhile) is reported as `lost_race` and retried next
@@ -35,6 +35,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from icelog.archive.archiver import first_line
+from icelog.archive.locks import WriterTurns
+from icelog.archive.reconcile import OFFSETS_PROPERTY
 from icelog.config import ArchiveSettings
 from icelog.errors import IcelogError
 from icelog.lake.iceberg_java import (
@@ -49,10 +52,7 @@ from icelog.lake.iceberg_java import (
     rewrite_manifests,
     table_properties,
 )
-from icelog.lake.layout import PRIMARY_KEY_PROPERTY
-from icelog.pipeline.archiver import first_line
-from icelog.pipeline.locks import WriterTurns
-from icelog.pipeline.reconcile import OFFSETS_PROPERTY
+from icelog.table.layout import PRIMARY_KEY_PROPERTY
 
 log = logging.getLogger(__name__)
 

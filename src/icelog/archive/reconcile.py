@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from icelog.lake.iceberg_java import ancestry, load_table, table_properties
-from icelog.lake.layout import LAYOUT_PROPERTY, LAYOUT_PROPERTY_VALUES, OFFSETS_PROPERTY, TOPIC_ID_PROPERTY
-from icelog.topic_configs.table import LAYOUT_TABLE
+from icelog.table.config import LAYOUT_TABLE
+from icelog.table.layout import LAYOUT_PROPERTY, LAYOUT_PROPERTY_VALUES, OFFSETS_PROPERTY, TOPIC_ID_PROPERTY
 
 __all__ = ["COMMIT_USER", "COMMIT_USER_PROPERTY", "OFFSETS_PROPERTY", "TOPIC_ID_PROPERTY", "TableOffsets",
            "decode_offsets", "encode_offsets", "table_offsets"]

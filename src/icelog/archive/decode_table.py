@@ -1,4 +1,4 @@
-"""Decoding archives into the `table` layout (Fluss's; lake/layout.py), in Spark's Python workers.
+"""Decoding archives into the `table` layout (Fluss's; table/layout.py), in Spark's Python workers.
 
 The raw decoder (decode.py) gives rows of the record layout; this module spreads them over the table's
 top-level columns: a side with a schema is decoded by the same SideDecoder as the record layout (so a row
@@ -14,11 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from icelog.pipeline.decode import decode_archive
-from icelog.pipeline.plan import PlannedArchive
-from icelog.schema.archive.iceberg_types import ERR, PREFIX, RAW
-from icelog.schema.archive.proto_decode import SideDecoder, SideDecoding
-from icelog.topic_configs.table import (
+from icelog.archive.decode import decode_archive
+from icelog.archive.plan import PlannedArchive
+from icelog.schema.codec.proto_decode import SideDecoder, SideDecoding
+from icelog.table.config import (
     BATCH_START,
     BUCKET,
     HEADERS,
@@ -30,6 +29,7 @@ from icelog.topic_configs.table import (
     VALUE_ERR,
     VALUE_PREFIX,
 )
+from icelog.table.iceberg_types import ERR, PREFIX, RAW
 
 _EXTRA = (PREFIX, ERR, RAW)
 # Where a side's __prefix__ / __err__ / __raw__ go in the table (the key's prefix is inside __key already).

@@ -7,7 +7,7 @@ Spark of its own at CPU niceness `archive.maintenance_nice` (19), and looks agai
 exited. So a round never takes the archiver's Spark task slots (its passes never queue behind a rewrite
 task, however long), its driver's memory or GIL, and the kernel gives the passes the CPU first; the two
 meet only at the catalog, where an append that races a rewrite is re-applied on Iceberg's retry (the
-smaller side) and a rewrite that loses is retried next round (pipeline/maintenance.py).
+smaller side) and a rewrite that loses is retried next round (archive/maintenance.py).
 
 A table of a topic with `icelog.table.auto.maintenance=true` (and its dead-letter table `<table>__dlq`,
 when there is one) is due when `archive.maintenance_interval_ms` has passed since its last round and
@@ -31,16 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from icelog.config import Settings
-from icelog.errors import IcelogError
-from icelog.faults import armed
-from icelog.lake.iceberg_java import load_table, table_properties
-from icelog.lake.layout import quote_identifier
-from icelog.meta.store import MaintenanceRecord, MetadataStore
-from icelog.pipeline.archiver import first_line
-from icelog.pipeline.dead_letter import DLQ_SUFFIX
-from icelog.pipeline.locks import ArchiverLock, WriterTurns
-from icelog.pipeline.maintenance import (
+from icelog.archive.archiver import first_line
+from icelog.archive.dead_letter import DLQ_SUFFIX
+from icelog.archive.locks import ArchiverLock, WriterTurns
+from icelog.archive.maintenance import (
     DLQ_SORT_COLUMN,
     SORT_COLUMN,
     MaintenancePolicy,
@@ -49,7 +43,12 @@ from icelog.pipeline.maintenance import (
     maintain_table,
     table_state,
 )
-from icelog.pipeline.service import SETTINGS_ENV
+from icelog.config import SETTINGS_ENV, Settings
+from icelog.errors import IcelogError
+from icelog.faults import armed
+from icelog.lake.iceberg_java import load_table, table_properties
+from icelog.meta.store import MaintenanceRecord, MetadataStore
+from icelog.table.layout import quote_identifier
 from icelog.topic_configs.archive import archive_config, table_key
 
 log = logging.getLogger(__name__)

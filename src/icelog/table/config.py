@@ -2,7 +2,7 @@
 
   icelog.archive.layout        record | table. `record` (default): Bufstream's key/value/headers/kafka structs.
                                `table`: Fluss's layout, the messages' fields as top-level columns and the system
-                               columns __bucket, __offset, __timestamp last (lake/layout.py). Fixed at creation.
+                               columns __bucket, __offset, __timestamp last (table/layout.py). Fixed at creation.
   icelog.table.partition.by    <col>[,<col>] (table layout): identity partitions on those columns first, then the
                                bucket. Fixed at creation.
   icelog.table.bucket.key      <col> (table layout): the spec is bucket(<col>, <partitions>) with Iceberg's bucket
@@ -13,7 +13,7 @@
                                value names no row and deletes nothing.
   cleanup.policy=compact       an upsert table keyed by the record key (__key, or key.__raw__ in the record layout);
                                also with compact,delete (as in Kafka: compacted, and retention.ms / retention.bytes
-                               apply; with compact alone they do not). Both fixed at creation (pipeline/upsert.py).
+                               apply; with compact alone they do not). Both fixed at creation (archive/upsert.py).
   iceberg.<name>               forwarded to the table as the property <name> (iceberg.write.target-file-size-bytes).
 Every other explicit topic config is recorded on the table as `icelog.<key>` (FORWARD_PREFIX).
 """

@@ -11,11 +11,11 @@ archive: a contiguous offset range of one partition, written in offset order). T
 a partition's files in day-sized groups so time-bounded queries prune too, and ingest time is made
 monotonic per partition so a day never goes back.
 
-The `table` layout (icelog.archive.layout=table; columns in schema/archive/iceberg_types.py) follows the Fluss
+The `table` layout (icelog.archive.layout=table; columns in table/iceberg_types.py) follows the Fluss
 FIP: partition spec identity(__bucket), or identity(<partition.by columns>…) then identity(__bucket), or with a
 bucket key bucket(<col>, <Kafka partitions>) (the broker keeps each record in the partition equal to its bucket);
 sort order __offset ASC. A TableSpec carries what a layout decides about a table besides its columns, including
-the primary key of an upsert table (either layout; pipeline/upsert.py): such a table is Iceberg format v3,
+the primary key of an upsert table (either layout; archive/upsert.py): such a table is Iceberg format v3,
 merge-on-read, with write-audit-publish enabled (its data files are staged, then committed with their deletion
 vectors), and records its key in the table property `icelog.primary-key`. The layout is recorded in the table property
 `icelog.layout`, and a table keeps the layout it was created with.
@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from icelog.topic_configs.table import BUCKET, LAYOUT_RECORD, LAYOUT_TABLE, OFFSET, TableTopicConfig
+from icelog.table.config import BUCKET, LAYOUT_RECORD, LAYOUT_TABLE, OFFSET, TableTopicConfig
 
 # Spark SQL types of the columns, in table order.
 ARCHIVE_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -65,7 +65,7 @@ ARCHIVE_TABLE_PROPERTIES: dict[str, str] = {
 LAYOUT_PROPERTY = "icelog.layout"
 PRIMARY_KEY_PROPERTY = "icelog.primary-key"
 # Snapshot summary: the id of the topic an archive commit came from (a topic deleted and re-created under the same
-# name is another topic; its table must not be taken for the old one's: pipeline/reconcile.py, readback/source.py).
+# name is another topic; its table must not be taken for the old one's: archive/reconcile.py, readback/source.py).
 TOPIC_ID_PROPERTY = "icelog.archive.topic-id"
 # Snapshot summary: the next offset per Kafka partition the table covers, as JSON {"partition": offset, …}.
 OFFSETS_PROPERTY = "icelog.archive.offsets"
@@ -183,7 +183,7 @@ def archive_table_ddl(
 ) -> TableDDL:
     """CREATE NAMESPACE / CREATE TABLE / partition fields / sort order for an archive table.
 
-    `columns_ddl`: the layout's columns (pipeline/table_schema.py for topics with a Protobuf schema);
+    `columns_ddl`: the layout's columns (archive/table_schema.py for topics with a Protobuf schema);
     `properties`: the topic's forwarded properties, over the layout's own.
     """
     ident = quote_identifier(catalog, namespace, table)

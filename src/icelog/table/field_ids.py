@@ -16,12 +16,35 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from icelog.meta.store import TableColumn
 
-if TYPE_CHECKING:
-    from icelog.schema.archive.iceberg_types import Column
+@dataclass(frozen=True)
+class TableColumn:
+    """One column of an archive table with a schema: its Iceberg field id, allocated once and kept.
+
+    `path` is the column's dotted path in the table ("value.amount", "value.tags.element"); `signature`
+    its type ("long", "struct", "list", ...); `deleted` marks a column no longer in the schema (kept, null).
+    """
+
+    path: str
+    field_id: int
+    signature: str
+    deleted: bool = False
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column as computed from a schema: its name, type signature and children.
+
+    signature: a primitive Iceberg type ("int", "decimal(20,0)", ...) or "struct" / "list" / "map";
+    children: a struct's fields, a list's ("element",), a map's ("key", "value").
+    """
+
+    name: str
+    signature: str
+    children: tuple[Column, ...] = ()
+
 
 FieldIdRecord = TableColumn
 PROMOTIONS = {("int", "long"), ("float", "double")}
