@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: serve test setup lint bench clean
+.PHONY: serve test setup lint docs bench clean
 
 serve: setup
 	$(VENV)/bin/icelog serve $(ARGS)
@@ -23,8 +23,12 @@ lint: setup
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
+# The manual (docs/, mkdocs.yml) as a site in site/; --strict: a link that points nowhere fails the build.
+docs: setup
+	$(VENV)/bin/mkdocs build --strict
+
 bench: setup
 	$(PY) bench/broker_bench.py
 
 clean:
-	rm -rf $(VENV) icelog-data
+	rm -rf $(VENV) icelog-data site

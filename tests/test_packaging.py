@@ -122,9 +122,9 @@ def test_every_runtime_import_is_a_runtime_dependency() -> None:
 
 
 def readme_dependency_rows() -> dict[str, set[str]]:
-    """README's "Dependencies and why" table: package name → its rows' kinds (runtime, dev, Debian)."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Dependencies and why", 1)[1].split("\n## ", 1)[0]
+    """The manual's "Dependencies and why" table: package name → its rows' kinds (runtime, dev, Debian)."""
+    text = (ROOT / "docs" / "dependencies.md").read_text()
+    section = text.split("# Dependencies and why", 1)[1].split("\n## ", 1)[0]
     rows: dict[str, set[str]] = {}
     for line in section.splitlines():
         if not line.startswith("| ") or line.startswith(("| package", "|---")):
@@ -144,14 +144,14 @@ def test_readme_explains_every_dependency() -> None:
     documented = {name for name, kinds in rows.items() if "runtime" in kinds}
     dependencies = runtime_dependencies()
     missing = sorted(dependencies - documented)
-    assert not missing, f"README's dependency table does not explain {missing}"
+    assert not missing, f"docs/dependencies.md's table does not explain {missing}"
     assert not documented - dependencies, (
-        f"README's dependency table lists {sorted(documented - dependencies)} as runtime dependencies, "
+        f"docs/dependencies.md's table lists {sorted(documented - dependencies)} as runtime dependencies, "
         "but pyproject.toml's [project].dependencies does not"
     )
     dev_only = {requirement_name(r) for r in project()["optional-dependencies"]["dev"]} - dependencies
     undocumented_dev = {name for name in dev_only if "dev" not in rows.get(name, set())}
-    assert not undocumented_dev, f"README's dependency table does not list dev packages {sorted(undocumented_dev)}"
+    assert not undocumented_dev, f"docs/dependencies.md's table does not list dev packages {sorted(undocumented_dev)}"
 
 
 # -- the wheel, installed without extras ------------------------------------------------------------------------
