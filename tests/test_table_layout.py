@@ -284,7 +284,7 @@ def test_bucket_key_keeps_kafka_partitions_equal_to_iceberg_buckets(
     create_topic(lake_broker, topic, 4, {"icelog.archive.layout": "table", "icelog.table.bucket.key": "order_id"})
     value_of = serializer(lake_broker, tl_pb, topic)
     sent = orders(tl_pb, 40)
-    # The README's partitioner: Iceberg's bucket of the column, computed by the producer.
+    # The partitioner of docs/table-layout.md: Iceberg's bucket of the column, computed by the producer.
     assert set(send(lake_broker, topic, [(None, value_of(o), bucket_of("long", o.order_id, 4)) for o in sent])) == {
         None
     }
@@ -329,7 +329,7 @@ def test_bucket_key_keeps_kafka_partitions_equal_to_iceberg_buckets(
 
 
 def test_bucket_function_is_sparks(lake_spark: Any) -> None:
-    """pyiceberg's bucket function (produce-time check, README partitioner) against Spark's system.bucket."""
+    """pyiceberg's bucket function (produce-time check, docs/table-layout.md's partitioner) against system.bucket."""
     cases: list[tuple[str, str, Any]] = []
     for n in (-(2**31), -7, 0, 1, 34, 2**31 - 1):
         cases.append(("int", f"CAST({n} AS INT)", n))

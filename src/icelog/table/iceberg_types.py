@@ -1,6 +1,6 @@
 """Protobuf message descriptors → Iceberg column trees, and column records → pyiceberg / Arrow / Spark types.
 
-Pure functions: no registry, no catalog, no Spark. The mapping (README "Protobuf topics"):
+Pure functions: no registry, no catalog, no Spark. The mapping (docs/protobuf.md, "Type mapping"):
   int32, sint32, sfixed32 → int;  uint32, int64, sint64, sfixed64, fixed32 → long;
   uint64, fixed64 → decimal(20,0) (exact: a long would wrap above 2^63-1);
   float → float; double → double; bool → boolean; string → string; bytes → binary;

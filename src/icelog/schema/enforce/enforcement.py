@@ -262,7 +262,7 @@ class Enforcer:
             return None
         return (
             f"{column}={cell!r} belongs in partition {bucket} (Iceberg bucket({column}, {buckets})), not {partition}; "
-            "partition records with Iceberg's bucket function (README: Table topics)"
+            "partition records with Iceberg's bucket function (docs/table-layout.md: Table topics)"
         )
 
     async def check_table_configs(self, topic: str, configs: Mapping[str, str]) -> None:
