@@ -1,4 +1,5 @@
-"""Shared fixtures: a real icelog broker process on a free port, with its own data directory."""
+"""Shared fixtures: a real icelog broker process on a free port, with its own data directory; a metadata store
+of every backend."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from icelog.meta.store import MetadataStore
 
 # Session fixtures of the Spark archive tests (one broker, one Spark session): tests/archive_fixtures.py
 pytest_plugins = ["archive_fixtures"]
@@ -110,3 +115,36 @@ def topic_name(request: pytest.FixtureRequest) -> str:
     """A topic name unique to the test."""
     name = request.node.name.replace("[", "-").replace("]", "").replace("/", "-")
     return f"t-{name}"[:200]
+
+
+# -- the metadata store, once per backend (the behaviour suite: tests/test_meta_store*.py) ------------------
+# A backend joins by one entry: a function from the test's temporary directory to a store URL; opening that
+# URL twice must reach the same database. Every test that takes `store` or `open_same_store` runs per entry.
+STORE_BACKENDS: dict[str, Callable[[Path], str]] = {
+    "sqlite": lambda tmp: f"sqlite:///{tmp / 'meta.db'}",
+}
+
+OpenStore = Callable[[], "MetadataStore"]
+
+
+@pytest.fixture(params=sorted(STORE_BACKENDS))
+def open_same_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenStore]:
+    """Opens (or re-opens) the one database of this test; every store opened is closed afterwards."""
+    from icelog.meta.backends import open_store
+
+    url = STORE_BACKENDS[request.param](tmp_path)
+    opened: list[MetadataStore] = []
+
+    def open_() -> MetadataStore:
+        opened.append(open_store(url))
+        return opened[-1]
+
+    yield open_
+    for store in opened:
+        store.close()  # closing twice is allowed (a test may have closed it already)
+
+
+@pytest.fixture
+def store(open_same_store: OpenStore) -> MetadataStore:
+    """A new, empty metadata store of the backend under test."""
+    return open_same_store()

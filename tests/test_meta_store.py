@@ -1,46 +1,19 @@
 """The metadata store behaviour suite: every backend must pass it unchanged.
 
-Tests talk only to the MetadataStore interface. A backend joins by one entry in BACKENDS: a function from
-the test's temporary directory to a store URL; opening that URL twice must reach the same database.
+Tests talk only to the MetadataStore interface. The `store` and `open_same_store` fixtures (tests/conftest.py)
+run each test once per backend in STORE_BACKENDS.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
+from conftest import OpenStore
 
 from icelog.errors import StoreError, TopicExistsError, UnknownTopicError
-from icelog.meta.backends import open_store
 from icelog.meta.store import IntakeChunk, IntakeTail, MetadataStore, TopicRecord
-
-BACKENDS: dict[str, Callable[[Path], str]] = {
-    "sqlite": lambda tmp: f"sqlite:///{tmp / 'meta.db'}",
-}
-
-OpenStore = Callable[[], MetadataStore]
-
-
-@pytest.fixture(params=sorted(BACKENDS))
-def open_same_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenStore]:
-    """Opens (or re-opens) the one database of this test; every store opened is closed afterwards."""
-    url = BACKENDS[request.param](tmp_path)
-    opened: list[MetadataStore] = []
-
-    def open_() -> MetadataStore:
-        opened.append(open_store(url))
-        return opened[-1]
-
-    yield open_
-    for store in opened:
-        store.close()  # closing twice is allowed (a test may have closed it already)
-
-
-@pytest.fixture
-def store(open_same_store: OpenStore) -> MetadataStore:
-    return open_same_store()
 
 
 def chunk(topic_id: uuid.UUID, partition: int, base: int, end: int, file_id: int = 1, position: int = 56,

@@ -1,18 +1,16 @@
 """Metadata-store behaviour for committed offsets, producer ids and transaction state (every backend).
 
-Uses the backend list and fixtures of tests/test_meta_store.py, so a new backend is covered by both.
+Runs once per backend in STORE_BACKENDS (the `store` and `open_same_store` fixtures of tests/conftest.py).
 """
 
 from __future__ import annotations
 
-from test_meta_store import BACKENDS, OpenStore, open_same_store, store  # noqa: F401  (fixtures)
+from conftest import OpenStore
 
 from icelog.meta.store import CommittedOffset, MetadataStore, TransactionRecord
 
-assert BACKENDS
 
-
-def test_committed_offsets_replace_per_partition_and_survive_reopen(open_same_store: OpenStore) -> None:  # noqa: F811
+def test_committed_offsets_replace_per_partition_and_survive_reopen(open_same_store: OpenStore) -> None:
     first = open_same_store()
     first.commit_offsets("g", {("t", 0): CommittedOffset(5, "m", 1), ("t", 1): CommittedOffset(7)})
     first.commit_offsets("g", {("t", 0): CommittedOffset(9, "", 2)})
@@ -24,7 +22,7 @@ def test_committed_offsets_replace_per_partition_and_survive_reopen(open_same_st
     assert again.committed_offsets("nobody") == {}
 
 
-def test_delete_offsets_of_some_partitions_or_a_whole_group(store: MetadataStore) -> None:  # noqa: F811
+def test_delete_offsets_of_some_partitions_or_a_whole_group(store: MetadataStore) -> None:
     store.commit_offsets("g", {("t", 0): CommittedOffset(1), ("t", 1): CommittedOffset(2)})
     store.delete_offsets("g", [("t", 0), ("missing", 3)])
     assert store.committed_offsets("g") == {("t", 1): CommittedOffset(2)}
@@ -33,7 +31,7 @@ def test_delete_offsets_of_some_partitions_or_a_whole_group(store: MetadataStore
     assert store.offset_groups() == []
 
 
-def test_producer_id_blocks_never_overlap_even_after_reopen(open_same_store: OpenStore) -> None:  # noqa: F811
+def test_producer_id_blocks_never_overlap_even_after_reopen(open_same_store: OpenStore) -> None:
     first = open_same_store()
     a = first.allocate_producer_ids(10)
     b = first.allocate_producer_ids(5)
@@ -44,7 +42,7 @@ def test_producer_id_blocks_never_overlap_even_after_reopen(open_same_store: Ope
     assert min(a, b, c) >= 0
 
 
-def test_transaction_state_round_trips(open_same_store: OpenStore) -> None:  # noqa: F811
+def test_transaction_state_round_trips(open_same_store: OpenStore) -> None:
     first = open_same_store()
     record = TransactionRecord(
         "txn", 42, 3, 60000, "PrepareCommit", (("t", 0), ("u", 2)),

@@ -39,20 +39,22 @@ class Broker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        self.logs = LogManager(settings, open_store(settings.metadata_url))
+        # The whole store; each part below is handed the slices it uses (the log closes it on shutdown).
+        self.store = open_store(settings.metadata_url)
+        self.logs = LogManager(settings, self.store)
         host = settings.advertised_host or _advertisable(settings.host)
         self.state = BrokerState(settings, self.logs, host, settings.port)
-        self.groups = GroupCoordinator(self.logs.store, GroupSettings(
+        self.groups = GroupCoordinator(self.store, GroupSettings(
             settings.group_initial_rebalance_delay_ms, settings.group_min_session_timeout_ms,
             settings.group_max_session_timeout_ms,
         ))
         self.transactions = TransactionCoordinator(
-            self.logs.store, self.logs, self.groups, settings.transaction_max_timeout_ms
+            self.store, self.logs, self.groups, settings.transaction_max_timeout_ms
         )
         self.state.groups, self.state.transactions = self.groups, self.transactions
         self.server = KafkaServer(self.state)
         # The embedded schema registry, unless an external one is configured (registry_url).
-        self.registry_service = RegistryService(self.logs.store)
+        self.registry_service = RegistryService(self.store)
         self.registry = RegistryServer(self.registry_service) if settings.serves_registry else None
         self.schema_source: SchemaSource = LocalSchemaSource(self.registry_service)
         if settings.registry_url:
@@ -63,7 +65,7 @@ class Broker:
         self.archiver: ArchiverProcess | None = None
         # Read-back: partitions of archived topics serve offsets below the intake from the Iceberg table.
         schemas = (RegistryClient(settings.registry_url) if settings.registry_url
-                   else StoreSchemaSource(self.logs.store))
+                   else StoreSchemaSource(self.store))
         self.readback = ReadBack(settings, schemas)
         if self.readback.enabled:
             self.logs.older_sources = self._older_sources
@@ -168,7 +170,7 @@ class Broker:
         """Keep the back-pressure counters current (log/pressure.py): store and disk reads off the event loop."""
         while True:
             try:
-                states = await asyncio.to_thread(self.logs.store.archive_states)
+                states = await asyncio.to_thread(self.store.archive_states)
                 unarchived = await asyncio.to_thread(self.logs.count_unarchived, states)
                 free = await asyncio.to_thread(lambda: shutil.disk_usage(self.settings.data_dir).free)
                 self.logs.apply_pressure(unarchived, free)

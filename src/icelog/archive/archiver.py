@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from icelog.archive.dead_letter import dead_letter_counts, dlq_table_name, is_worker_failure, write_dead_letters
 from icelog.archive.decode import find_dead_letters
@@ -49,7 +49,8 @@ from icelog.errors import IcelogError
 from icelog.faults import armed, fault_point
 from icelog.lake import iceberg_java
 from icelog.lake.warm_workers import ARROW, RDD, WorkerKeeper
-from icelog.meta.store import IntakeChunk, MetadataStore, PartitionRecord, TopicRecord
+from icelog.meta.registry import RegistryStore
+from icelog.meta.store import ArchiveLedger, IntakeChunk, IntakeIndex, PartitionRecord, TopicCatalog, TopicRecord
 from icelog.table.config import (
     ARCHIVE_LAYOUT,
     LAYOUT_RECORD,
@@ -108,6 +109,11 @@ class TopicBackoff:
 StableOffsetHook = Callable[[TopicRecord, PartitionRecord], int]
 
 
+class ArchiverStore(TopicCatalog, IntakeIndex, ArchiveLedger, RegistryStore, Protocol):
+    """What the archiver reads (topics, the intake index, the embedded registry's schemas) and records
+    (archive progress, errors, dead letters, table columns)."""
+
+
 class Archiver:
     """Runs archive passes with one SparkSession against one metadata store."""
 
@@ -115,7 +121,7 @@ class Archiver:
         self,
         settings: Settings,
         spark: Any,
-        store: MetadataStore,
+        store: ArchiverStore,
         stable_offset: StableOffsetHook | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from icelog.archive.archiver import first_line
 from icelog.archive.dead_letter import DLQ_SUFFIX
@@ -47,7 +47,7 @@ from icelog.config import SETTINGS_ENV, Settings
 from icelog.errors import IcelogError
 from icelog.faults import armed
 from icelog.lake.iceberg_java import load_table, table_properties
-from icelog.meta.store import MaintenanceRecord, MetadataStore
+from icelog.meta.store import ArchiveLedger, MaintenanceRecord, TopicCatalog
 from icelog.table.layout import quote_identifier
 from icelog.topic_configs.archive import archive_config, table_key
 
@@ -125,11 +125,15 @@ class DueTable:
     check_orphans: bool
 
 
+class MaintenanceStore(TopicCatalog, ArchiveLedger, Protocol):
+    """The topics (their tables are maintained) and the tables' last maintenance rounds."""
+
+
 class MaintenanceScheduler:
     """Finds due tables (`due_tables`, `run_due`); in the archiver, runs rounds in a child process (`poll`)."""
 
     def __init__(
-        self, settings: Settings, spark: Any, store: MetadataStore, clock: Callable[[], float] = time.time
+        self, settings: Settings, spark: Any, store: MaintenanceStore, clock: Callable[[], float] = time.time
     ) -> None:
         self.settings = settings
         self.spark = spark

@@ -5,10 +5,15 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Protocol
 
 from icelog.config import Settings
-from icelog.meta.store import MetadataStore
+from icelog.meta.store import ArchiveLedger, IntakeIndex, TopicCatalog
 from icelog.topic_configs.archive import archive_config
+
+
+class ProgressStore(TopicCatalog, IntakeIndex, ArchiveLedger, Protocol):
+    """What progress is read from: partitions' offsets, the unarchived chunks' totals, archive states."""
 
 
 @dataclass(frozen=True)
@@ -26,7 +31,7 @@ class ArchiveProgress:
 
 
 def archive_progress(
-    settings: Settings, store: MetadataStore, now_ms: int | None = None
+    settings: Settings, store: ProgressStore, now_ms: int | None = None
 ) -> dict[tuple[uuid.UUID, int], ArchiveProgress]:
     """Progress of every partition of every topic (disabled topics included, with enabled=False)."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms

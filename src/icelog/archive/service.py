@@ -13,12 +13,12 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from icelog.archive.archiver import Archiver, TopicPassResult, first_line
+from icelog.archive.archiver import Archiver, ArchiverStore, TopicPassResult, first_line
 from icelog.config import SETTINGS_ENV, Settings
 from icelog.meta.backends import open_store
-from icelog.meta.store import MetadataStore
+from icelog.meta.store import StoreConnection, TopicCatalog
 from icelog.topic_configs.archive import archive_config
 
 if TYPE_CHECKING:
@@ -44,17 +44,21 @@ def lower_priority(niceness: int, setting: str = "archive.nice") -> None:
         log.warning("could not set the CPU niceness to %d (%s): %s", niceness, setting, exc)
 
 
-def archived_topics_exist(settings: Settings, store: MetadataStore) -> bool:
+def archived_topics_exist(settings: Settings, store: TopicCatalog) -> bool:
     return any(
         archive_config(t.name, t.configs, settings.topic_defaults, settings.archive).enabled
         for t in store.list_topics()
     )
 
 
+class ArchiveServiceStore(ArchiverStore, StoreConnection, Protocol):
+    """The archiver's slices, and the connection the service closes when it stops."""
+
+
 class ArchiveService:
     """Runs passes until stopped; owns the Spark session and the metadata store connection."""
 
-    def __init__(self, settings: Settings, spark: Any = None, store: MetadataStore | None = None) -> None:
+    def __init__(self, settings: Settings, spark: Any = None, store: ArchiveServiceStore | None = None) -> None:
         self.settings = settings
         self.store = store or open_store(settings.metadata_url)
         self._spark = spark

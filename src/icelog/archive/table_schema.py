@@ -27,7 +27,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from google.protobuf import descriptor_pb2
 from google.protobuf.descriptor import Descriptor
@@ -36,7 +36,8 @@ from icelog.archive.plan import PlannedArchive
 from icelog.config import Settings
 from icelog.errors import IcelogError
 from icelog.lake import iceberg_java
-from icelog.meta.store import MetadataStore, TopicRecord
+from icelog.meta.registry import RegistryStore
+from icelog.meta.store import ArchiveLedger, TopicRecord
 from icelog.schema.codec.proto_decode import SideDecoding
 from icelog.schema.codec.registry_source import (
     SchemaSource,
@@ -223,10 +224,14 @@ def side_was_decoded(known: Sequence[TableColumn], side: str, is_table: bool) ->
     return any(c.path == err and not c.deleted for c in known)
 
 
+class TableSchemaStore(ArchiveLedger, RegistryStore, Protocol):
+    """The tables' column records (field ids), and the embedded registry's schemas."""
+
+
 class TableSchemas:
     """Per pass: the registry's latest schemas; per topic: the archive table's schema, kept current."""
 
-    def __init__(self, settings: Settings, spark: Any, store: MetadataStore) -> None:
+    def __init__(self, settings: Settings, spark: Any, store: TableSchemaStore) -> None:
         self.settings = settings
         self.spark = spark
         self.store = store

@@ -11,6 +11,7 @@ from icelog.archive.progress import ArchiveProgress, archive_progress
 from icelog.cli.archive import require_metadata
 from icelog.config import load_settings
 from icelog.meta.backends import open_store
+from icelog.meta.store import TopicCatalog
 
 ARCHIVE_COLUMNS = (
     "ARCHIVED-THROUGH", "LAG-RECORDS", "LAG-BYTES", "LAG-SECONDS", "LAST-COMMIT", "DEAD-LETTERS", "LAST-ERROR"
@@ -32,7 +33,7 @@ def _archive_cells(progress: ArchiveProgress | None) -> tuple[str, ...]:
     )
 
 
-def _table_ranges(settings: Any, store: Any) -> dict[str, dict[int, tuple[int, int, int]]]:
+def _table_ranges(settings: Any, store: TopicCatalog) -> dict[str, dict[int, tuple[int, int, int]]]:
     """Per archived topic (whose table the broker can read back): each partition's table offsets and bytes.
 
     One scan plan per table (manifests only, no data file is opened); a table that cannot be read shows

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from icelog.coordinator.group_model import Group, GroupSettings, GroupState, JoinResult, Member, SyncResult
 from icelog.errors import ErrorCode
 from icelog.faults import fault_point
-from icelog.meta.store import CommittedOffset, GroupOffsets, MetadataStore
+from icelog.meta.store import CommittedOffset, ConsumerOffsets, GroupOffsets
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ SWEEP_INTERVAL_S = 0.25
 class GroupCoordinator:
     """All consumer groups of this broker (event loop thread only)."""
 
-    def __init__(self, store: MetadataStore, settings: GroupSettings | None = None) -> None:
+    def __init__(self, store: ConsumerOffsets, settings: GroupSettings | None = None) -> None:
         self.store = store
         self.settings = settings or GroupSettings()
         self.groups: dict[str, Group] = {}

@@ -28,7 +28,7 @@ from icelog.coordinator.groups import GroupCoordinator
 from icelog.errors import ErrorCode, KafkaApiError
 from icelog.faults import fault_point
 from icelog.log.manager import LogManager
-from icelog.meta.store import GroupOffsets, MetadataStore, TransactionRecord
+from icelog.meta.store import GroupOffsets, TransactionLog, TransactionRecord
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class TransactionCoordinator:
     """Every transactional id of this broker (event loop thread only)."""
 
     def __init__(
-        self, store: MetadataStore, logs: LogManager, groups: GroupCoordinator, max_timeout_ms: int = 900000
+        self, store: TransactionLog, logs: LogManager, groups: GroupCoordinator, max_timeout_ms: int = 900000
     ) -> None:
         self.store = store
         self.logs = logs

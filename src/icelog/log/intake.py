@@ -27,7 +27,7 @@ from pathlib import Path
 from icelog.config import IntakeSettings
 from icelog.errors import ErrorCode, KafkaApiError
 from icelog.log import intake_file
-from icelog.meta.store import IntakeChunk, IntakeTail, MetadataStore
+from icelog.meta.store import IntakeChunk, IntakeIndex, IntakeTail
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class IntakeWriter:
     def __init__(
         self,
         directory: Path,
-        store: MetadataStore,
+        store: IntakeIndex,
         settings: IntakeSettings,
         on_durable: Callable[[list[IntakeChunk]], None],
     ) -> None:

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from icelog.config import Settings
 from icelog.errors import ErrorCode, KafkaApiError, StoreError, TopicExistsError, UnknownTopicError
@@ -23,7 +24,17 @@ from icelog.log.partition import OffsetRangeSource, PartitionLog
 from icelog.log.producers import iter_stored_headers
 from icelog.log.snapshots import decode_state, encode_state
 from icelog.log.transactions import encode_marker_batch, marker_type
-from icelog.meta.store import ArchiveState, IntakeChunk, MetadataStore, ProducerSnapshot, TopicRecord
+from icelog.meta.store import (
+    ArchiveLedger,
+    ArchiveState,
+    IntakeChunk,
+    IntakeIndex,
+    ProducerSnapshot,
+    ProducerSnapshots,
+    StoreConnection,
+    TopicCatalog,
+    TopicRecord,
+)
 from icelog.table.config import BUCKET_KEY, table_config
 from icelog.topic_configs.archive import archive_config
 from icelog.topics import (
@@ -43,6 +54,11 @@ OnLoop = Callable[[Callable[[], None]], None]  # runs a change to in-memory part
 
 def _inline(change: Callable[[], None]) -> None:
     change()
+
+
+class LogStore(TopicCatalog, IntakeIndex, ArchiveLedger, ProducerSnapshots, StoreConnection, Protocol):
+    """The metadata the log keeps (topics, the intake index, producer snapshots) and reads (archive progress,
+    so retention and back-pressure count only what the table holds); it closes the store it is handed."""
 
 
 @dataclass
@@ -71,7 +87,7 @@ class AppendResult:
 class LogManager:
     """Owns the intake writer and every partition log; all mutations go through here."""
 
-    def __init__(self, settings: Settings, store: MetadataStore) -> None:
+    def __init__(self, settings: Settings, store: LogStore) -> None:
         self.settings = settings
         self.store = store
         self.intake_dir = Path(settings.data_dir) / "intake"

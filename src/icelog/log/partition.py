@@ -17,7 +17,7 @@ from icelog.errors import ErrorCode, KafkaApiError
 from icelog.log.batch import batch_max_timestamp, empty_batch, first_record_at_or_after, iter_stored_batches
 from icelog.log.producers import ProducerStateTable
 from icelog.log.transactions import AbortedRange, TxnIndex
-from icelog.meta.store import IntakeChunk
+from icelog.meta.store import IntakeChunk, IntakeIndex
 
 _BATCH_CACHE_CHUNKS = 64
 _PAGE_CHUNKS = 256  # chunk rows looked up from the store at a time (fewer when the cache is smaller)
@@ -29,20 +29,6 @@ class ChunkReader(Protocol):
     def read_chunk(self, chunk: IntakeChunk) -> bytes: ...
 
     def read_range(self, chunk: IntakeChunk, offset_in_chunk: int, length: int) -> bytes: ...
-
-
-class ChunkIndexStore(Protocol):
-    """The durable intake index (the metadata store) a partition looks its older chunks up in."""
-
-    def intake_chunks_after(
-        self, topic_id: uuid.UUID, partition: int, offset: int, limit: int
-    ) -> list[IntakeChunk]: ...
-
-    def intake_chunks_by_time(
-        self, topic_id: uuid.UUID, partition: int, offset: int, timestamp_ms: int, limit: int
-    ) -> list[IntakeChunk]: ...
-
-    def intake_max_timestamp_chunk(self, topic_id: uuid.UUID, partition: int) -> IntakeChunk | None: ...
 
 
 @dataclass
@@ -96,7 +82,7 @@ class PartitionLog:
         log_start_offset: int,
         high_watermark: int,
         reader: ChunkReader,
-        index: ChunkIndexStore,
+        index: IntakeIndex,  # the durable index older chunks are paged in from
         intake_bytes: int = 0,
         cache_chunks: int = 4096,
     ) -> None:

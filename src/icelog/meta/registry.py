@@ -1,14 +1,16 @@
 """The schema registry's part of the metadata store: schemas by global id, subject versions, compatibility.
 
-Kept apart from `store.py` so the registry's records and methods read as one unit; `MetadataStore`
-inherits these methods and every backend implements them (each one atomic transaction).
+Kept apart from `store.py` so the registry's records and methods read as one unit: `RegistryStore` is the
+registry's slice of the metadata store; `MetadataStore` includes it and every backend implements it (each
+method one atomic transaction).
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from icelog.errors import StoreError
 
@@ -47,8 +49,9 @@ class RegistryConflictError(StoreError):
     """The subject gained a version since the caller read it (the compatibility check must be redone)."""
 
 
-class RegistryStore(ABC):
-    """Durable schema-registry state."""
+@runtime_checkable
+class RegistryStore(Protocol):
+    """Durable schema-registry state: schemas by global id, subject versions, compatibility levels."""
 
     @abstractmethod
     def registry_add_version(

@@ -1,11 +1,17 @@
-"""The metadata store interface. Every method is one atomic transaction in every backend."""
+"""The metadata store interface: its records, and its methods cut into slices by the data they keep.
+
+Every method is one atomic transaction in every backend. `MetadataStore` is every slice; a backend implements
+it, a consumer depends on the slices it uses (TopicCatalog, IntakeIndex, ArchiveLedger, ConsumerOffsets,
+TransactionLog, ProducerSnapshots, RegistryStore in meta/registry.py, StoreConnection).
+"""
 
 from __future__ import annotations
 
 import uuid
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 from icelog.meta.registry import RegistryStore
 from icelog.table.field_ids import TableColumn
@@ -149,16 +155,15 @@ class MaintenanceRecord:
     orphans_checked_ms: int = -1
 
 
-class MetadataStore(RegistryStore, ABC):
-    """Durable metadata shared by every layer. Each method commits atomically or raises StoreError.
+# -- the slices: each consumer depends on the one (or the few) it uses ---------------------------------
+# Protocols, so a consumer or a test may pass any object with these methods; a backend subclasses
+# MetadataStore (all of them), and the abstract methods make a missing one fail at construction.
 
-    Writes a client is answered about (topics, producer-id blocks, committed offsets, transactions,
-    registry writes, intake trims) are durable against power loss when the method returns.
 
-    The schema registry's methods (`registry_*`) are declared in meta/registry.py.
-    """
+@runtime_checkable
+class TopicCatalog(Protocol):
+    """Topics, their partitions (offsets and intake totals) and explicitly set configs."""
 
-    # -- topics --------------------------------------------------------------------------------
     @abstractmethod
     def create_topic(self, name: str, partitions: int, configs: Mapping[str, str]) -> TopicRecord:
         """Create a topic with empty partitions; TopicExistsError if the name is taken."""
@@ -185,12 +190,16 @@ class MetadataStore(RegistryStore, ABC):
     def list_topics(self) -> list[TopicRecord]:
         """All topics, sorted by name."""
 
-    # -- partitions ----------------------------------------------------------------------------
     @abstractmethod
     def partitions(self, topic_id: uuid.UUID) -> list[PartitionRecord]:
         """The partitions of a topic, ordered by partition number."""
 
-    # -- intake index --------------------------------------------------------------------------
+
+@runtime_checkable
+class IntakeIndex(Protocol):
+    """Where each partition's record batches lie in the intake files, the tail recovery rescans from, and
+    the log starts that trims and Kafka retention move."""
+
     @abstractmethod
     def commit_intake(self, chunks: Iterable[IntakeChunk], tail: IntakeTail) -> None:
         """Index chunks that are durable on disk, advance high watermarks and record the tail.
@@ -257,7 +266,12 @@ class MetadataStore(RegistryStore, ABC):
     def move_retention_start(self, topic_id: uuid.UUID, partition: int, offset: int) -> None:
         """Move the consumer-visible log start of an archived partition forward (never back); durable."""
 
-    # -- archive state -------------------------------------------------------------------------
+
+@runtime_checkable
+class ArchiveLedger(Protocol):
+    """What the archiver records beside the Iceberg tables: progress and errors per partition, dead-letter
+    counts, the tables' column records (field ids) and their last maintenance rounds."""
+
     @abstractmethod
     def archive_states(self, topic_id: uuid.UUID | None = None) -> list[ArchiveState]:
         """Recorded archive progress (of one topic, or all), ordered by topic and partition."""
@@ -281,23 +295,6 @@ class MetadataStore(RegistryStore, ABC):
     ) -> None:
         """Record why the last archive attempt of these partitions failed."""
 
-    # -- consumer groups ---------------------------------------------------------------------------
-    @abstractmethod
-    def commit_offsets(self, group_id: str, offsets: GroupOffsets) -> None:
-        """Store committed offsets of a group (replacing earlier commits of the same partitions)."""
-
-    @abstractmethod
-    def committed_offsets(self, group_id: str) -> GroupOffsets:
-        """Every committed offset of a group (empty if none)."""
-
-    @abstractmethod
-    def offset_groups(self) -> list[str]:
-        """Ids of the groups that have committed offsets, sorted."""
-
-    @abstractmethod
-    def delete_offsets(self, group_id: str, partitions: Iterable[tuple[str, int]] | None = None) -> None:
-        """Drop committed offsets of some partitions of a group, or all of them (None)."""
-
     # -- archive table columns (field ids of tables with a Protobuf schema) ----------------------
     @abstractmethod
     def table_columns(self, table: str) -> list[TableColumn]:
@@ -316,7 +313,32 @@ class MetadataStore(RegistryStore, ABC):
     def maintenance_records(self) -> dict[str, MaintenanceRecord]:
         """The last maintenance round of every table that had one, by table name."""
 
-    # -- producers and transactions ----------------------------------------------------------------
+
+@runtime_checkable
+class ConsumerOffsets(Protocol):
+    """Consumer groups' committed offsets (Kafka's `__consumer_offsets`)."""
+
+    @abstractmethod
+    def commit_offsets(self, group_id: str, offsets: GroupOffsets) -> None:
+        """Store committed offsets of a group (replacing earlier commits of the same partitions)."""
+
+    @abstractmethod
+    def committed_offsets(self, group_id: str) -> GroupOffsets:
+        """Every committed offset of a group (empty if none)."""
+
+    @abstractmethod
+    def offset_groups(self) -> list[str]:
+        """Ids of the groups that have committed offsets, sorted."""
+
+    @abstractmethod
+    def delete_offsets(self, group_id: str, partitions: Iterable[tuple[str, int]] | None = None) -> None:
+        """Drop committed offsets of some partitions of a group, or all of them (None)."""
+
+
+@runtime_checkable
+class TransactionLog(Protocol):
+    """The transaction coordinator's state: producer-id blocks and each transactional id's transaction."""
+
     @abstractmethod
     def allocate_producer_ids(self, count: int) -> int:
         """Reserve `count` never-used producer ids; return the first."""
@@ -329,7 +351,11 @@ class MetadataStore(RegistryStore, ABC):
     def transactions(self) -> list[TransactionRecord]:
         """The state of every transactional id, sorted by id."""
 
-    # -- producer-state snapshots ------------------------------------------------------------------
+
+@runtime_checkable
+class ProducerSnapshots(Protocol):
+    """Each partition's producer and transaction-index state at an offset, so start-up replays less."""
+
     @abstractmethod
     def save_producer_snapshots(self, snapshots: Iterable[ProducerSnapshot]) -> None:
         """Store partitions' producer-state snapshots (a snapshot never replaces a newer one)."""
@@ -338,6 +364,27 @@ class MetadataStore(RegistryStore, ABC):
     def producer_snapshots(self) -> list[ProducerSnapshot]:
         """The latest snapshot of every partition that has one."""
 
+
+@runtime_checkable
+class StoreConnection(Protocol):
+    """An open store: whoever opened it, or was handed it to own, closes it."""
+
     @abstractmethod
     def close(self) -> None:
         """Release connections."""
+
+
+@runtime_checkable
+class MetadataStore(
+    TopicCatalog, IntakeIndex, ArchiveLedger, ConsumerOffsets, TransactionLog, ProducerSnapshots, RegistryStore,
+    StoreConnection, Protocol,
+):
+    """Durable metadata shared by every layer: every slice above. Each method commits atomically or raises
+    StoreError. A backend subclasses this class; a consumer takes the slice it uses.
+
+    Writes a client is answered about (topics, producer-id blocks, committed offsets, transactions,
+    registry writes, intake trims) are durable against power loss when the method returns.
+
+    The schema registry's methods (`registry_*`) are declared in meta/registry.py. Declare no method here:
+    a new one goes into the slice of the data it keeps (tests/test_meta_slices.py checks).
+    """

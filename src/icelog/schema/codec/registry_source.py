@@ -11,10 +11,11 @@ writes the payload's `__err__` row).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from google.protobuf import descriptor_pb2
 
+from icelog.meta.registry import RegistryStore
 from icelog.schema.registry_client import (
     CompiledCache,
     LatestSchema,
@@ -48,7 +49,9 @@ class SchemaSource(Protocol):
 class StoreSchemaSource(CompiledCache):
     """The embedded registry's state, read from the metadata store (no HTTP, no broker process)."""
 
-    def __init__(self, store: Any, compiled: dict[int, descriptor_pb2.FileDescriptorSet] | None = None) -> None:
+    def __init__(
+        self, store: RegistryStore, compiled: dict[int, descriptor_pb2.FileDescriptorSet] | None = None
+    ) -> None:
         super().__init__(compiled)
         from icelog.schema.registry.service import RegistryService
 
@@ -80,7 +83,7 @@ class StoreSchemaSource(CompiledCache):
         return fds
 
 
-def open_source(spec: SourceSpec, store: Any = None) -> SchemaSource:
+def open_source(spec: SourceSpec, store: RegistryStore | None = None) -> SchemaSource:
     """The schema source a spec names; a worker opens the metadata store itself (`store` None)."""
     if spec.kind == "http":
         return RegistryClient(spec.location)
