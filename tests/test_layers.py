@@ -35,7 +35,8 @@ def test_a_wrong_way_import_breaks_a_contract(tmp_path: Path) -> None:
     src = tmp_path / "src"
     shutil.copytree(ROOT / "src" / "icelog", src / "icelog", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
     log_module = src / "icelog" / "log" / "pressure.py"
-    log_module.write_text(log_module.read_text() + "\n\ndef _wrong() -> None:\n    from icelog.wire import server  # noqa\n")
+    wrong = "\n\ndef _wrong() -> None:\n    from icelog.wire import server  # noqa\n"
+    log_module.write_text(log_module.read_text() + wrong)
     spec_module = src / "icelog" / "table" / "layout.py"
     spec_module.write_text(spec_module.read_text() + "\nif False:\n    import pyspark  # noqa\n")
     result = run_lint(src, tmp_path / "cache")
