@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from icelog.archive.dead_letter import dead_letter_counts, dlq_table_name, is_worker_failure, write_dead_letters
 from icelog.archive.decode import find_dead_letters
@@ -68,6 +68,9 @@ from icelog.table.layout import (
     table_spec,
 )
 from icelog.topic_configs.archive import ARCHIVE_TABLE, ArchiveTopicConfig, archive_config, table_key
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +117,7 @@ class Archiver:
     def __init__(
         self,
         settings: Settings,
-        spark: Any,
+        spark: SparkSession,
         store: MetadataStore,
         stable_offset: StableOffsetHook | None = None,
         clock: Callable[[], float] = time.time,

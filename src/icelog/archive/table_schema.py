@@ -27,7 +27,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import descriptor_pb2
 from google.protobuf.descriptor import Descriptor
@@ -78,6 +78,9 @@ from icelog.table.layout import RECORD_SPEC, TableSpec, archive_table_ddl
 from icelog.table.rules import check_spec_columns
 from icelog.topic_configs.archive import ArchiveTopicConfig
 from icelog.topic_configs.schema import MODE_AUTO, SIDES, key_of, side_config
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +229,7 @@ def side_was_decoded(known: Sequence[TableColumn], side: str, is_table: bool) ->
 class TableSchemas:
     """Per pass: the registry's latest schemas; per topic: the archive table's schema, kept current."""
 
-    def __init__(self, settings: Settings, spark: Any, store: MetadataStore) -> None:
+    def __init__(self, settings: Settings, spark: SparkSession, store: MetadataStore) -> None:
         self.settings = settings
         self.spark = spark
         self.store = store

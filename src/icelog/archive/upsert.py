@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -55,6 +55,9 @@ from icelog.table.config import (
     VALUE_PREFIX,
 )
 from icelog.table.layout import PRIMARY_KEY_PROPERTY, TableSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +93,7 @@ def partition_column(spec: TableSpec) -> str:
 
 
 def write_upserts(
-    spark: Any,
+    spark: SparkSession,
     table_name: str,
     rows: PassRows,
     spec: TableSpec,
@@ -282,7 +285,9 @@ class _Stages:
         return " ".join(f"{stage} {seconds:.2f}s" for stage, seconds in self._spent)
 
 
-def refresh_index(spark: Any, table_name: str, spec: TableSpec, index: PrimaryKeyIndex, base: int | None) -> bool:
+def refresh_index(
+    spark: SparkSession, table_name: str, spec: TableSpec, index: PrimaryKeyIndex, base: int | None
+) -> bool:
     """Bring the index to the table's snapshot `base`; returns whether it had to be rebuilt.
 
     The snapshots since the index's are followed one by one when each is a REPLACE (external compaction:
@@ -316,7 +321,7 @@ def refresh_index(spark: Any, table_name: str, spec: TableSpec, index: PrimaryKe
     return True
 
 
-def follow_snapshots(spark: Any, table_name: str, spec: TableSpec, index: PrimaryKeyIndex, known: int) -> bool:
+def follow_snapshots(spark: SparkSession, table_name: str, spec: TableSpec, index: PrimaryKeyIndex, known: int) -> bool:
     """Follow the REPLACE, APPEND, DELETE and overwrite snapshots since `known`; False if another kind comes (or
     `known` is not an ancestor, a REPLACE comes while stale rows wait for their deletion vector, or a DELETE or
     overwrite is not one _follow_delta follows): the caller rebuilds instead.
@@ -386,7 +391,7 @@ def _follow_delta(table: iceberg_java.JavaTable, table_name: str, spec: TableSpe
     return True
 
 
-def write_data_files(spark: Any, table: iceberg_java.JavaTable, rows: PassRows) -> list[WrittenFile]:
+def write_data_files(spark: SparkSession, table: iceberg_java.JavaTable, rows: PassRows) -> list[WrittenFile]:
     """Decode and write the pass's rows as data files of the table (as loaded), in one Spark job; commit nothing."""
     return write_files(spark, iceberg_java.metadata_location(table), rows.tasks, rows.decode, rows.io_properties)
 

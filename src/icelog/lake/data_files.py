@@ -18,7 +18,10 @@ import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 BUFFERED_BYTES = 256 << 20  # a task's decoded rows held before they are written out (Arrow bytes)
 ROW_GROUP_BYTES = "write.parquet.row-group-size-bytes"  # Iceberg's (Java writers') row-group size
@@ -38,7 +41,7 @@ class WrittenFile:
 
 
 def write_data_files(
-    spark: Any, metadata_location: str, tasks: int, decode: Callable[[Iterable[int]], Iterator[Any]],
+    spark: SparkSession, metadata_location: str, tasks: int, decode: Callable[[Iterable[int]], Iterator[Any]],
     io_properties: Mapping[str, str],
 ) -> list[WrittenFile]:
     """Decode and write the rows of tasks 0..tasks-1 (`decode` yields a task's rows as Arrow batches) as data files
