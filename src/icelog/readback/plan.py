@@ -222,7 +222,8 @@ def _raw_layout(schema: Schema, layout: Layout) -> bool:
     if layout.table:
         return VALUE_PREFIX not in {f.name for f in schema.fields}
     return all(
-        [f.name for f in cast("StructType", schema.find_field(side).field_type).fields] == [RAW] for side in ("key", "value")
+        [f.name for f in cast("StructType", schema.find_field(side).field_type).fields] == [RAW]
+        for side in ("key", "value")
     )
 
 
