@@ -27,7 +27,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from google.protobuf import descriptor_pb2
 from google.protobuf.descriptor import Descriptor
@@ -80,6 +80,8 @@ from icelog.topic_configs.archive import ArchiveTopicConfig
 from icelog.topic_configs.schema import MODE_AUTO, SIDES, key_of, side_config
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.schema import Schema
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
@@ -124,7 +126,7 @@ class ArchiveSchema:
     def spark_ddl(self) -> str:
         return spark_ddl(self.columns)
 
-    def arrow_schema(self) -> Any:
+    def arrow_schema(self) -> pa.Schema:
         return arrow_schema(self.columns)
 
 
@@ -413,7 +415,7 @@ class TableSchemas:
         self,
         config: ArchiveTopicConfig,
         table_name: str,
-        computed: Any,
+        computed: Sequence[Column],
         spec: TableSpec = RECORD_SPEC,
         properties: dict[str, str] | None = None,
     ) -> list[TableColumn]:
@@ -443,7 +445,7 @@ class TableSchemas:
         return columns
 
 
-def _schema_from_json(text: str) -> Any:
+def _schema_from_json(text: str) -> Schema:
     from pyiceberg.schema import Schema
 
     return Schema.model_validate_json(text)

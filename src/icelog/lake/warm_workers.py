@@ -18,9 +18,10 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ def worker_pid(tasks: Iterable[int]) -> Iterator[int]:
     yield os.getpid()
 
 
-def arrow_worker_pid(batches: Iterable[Any]) -> Iterator[Any]:
+def arrow_worker_pid(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """A mapInArrow task: the worker's pid, as one row."""
     import pyarrow as pa
 
