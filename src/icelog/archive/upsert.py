@@ -475,7 +475,8 @@ def _puffin_vectors(puffin: str) -> dict[str, pa.ChunkedArray]:
 
     filesystem, path = _open(puffin)
     with filesystem.open_input_file(path) as handle:
-        return PuffinFile(handle.read()).to_vector()
+        vectors: dict[str, pa.ChunkedArray] = PuffinFile(handle.read()).to_vector()
+        return vectors
 
 
 def _deleted_rows(

@@ -507,7 +507,7 @@ def _ensure_callback_server(spark: SparkSession) -> None:
     from pyspark.java_gateway import ensure_callback_server_started
 
     with _CALLBACK_LOCK:
-        ensure_callback_server_started(spark.sparkContext._gateway)
+        ensure_callback_server_started(spark.sparkContext._gateway)  # type: ignore[no-untyped-call]
 
 
 def read_deletion_vector(spark: SparkSession, dv: JavaDeleteFile, blob: bytes) -> JavaPositionDeleteIndex:

@@ -163,7 +163,8 @@ class Rebuilder:
         schema_id, indexes, _ = envelope
         message = self._class(schema_id, indexes)()
         fill_message(message, row)
-        return bytes(prefix) + message.SerializeToString()
+        body: bytes = message.SerializeToString()
+        return bytes(prefix) + body
 
 
 def rebuild_payload(side_row: Mapping[str, Any] | None, schemas: Schemas) -> bytes | None:

@@ -68,7 +68,8 @@ class _PartitionRead:
         return self.error == 0 and self.offset < self.seen_end
 
     def end(self) -> int:
-        return self.part.last_stable_offset if self.read_committed else self.part.high_watermark
+        end: int = self.part.last_stable_offset if self.read_committed else self.part.high_watermark
+        return end
 
 
 def _plan(request: Any, logs: Any, read_committed: bool) -> list[_PartitionRead]:
