@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, overload
 from icelog.lake.data_files import WrittenFile
 
 if TYPE_CHECKING:
+    from py4j.java_gateway import JVMView
     from pyspark.sql import SparkSession
 
 T = TypeVar("T", covariant=True)
@@ -50,7 +51,7 @@ class JavaMapEntry(Protocol[K, V]):
 class JavaMap(Protocol[K, V]):
     """java.util.Map: look keys up with `get`; turn it into a dict with `as_dict`, not a Python `for`."""
 
-    def get(self, key: Any) -> V | None: ...
+    def get(self, key: object) -> V | None: ...  # Map.get(Object)
     def entrySet(self) -> JavaIterable[JavaMapEntry[K, V]]: ...
 
 
@@ -68,7 +69,7 @@ def each(items: JavaIterable[T]) -> list[T]:
     return out
 
 
-def as_dict(mapping: JavaMap[Any, Any]) -> dict[str, str]:
+def as_dict(mapping: JavaMap[object, object]) -> dict[str, str]:
     """A Java Map<String, String> (properties, a snapshot summary) as a dict, walked as `each` does."""
     return {str(entry.getKey()): str(entry.getValue()) for entry in each(mapping.entrySet())}
 
@@ -82,7 +83,27 @@ class JavaSchema(Protocol):
 class JavaFileIO(Protocol):
     """org.apache.iceberg.io.FileIO (its files are handed back to the Java API)."""
 
-    def newInputFile(self, path: str) -> Any: ...
+    def newInputFile(self, path: str) -> JavaInputFile: ...
+
+
+class JavaInputFile(Protocol):
+    """org.apache.iceberg.io.InputFile (handed back to the Java API)."""
+
+
+class JavaManifestFile(Protocol):
+    """org.apache.iceberg.ManifestFile (counted here)."""
+
+
+class JavaList(JavaIterable[T], Protocol):
+    """java.util.List."""
+
+    def size(self) -> int: ...
+
+
+class JavaSortOrder(Protocol):
+    """org.apache.iceberg.SortOrder."""
+
+    def isSorted(self) -> bool: ...
 
 
 class JavaStructLike(Protocol):
@@ -124,7 +145,7 @@ class JavaSnapshot(Protocol):
     def timestampMillis(self) -> int: ...
     def summary(self) -> JavaMap[str, str]: ...
     def operation(self) -> str | None: ...
-    def allManifests(self, io: Any) -> Any: ...
+    def allManifests(self, io: JavaFileIO) -> JavaList[JavaManifestFile]: ...
     def addedDataFiles(self, io: JavaFileIO) -> JavaIterable[JavaDataFile]: ...
     def removedDataFiles(self, io: JavaFileIO) -> JavaIterable[JavaDataFile]: ...
     def addedDeleteFiles(self, io: JavaFileIO) -> JavaIterable[JavaDeleteFile]: ...
@@ -239,7 +260,7 @@ class JavaTable(Protocol):
     def refresh(self) -> None: ...
     def location(self) -> str: ...
     def schema(self) -> JavaSchema: ...
-    def sortOrder(self) -> Any: ...
+    def sortOrder(self) -> JavaSortOrder: ...
     def newRowDelta(self) -> JavaRowDelta: ...
     def newScan(self) -> JavaTableScan: ...
     def expireSnapshots(self) -> JavaExpireSnapshots: ...
@@ -248,7 +269,7 @@ class JavaTable(Protocol):
     def spec(self) -> JavaPartitionSpec: ...
 
 
-def _jvm(spark: SparkSession) -> Any:
+def _jvm(spark: SparkSession) -> JVMView:
     return spark.sparkContext._jvm
 
 
@@ -330,8 +351,8 @@ class JavaExpireSnapshotsResult(Protocol):
 class JavaRewriteManifestsResult(Protocol):
     """org.apache.iceberg.actions.RewriteManifests.Result."""
 
-    def rewrittenManifests(self) -> JavaIterable[Any]: ...
-    def addedManifests(self) -> JavaIterable[Any]: ...
+    def rewrittenManifests(self) -> JavaIterable[JavaManifestFile]: ...
+    def addedManifests(self) -> JavaIterable[JavaManifestFile]: ...
 
 
 def _actions(spark: SparkSession) -> Any:
@@ -493,7 +514,7 @@ class _PreviousDeletes:
     def __init__(self, indexes: Mapping[str, JavaPositionDeleteIndex]) -> None:
         self.indexes = indexes
 
-    def apply(self, path: Any) -> JavaPositionDeleteIndex | None:
+    def apply(self, path: object) -> JavaPositionDeleteIndex | None:  # a java.lang.String
         return self.indexes.get(str(path))
 
     class Java:
