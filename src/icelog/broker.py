@@ -13,7 +13,8 @@ from typing import Any
 
 from icelog.archive.service import ArchiverProcess
 from icelog.config import Settings
-from icelog.coordinator.groups import GroupCoordinator, GroupSettings
+from icelog.coordinator.group_model import GroupSettings
+from icelog.coordinator.groups import GroupCoordinator
 from icelog.coordinator.transactions import TransactionCoordinator
 from icelog.log import pressure
 from icelog.log.manager import LogManager

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from icelog.archive.dead_letter import dead_letter_counts, dlq_table_name, is_worker_failure, write_dead_letters
 from icelog.archive.decode import find_dead_letters
@@ -69,6 +69,12 @@ from icelog.table.layout import (
     table_spec,
 )
 from icelog.topic_configs.archive import ARCHIVE_TABLE, ArchiveTopicConfig, archive_config, table_key
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+
+    from icelog.schema.codec.proto_decode import SideDecoder
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +126,7 @@ class Archiver:
     def __init__(
         self,
         settings: Settings,
-        spark: Any,
+        spark: SparkSession,
         store: ArchiverStore,
         stable_offset: StableOffsetHook | None = None,
         clock: Callable[[], float] = time.time,
@@ -485,7 +491,7 @@ class Archiver:
                 yield from groups[task]
 
         # Each decoder maps the task numbers a Spark task is given to the Arrow batches of its archives' rows.
-        def decode(tasks: Iterable[int]) -> Iterator[Any]:
+        def decode(tasks: Iterable[int]) -> Iterator[pa.RecordBatch]:
             from icelog.archive.decode import decode_archive
 
             for archive in task_archives(tasks):
@@ -496,10 +502,10 @@ class Archiver:
             key, value, arrow = schema.key, schema.value, schema.arrow_schema()
             ddl = schema.spark_ddl
 
-            def decode(tasks: Iterable[int]) -> Iterator[Any]:  # noqa: F811 - the table layout's variant
+            def decode(tasks: Iterable[int]) -> Iterator[pa.RecordBatch]:  # noqa: F811 - the table layout's variant
                 from icelog.archive.decode_table import decode_archive_table
 
-                decoders: dict[str, Any] = {}
+                decoders: dict[str, SideDecoder] = {}
                 for archive in task_archives(tasks):
                     yield from decode_archive_table(intake_dir, archive, key, value, arrow, decoders)
 
@@ -507,10 +513,10 @@ class Archiver:
             key, value, arrow = schema.key, schema.value, schema.arrow_schema()
             ddl = schema.spark_ddl
 
-            def decode(tasks: Iterable[int]) -> Iterator[Any]:  # noqa: F811 - the Protobuf variant
+            def decode(tasks: Iterable[int]) -> Iterator[pa.RecordBatch]:  # noqa: F811 - the Protobuf variant
                 from icelog.archive.decode_protobuf import decode_archive_protobuf
 
-                decoders: dict[str, Any] = {}
+                decoders: dict[str, SideDecoder] = {}
                 for archive in task_archives(tasks):
                     yield from decode_archive_protobuf(intake_dir, archive, key, value, arrow, decoders)
 

@@ -13,10 +13,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from icelog.archive.decode import DeadLetter
 from icelog.table.layout import quote_identifier
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +35,7 @@ def dlq_table_name(catalog: str, namespace: str, table: str) -> str:
     return quote_identifier(catalog, namespace, table + DLQ_SUFFIX)
 
 
-def write_dead_letters(spark: Any, table_name: str, letters: Iterable[DeadLetter]) -> int:
+def write_dead_letters(spark: SparkSession, table_name: str, letters: Iterable[DeadLetter]) -> int:
     """Append the letters not yet in the table (by partition and base offset); return how many were new."""
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {table_name} ({DLQ_COLUMNS}) USING iceberg "
@@ -63,7 +66,7 @@ def write_dead_letters(spark: Any, table_name: str, letters: Iterable[DeadLetter
     return len(new)
 
 
-def dead_letter_counts(spark: Any, table_name: str) -> dict[int, int]:
+def dead_letter_counts(spark: SparkSession, table_name: str) -> dict[int, int]:
     """Dead letters per partition in a dead-letter table (empty if it does not exist)."""
     if not spark.catalog.tableExists(table_name):
         return {}

@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from icelog.archive.plan import PlannedArchive
 from icelog.errors import IcelogError
@@ -28,6 +28,9 @@ from icelog.log.record_format import (
     UINT32,
     batch_crc,
 )
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 try:  # the compiled parser
     from aiokafka.record._crecords import DefaultRecordBatch as _FastBatch
@@ -62,7 +65,7 @@ class _Columns:
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def to_arrow(self, partition: int) -> Any:
+    def to_arrow(self, partition: int) -> pa.RecordBatch:
         import pyarrow as pa
 
         from icelog.table.layout import arrow_schema
@@ -70,7 +73,7 @@ class _Columns:
         schema = arrow_schema()
         n = len(self.offsets)
 
-        def raw_struct(items: list[bytes | None], field: Any) -> Any:
+        def raw_struct(items: list[bytes | None], field: pa.Field) -> pa.StructArray:
             raw = pa.array(items, pa.binary())
             return pa.StructArray.from_arrays([raw], fields=list(field.type), mask=raw.is_null())
 
@@ -182,7 +185,7 @@ def find_dead_letters(
 
 def decode_archive(
     intake_dir: str | Path, archive: PlannedArchive, prefer_fast: bool = True
-) -> Iterator[Any]:
+) -> Iterator[pa.RecordBatch]:
     """Arrow record batches holding the records of one archive, in offset order.
 
     Control batches (transaction markers) are not records and are skipped; so are records outside

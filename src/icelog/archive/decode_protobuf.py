@@ -9,22 +9,25 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from icelog.archive.decode import decode_archive
 from icelog.archive.plan import PlannedArchive
 from icelog.schema.codec.proto_decode import SideDecoder, SideDecoding
 from icelog.table.iceberg_types import RAW
 
+if TYPE_CHECKING:
+    import pyarrow as pa
 
-def _side_array(raw_struct: Any, decoder: SideDecoder | None, target: Any) -> Any:
+
+def _side_array(raw_struct: pa.StructArray, decoder: SideDecoder | None, target: pa.DataType) -> pa.Array:
     import pyarrow as pa
 
     payloads = raw_struct.field(RAW)
     if decoder is None:
         if raw_struct.type == target:
             return raw_struct
-        rows: list[Any] = [None if p is None else {RAW: p} for p in payloads.to_pylist()]
+        rows: list[dict[str, bytes] | None] = [None if p is None else {RAW: p} for p in payloads.to_pylist()]
         return pa.array(rows, type=target)
     return decoder.decode_many(payloads.to_pylist(), target)
 
@@ -34,9 +37,9 @@ def decode_archive_protobuf(
     archive: PlannedArchive,
     key: SideDecoding | None,
     value: SideDecoding | None,
-    schema: Any,
+    schema: pa.Schema,
     decoders: dict[str, SideDecoder] | None = None,
-) -> Iterator[Any]:
+) -> Iterator[pa.RecordBatch]:
     """Arrow record batches of one archive in the table's schema (`schema`, from iceberg_types.arrow_schema).
 
     `decoders` caches SideDecoders across the archives of one task (message classes are built once).

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from icelog.archive.decode import decode_archive
 from icelog.archive.plan import PlannedArchive
@@ -31,6 +31,9 @@ from icelog.table.config import (
 )
 from icelog.table.iceberg_types import ERR, PREFIX, RAW
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 _EXTRA = (PREFIX, ERR, RAW)
 # Where a side's __prefix__ / __err__ / __raw__ go in the table (the key's prefix is inside __key already).
 _SIDE_COLUMNS = {
@@ -39,7 +42,7 @@ _SIDE_COLUMNS = {
 }
 
 
-def _side_type(decoding: SideDecoding, schema: Any) -> Any:
+def _side_type(decoding: SideDecoding, schema: pa.Schema) -> pa.StructType:
     """The Arrow struct a SideDecoder fills for one side: its columns' table types, then the three extras."""
     import pyarrow as pa
 
@@ -53,9 +56,9 @@ def decode_archive_table(
     archive: PlannedArchive,
     key: SideDecoding | None,
     value: SideDecoding | None,
-    schema: Any,
+    schema: pa.Schema,
     decoders: dict[str, SideDecoder] | None = None,
-) -> Iterator[Any]:
+) -> Iterator[pa.RecordBatch]:
     """Arrow record batches of one archive in the table layout's schema (iceberg_types.arrow_schema)."""
     import pyarrow as pa
 
@@ -67,7 +70,7 @@ def decode_archive_table(
     ]
     for batch in decode_archive(intake_dir, archive):
         kafka = batch.column(3)
-        columns: dict[str, Any] = {
+        columns: dict[str, pa.Array] = {
             KEY_BYTES: batch.column(0).field(RAW),
             VALUE_BYTES: batch.column(1).field(RAW),
             HEADERS: batch.column(2),

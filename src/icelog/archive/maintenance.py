@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from icelog.archive.archiver import first_line
 from icelog.archive.locks import WriterTurns
@@ -53,6 +53,9 @@ from icelog.lake.iceberg_java import (
     table_properties,
 )
 from icelog.table.layout import PRIMARY_KEY_PROPERTY
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +216,7 @@ def expirable(table: JavaTable, older_than_ms: int, retain_last: int) -> int:
 
 
 def maintain_table(
-    spark: Any,
+    spark: SparkSession,
     name: str,
     policy: MaintenancePolicy,
     dry_run: bool = False,
@@ -300,7 +303,8 @@ def _writers_out(table: JavaTable, turns: WriterTurns | None) -> Iterator[None]:
 
 
 def compact(
-    spark: Any, table: JavaTable, policy: MaintenancePolicy, result: MaintenanceResult, sort_column: str = SORT_COLUMN,
+    spark: SparkSession, table: JavaTable, policy: MaintenancePolicy, result: MaintenanceResult,
+    sort_column: str = SORT_COLUMN,
     upsert: bool = False,
 ) -> None:
     """RewriteDataFiles (bin-pack, local sort); a lost commit race is noted in the result, not raised."""
@@ -327,7 +331,7 @@ def compact(
         log.info("compaction of %s: %s (retried next round)", result.table, result.lost_race)
 
 
-def compaction_candidates(spark: Any, name: str, policy: MaintenancePolicy) -> int:
+def compaction_candidates(spark: SparkSession, name: str, policy: MaintenancePolicy) -> int:
     """Small data files in partitions that hold at least `min_input_files` of them (what a round compacts)."""
     row = spark.sql(
         f"SELECT coalesce(sum(n), 0) AS files FROM (SELECT partition, count(*) AS n FROM {name}.files "
@@ -337,7 +341,7 @@ def compaction_candidates(spark: Any, name: str, policy: MaintenancePolicy) -> i
     return int(row.files)
 
 
-def remove_orphan_files(spark: Any, name: str, older_than_ms: int, dry_run: bool) -> int:
+def remove_orphan_files(spark: SparkSession, name: str, older_than_ms: int, dry_run: bool) -> int:
     """Orphan files under the table's location older than the cutoff, removed unless `dry_run`: how many."""
     catalog, _, ident = name.partition(".")
     literal = ident.replace("\\", "\\\\").replace("'", "\\'")

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from icelog.archive.archiver import first_line
 from icelog.archive.dead_letter import DLQ_SUFFIX
@@ -50,6 +50,9 @@ from icelog.lake.iceberg_java import load_table, table_properties
 from icelog.meta.store import ArchiveLedger, MaintenanceRecord, TopicCatalog
 from icelog.table.layout import quote_identifier
 from icelog.topic_configs.archive import archive_config, table_key
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +136,7 @@ class MaintenanceScheduler:
     """Finds due tables (`due_tables`, `run_due`); in the archiver, runs rounds in a child process (`poll`)."""
 
     def __init__(
-        self, settings: Settings, spark: Any, store: MaintenanceStore, clock: Callable[[], float] = time.time
+        self, settings: Settings, spark: SparkSession, store: MaintenanceStore, clock: Callable[[], float] = time.time
     ) -> None:
         self.settings = settings
         self.spark = spark
@@ -274,7 +277,7 @@ def start_round_process(settings: Settings) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "icelog", "maintain", "--due"], env=env)
 
 
-def hold_task_slot(spark: Any, marker: Path) -> None:
+def hold_task_slot(spark: SparkSession, marker: Path) -> None:
     """Test hook: one Spark task that writes `<marker>.started`, waits for `<marker>.release` (at most 300 s),
     then writes `<marker>.ended`."""
     started, release, ended = (Path(f"{marker}.{suffix}") for suffix in ("started", "release", "ended"))

@@ -30,7 +30,11 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import lmdb
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +82,7 @@ def encode_key(values: Sequence[object]) -> bytes:
     return b"t" + repr(tuple(_normal(v) for v in values)).encode()
 
 
-def encode_keys(columns: Sequence[Any]) -> list[bytes]:
+def encode_keys(columns: Sequence[pa.Array]) -> list[bytes]:
     """encode_key of each row of pyarrow key columns (no nulls): one vectorised concat for a binary key."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -150,7 +154,7 @@ class PrimaryKeyIndex:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self._handed_off = False  # a PreparedUpdate committing in its thread closes the environment
-        self._env: Any = lmdb.open(str(directory), map_size=MAP_SIZE, max_dbs=4, subdir=True)
+        self._env: lmdb.Environment = lmdb.open(str(directory), map_size=MAP_SIZE, max_dbs=4, subdir=True)
         self._rows = self._env.open_db(b"rows")
         self._meta = self._env.open_db(b"meta")
         self._stale = self._env.open_db(b"stale")
@@ -162,7 +166,7 @@ class PrimaryKeyIndex:
                 txn.put(_FORMAT_KEY, FORMAT, db=self._meta)
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[Any]:
+    def _write(self) -> Iterator[lmdb.Transaction[bytes]]:
         """A write transaction; if it aborts, the file numbers it assigned are forgotten with it."""
         try:
             with self._env.begin(write=True) as txn:
@@ -171,13 +175,13 @@ class PrimaryKeyIndex:
             self._names.clear()
             raise
 
-    def _clear(self, txn: Any) -> None:
+    def _clear(self, txn: lmdb.Transaction[bytes]) -> None:
         for db in (self._rows, self._stale, self._files):
             txn.drop(db, delete=False)
         txn.delete(_SNAPSHOT_KEY, db=self._meta)
         self._names.clear()
 
-    def _numbers(self, txn: Any, locations: Sequence[str]) -> list[int]:
+    def _numbers(self, txn: lmdb.Transaction[bytes], locations: Sequence[str]) -> list[int]:
         """The number of each data file location, assigning the next free ones to new files (in `txn`)."""
         numbers = []
         for location in locations:
@@ -192,7 +196,7 @@ class PrimaryKeyIndex:
             numbers.append(number)
         return numbers
 
-    def _unpack(self, txn: Any, raw: bytes) -> IndexEntry:
+    def _unpack(self, txn: lmdb.Transaction[bytes], raw: bytes) -> IndexEntry:
         offset, pos, number = _ROW.unpack(raw)
         name = self._names.get(number)
         if name is None:
@@ -237,7 +241,9 @@ class PrimaryKeyIndex:
         caller must not write to the index before then (LMDB has one writer: it would wait for this one)."""
         return PreparedUpdate(self, rows, list(deleted), stale_marked)
 
-    def _put_rows(self, txn: Any, rows: IndexRows, deleted: Iterable[bytes], stale_marked: bool) -> None:
+    def _put_rows(
+        self, txn: lmdb.Transaction[bytes], rows: IndexRows, deleted: Iterable[bytes], stale_marked: bool
+    ) -> None:
         for key in deleted:
             txn.delete(key, db=self._rows)
         txn.cursor(db=self._rows).putmulti(rows.packed(self._numbers(txn, rows.files)))
@@ -302,7 +308,7 @@ class PrimaryKeyIndex:
                 txn.put(_SNAPSHOT_KEY, str(snapshot_id).encode(), db=self._meta)
             return int(txn.stat(self._rows)["entries"])
 
-    def _merge(self, txn: Any, files: Iterable[tuple[int, IndexRows, list[int]]]) -> int:
+    def _merge(self, txn: lmdb.Transaction[bytes], files: Iterable[tuple[int, IndexRows, list[int]]]) -> int:
         """Put files' rows (see rebuild) into the index; a key's row of an earlier commit (a file not among
         `files`: the index's rows before) or of a lower offset becomes stale. Returns how many rows did."""
         rows, stale = txn.cursor(db=self._rows), txn.cursor(db=self._stale)

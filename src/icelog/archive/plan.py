@@ -14,10 +14,13 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from icelog.meta.store import IntakeChunk
 from icelog.topic_configs.archive import ArchiveTopicConfig
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 @dataclass(frozen=True)
@@ -169,10 +172,12 @@ def task_groups(archives: Sequence[PlannedArchive], slots: int) -> list[list[int
     return [group for group in groups if group]
 
 
-def over_task_numbers(decode: Callable[[Iterable[int]], Iterator[Any]]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+def over_task_numbers(
+    decode: Callable[[Iterable[int]], Iterator[pa.RecordBatch]],
+) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """A decoder of task numbers (task_groups' indexes) as a mapInArrow function over a frame of those numbers."""
 
-    def batches(numbers: Iterator[Any]) -> Iterator[Any]:
+    def batches(numbers: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return decode(n for batch in numbers for n in batch.column(0).to_pylist())
 
     return batches

@@ -14,11 +14,14 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from icelog.lake.iceberg_java import ancestry, load_table, table_properties
 from icelog.table.config import LAYOUT_TABLE
 from icelog.table.layout import LAYOUT_PROPERTY, LAYOUT_PROPERTY_VALUES, OFFSETS_PROPERTY, TOPIC_ID_PROPERTY
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = ["COMMIT_USER", "COMMIT_USER_PROPERTY", "OFFSETS_PROPERTY", "TOPIC_ID_PROPERTY", "TableOffsets",
            "decode_offsets", "encode_offsets", "table_offsets"]
@@ -48,7 +51,7 @@ def decode_offsets(text: str) -> dict[int, int]:
     return {int(p): int(o) for p, o in json.loads(text).items()}
 
 
-def table_offsets(spark: Any, name: str, max_ancestors: int = 1000) -> TableOffsets:
+def table_offsets(spark: SparkSession, name: str, max_ancestors: int = 1000) -> TableOffsets:
     """Offsets the table `name` contains, from the newest snapshot summary on its current lineage."""
     table = load_table(spark, name)
     current_id: int | None = None

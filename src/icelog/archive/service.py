@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from icelog.archive.archiver import Archiver, ArchiverStore, TopicPassResult, first_line
 from icelog.config import SETTINGS_ENV, Settings
@@ -22,6 +22,8 @@ from icelog.meta.store import StoreConnection, TopicCatalog
 from icelog.topic_configs.archive import archive_config
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from icelog.archive.maintenance_schedule import MaintenanceScheduler
 
 log = logging.getLogger(__name__)
@@ -58,7 +60,9 @@ class ArchiveServiceStore(ArchiverStore, StoreConnection, Protocol):
 class ArchiveService:
     """Runs passes until stopped; owns the Spark session and the metadata store connection."""
 
-    def __init__(self, settings: Settings, spark: Any = None, store: ArchiveServiceStore | None = None) -> None:
+    def __init__(
+        self, settings: Settings, spark: SparkSession | None = None, store: ArchiveServiceStore | None = None
+    ) -> None:
         self.settings = settings
         self.store = store or open_store(settings.metadata_url)
         self._spark = spark
@@ -133,7 +137,9 @@ class ArchiveService:
         if self._spark is None:
             return True
         try:
-            self._spark.sparkContext._jvm.java.lang.System.currentTimeMillis()
+            jvm = self._spark.sparkContext._jvm
+            assert jvm is not None  # (an AssertionError is a dead driver too)
+            jvm.java.lang.System.currentTimeMillis()
             return True
         except Exception:
             return False

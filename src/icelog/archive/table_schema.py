@@ -27,7 +27,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from google.protobuf import descriptor_pb2
 from google.protobuf.descriptor import Descriptor
@@ -80,6 +80,11 @@ from icelog.table.rules import check_spec_columns
 from icelog.topic_configs.archive import ArchiveTopicConfig
 from icelog.topic_configs.schema import MODE_AUTO, SIDES, key_of, side_config
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.schema import Schema
+    from pyspark.sql import SparkSession
+
 log = logging.getLogger(__name__)
 
 PEEK_RECORDS = 100  # payloads looked at, per pass, to learn the produced message from its envelope
@@ -122,7 +127,7 @@ class ArchiveSchema:
     def spark_ddl(self) -> str:
         return spark_ddl(self.columns)
 
-    def arrow_schema(self) -> Any:
+    def arrow_schema(self) -> pa.Schema:
         return arrow_schema(self.columns)
 
 
@@ -231,7 +236,7 @@ class TableSchemaStore(ArchiveLedger, RegistryStore, Protocol):
 class TableSchemas:
     """Per pass: the registry's latest schemas; per topic: the archive table's schema, kept current."""
 
-    def __init__(self, settings: Settings, spark: Any, store: TableSchemaStore) -> None:
+    def __init__(self, settings: Settings, spark: SparkSession, store: TableSchemaStore) -> None:
         self.settings = settings
         self.spark = spark
         self.store = store
@@ -415,7 +420,7 @@ class TableSchemas:
         self,
         config: ArchiveTopicConfig,
         table_name: str,
-        computed: Any,
+        computed: Sequence[Column],
         spec: TableSpec = RECORD_SPEC,
         properties: dict[str, str] | None = None,
     ) -> list[TableColumn]:
@@ -445,7 +450,7 @@ class TableSchemas:
         return columns
 
 
-def _schema_from_json(text: str) -> Any:
+def _schema_from_json(text: str) -> Schema:
     from pyiceberg.schema import Schema
 
     return Schema.model_validate_json(text)

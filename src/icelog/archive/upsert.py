@@ -34,10 +34,10 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -56,6 +56,14 @@ from icelog.table.config import (
 )
 from icelog.table.layout import PRIMARY_KEY_PROPERTY, TableSpec
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.fs
+    import pyarrow.parquet as pq
+    from pyspark.sql import SparkSession
+
+    from icelog.lake.data_files import TaskDecoder
+
 log = logging.getLogger(__name__)
 
 
@@ -65,7 +73,7 @@ class PassRows:
     their rows, as Arrow batches of the table's columns."""
 
     tasks: int
-    decode: Callable[[Iterable[int]], Iterator[Any]]
+    decode: TaskDecoder
     io_properties: Mapping[str, str]  # how workers reach the warehouse (the catalog's properties)
     key_decoded: bool = False  # the key is decoded with a schema (else its bytes are kept as they are)
 
@@ -90,7 +98,7 @@ def partition_column(spec: TableSpec) -> str:
 
 
 def write_upserts(
-    spark: Any,
+    spark: SparkSession,
     table_name: str,
     rows: PassRows,
     spec: TableSpec,
@@ -236,7 +244,7 @@ def read_batch(locations: list[str], spec: TableSpec) -> Batch:
     return Batch(new_rows, masked, _keys(rows.filter(pc.and_(latest, tombstone)), width))
 
 
-def _numbered(part: Any, number: int) -> Any:
+def _numbered(part: pa.Table, number: int) -> pa.Table:
     """A data file's columns with its number among the files read (f) and each row's position (pos)."""
     import pyarrow as pa
 
@@ -244,7 +252,7 @@ def _numbered(part: Any, number: int) -> Any:
         "pos", pa.array(np.arange(part.num_rows, dtype=np.int64)))
 
 
-def _sorted_first(rows: Any, width: int, then: list[tuple[str, str]]) -> tuple[Any, Any]:
+def _sorted_first(rows: pa.Table, width: int, then: list[tuple[str, str]]) -> tuple[pa.Table, pa.BooleanArray]:
     """The rows sorted by key (k0..), then by `then`; and which rows are the first of their key (its latest)."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -262,7 +270,7 @@ def _sorted_first(rows: Any, width: int, then: list[tuple[str, str]]) -> tuple[A
     return rows, first
 
 
-def _keys(rows: Any, width: int) -> list[bytes]:
+def _keys(rows: pa.Table, width: int) -> list[bytes]:
     return encode_keys([rows.column(f"k{i}").combine_chunks() for i in range(width)])
 
 
@@ -282,7 +290,9 @@ class _Stages:
         return " ".join(f"{stage} {seconds:.2f}s" for stage, seconds in self._spent)
 
 
-def refresh_index(spark: Any, table_name: str, spec: TableSpec, index: PrimaryKeyIndex, base: int | None) -> bool:
+def refresh_index(
+    spark: SparkSession, table_name: str, spec: TableSpec, index: PrimaryKeyIndex, base: int | None
+) -> bool:
     """Bring the index to the table's snapshot `base`; returns whether it had to be rebuilt.
 
     The snapshots since the index's are followed one by one when each is a REPLACE (external compaction:
@@ -316,7 +326,7 @@ def refresh_index(spark: Any, table_name: str, spec: TableSpec, index: PrimaryKe
     return True
 
 
-def follow_snapshots(spark: Any, table_name: str, spec: TableSpec, index: PrimaryKeyIndex, known: int) -> bool:
+def follow_snapshots(spark: SparkSession, table_name: str, spec: TableSpec, index: PrimaryKeyIndex, known: int) -> bool:
     """Follow the REPLACE, APPEND, DELETE and overwrite snapshots since `known`; False if another kind comes (or
     `known` is not an ancestor, a REPLACE comes while stale rows wait for their deletion vector, or a DELETE or
     overwrite is not one _follow_delta follows): the caller rebuilds instead.
@@ -386,12 +396,12 @@ def _follow_delta(table: iceberg_java.JavaTable, table_name: str, spec: TableSpe
     return True
 
 
-def write_data_files(spark: Any, table: iceberg_java.JavaTable, rows: PassRows) -> list[WrittenFile]:
+def write_data_files(spark: SparkSession, table: iceberg_java.JavaTable, rows: PassRows) -> list[WrittenFile]:
     """Decode and write the pass's rows as data files of the table (as loaded), in one Spark job; commit nothing."""
     return write_files(spark, iceberg_java.metadata_location(table), rows.tasks, rows.decode, rows.io_properties)
 
 
-def _open(location: str) -> tuple[Any, str]:
+def _open(location: str) -> tuple[pyarrow.fs.FileSystem, str]:
     import pyarrow.fs
 
     if location.startswith("file:"):
@@ -400,7 +410,7 @@ def _open(location: str) -> tuple[Any, str]:
     return filesystem, path
 
 
-def _read_columns(location: str, spec: TableSpec) -> Any:
+def _read_columns(location: str, spec: TableSpec) -> pa.Table:
     """A data file's k0.. (primary key), o (offset), b (bucket), t (tombstone) and has_key columns, in file order."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -417,7 +427,7 @@ def _read_columns(location: str, spec: TableSpec) -> Any:
         tops = list(dict.fromkeys([*(p.split(".")[0] for p in paths), *(present if tombstones else [])]))
         data = parquet.read(columns=tops)
 
-    def column(p: str) -> Any:
+    def column(p: str) -> pa.Array:
         parts = p.split(".")
         array = data.column(parts[0]).combine_chunks()
         for part in parts[1:]:
@@ -435,7 +445,7 @@ def _read_columns(location: str, spec: TableSpec) -> Any:
     return pa.table([*keys, offsets, buckets, tombstone, has_key], names=names)
 
 
-def _never_null(metadata: Any, column: str) -> bool:
+def _never_null(metadata: pq.FileMetaData, column: str) -> bool:
     """Whether a Parquet file's statistics show a leaf of `column` (outside any list or map) with no null in any
     row group: a null `column` would be a null there, so `column` is never null in the file."""
     for leaf in range(metadata.num_columns):
@@ -449,7 +459,7 @@ def _never_null(metadata: Any, column: str) -> bool:
     return False
 
 
-def _dv_positions(location: str, dv: iceberg_java.JavaDeleteFile) -> Any:
+def _dv_positions(location: str, dv: iceberg_java.JavaDeleteFile) -> pa.Int64Array:
     """The positions a deletion vector deletes in the data file at `location`."""
     import pyarrow as pa
 
@@ -457,7 +467,7 @@ def _dv_positions(location: str, dv: iceberg_java.JavaDeleteFile) -> Any:
 
 
 @functools.lru_cache(maxsize=4)
-def _puffin_vectors(puffin: str) -> dict[str, Any]:
+def _puffin_vectors(puffin: str) -> dict[str, pa.ChunkedArray]:
     """Every deletion vector of a Puffin file, by data file (pyiceberg reads the whole file). A pass writes the DVs
     of all the files it touches into one Puffin file, so a rebuild or a followed snapshot meets it once per data
     file; Iceberg never changes a file in place, so a file's vectors are read once."""
@@ -465,7 +475,8 @@ def _puffin_vectors(puffin: str) -> dict[str, Any]:
 
     filesystem, path = _open(puffin)
     with filesystem.open_input_file(path) as handle:
-        return PuffinFile(handle.read()).to_vector()
+        vectors: dict[str, pa.ChunkedArray] = PuffinFile(handle.read()).to_vector()
+        return vectors
 
 
 def _deleted_rows(

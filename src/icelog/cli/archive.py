@@ -7,13 +7,12 @@ import logging
 import os
 import signal
 from collections.abc import Collection, Iterable
-from typing import Any
 
 from icelog.config import Settings, load_settings
 from icelog.errors import IcelogError
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     archive = sub.add_parser("archive", help="archive topics into Iceberg tables (a Spark job)")
     archive.add_argument(
         "--once",

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from icelog.cli.topic import bootstrap_after_action
 from icelog.errors import IcelogError
 
+if TYPE_CHECKING:
+    from kafka import KafkaAdminClient
 
-def add_parser(sub: Any) -> None:
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     group = sub.add_parser("group", help="list and describe consumer groups on a running broker")
     group.add_argument("--bootstrap", help="broker HOST:PORT (default: the configured listen address)")
     after = bootstrap_after_action()
@@ -21,7 +24,7 @@ def add_parser(sub: Any) -> None:
     describe.set_defaults(func=cmd_describe)
 
 
-def _admin(args: argparse.Namespace) -> Any:
+def _admin(args: argparse.Namespace) -> KafkaAdminClient:
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 

@@ -11,12 +11,11 @@ import argparse
 import logging
 import sys
 import time
-from typing import Any
 
 from icelog.config import Settings
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     maintain = sub.add_parser(
         "maintain", help="compact, expire snapshots, remove orphan files of archive tables now (a Spark job)"
     )

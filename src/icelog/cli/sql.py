@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any
 
 from icelog.config import load_settings
 from icelog.errors import IcelogError
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sql = sub.add_parser("sql", help="run Spark SQL against the Iceberg catalog")
     sql.add_argument("query", help='e.g. "SELECT kafka.partition, count(*) FROM icelog.orders GROUP BY 1"')
     sql.add_argument("--data-dir", help="the broker's data directory (default ./icelog-data)")

@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import UTC, datetime
-from typing import Any
 
 from icelog.archive.progress import ArchiveProgress, archive_progress
 from icelog.cli.archive import require_metadata
-from icelog.config import load_settings
+from icelog.config import Settings, load_settings
 from icelog.meta.backends import open_store
 from icelog.meta.store import TopicCatalog
 
@@ -33,7 +32,7 @@ def _archive_cells(progress: ArchiveProgress | None) -> tuple[str, ...]:
     )
 
 
-def _table_ranges(settings: Any, store: TopicCatalog) -> dict[str, dict[int, tuple[int, int, int]]]:
+def _table_ranges(settings: Settings, store: TopicCatalog) -> dict[str, dict[int, tuple[int, int, int]]]:
     """Per archived topic (whose table the broker can read back): each partition's table offsets and bytes.
 
     One scan plan per table (manifests only, no data file is opened); a table that cannot be read shows
@@ -65,7 +64,7 @@ def _table_ranges(settings: Any, store: TopicCatalog) -> dict[str, dict[int, tup
     return out
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status = sub.add_parser("status", help="table and intake ranges and sizes of every partition")
     status.add_argument("--data-dir", help="the broker's data directory (default ./icelog-data)")
     status.add_argument(

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Any
+from typing import TYPE_CHECKING
 
 from icelog.errors import ConfigError, IcelogError
+
+if TYPE_CHECKING:
+    from kafka import KafkaAdminClient
 
 
 def bootstrap_after_action() -> argparse.ArgumentParser:
@@ -17,7 +20,7 @@ def bootstrap_after_action() -> argparse.ArgumentParser:
     return after
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     topic = sub.add_parser("topic", help="create, list, describe and delete topics on a running broker")
     topic.add_argument("--bootstrap", help="broker HOST:PORT (default: the configured listen address)")
     after = bootstrap_after_action()
@@ -40,7 +43,7 @@ def add_parser(sub: Any) -> None:
     delete.set_defaults(func=cmd_delete)
 
 
-def _admin(args: argparse.Namespace) -> Any:
+def _admin(args: argparse.Namespace) -> KafkaAdminClient:
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from icelog.config import Settings
 from icelog.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
 
 # Iceberg's JdbcCatalog tables, schema V1 (JdbcUtil.V0_CREATE_CATALOG_SQL + V1_UPDATE_CATALOG_SQL and
 # CREATE_NAMESPACE_PROPERTIES_TABLE_SQL of Iceberg 1.10), created by icelog for the embedded SQLite catalog.
@@ -127,7 +130,7 @@ def sqlite_metadata_locations(path: Path, catalog_name: str) -> dict[tuple[str, 
     return {(namespace, name): location for namespace, name, location in rows if location}
 
 
-def pyiceberg_catalog_opener(settings: Settings) -> Callable[[], Any | None] | None:
+def pyiceberg_catalog_opener(settings: Settings) -> Callable[[], Catalog | None] | None:
     """A function opening pyiceberg onto the archiver's catalog (it returns None while the embedded one does not
     exist yet), or None for a catalog pyiceberg cannot open as Spark does (a JDBC one on PostgreSQL, Hadoop).
 
@@ -138,7 +141,7 @@ def pyiceberg_catalog_opener(settings: Settings) -> Callable[[], Any | None] | N
     path = sqlite_catalog_path(settings)
     if path is not None:
 
-        def open_sqlite() -> Any | None:
+        def open_sqlite() -> Catalog | None:
             # Only once the archiver created the file and Iceberg's V1 tables (prepare_sqlite_catalog):
             # pyiceberg would otherwise create its own tables first.
             if not path.exists():
@@ -151,7 +154,7 @@ def pyiceberg_catalog_opener(settings: Settings) -> Callable[[], Any | None] | N
     if archive.catalog_type == "rest" and archive.catalog_uri:
         uri = archive.catalog_uri
 
-        def open_rest() -> Any | None:
+        def open_rest() -> Catalog | None:
             from pyiceberg.catalog.rest import RestCatalog
 
             return RestCatalog(archive.catalog_name, uri=uri, warehouse=settings.warehouse,

@@ -18,7 +18,16 @@ import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.io import FileIO
+    from pyiceberg.table.metadata import TableMetadata
+    from pyiceberg.types import IcebergType
+    from pyspark.sql import SparkSession
+
+    TaskDecoder = Callable[[Iterable[int]], Iterator[pa.RecordBatch]]  # task numbers → their rows as Arrow batches
 
 BUFFERED_BYTES = 256 << 20  # a task's decoded rows held before they are written out (Arrow bytes)
 ROW_GROUP_BYTES = "write.parquet.row-group-size-bytes"  # Iceberg's (Java writers') row-group size
@@ -38,8 +47,7 @@ class WrittenFile:
 
 
 def write_data_files(
-    spark: Any, metadata_location: str, tasks: int, decode: Callable[[Iterable[int]], Iterator[Any]],
-    io_properties: Mapping[str, str],
+    spark: SparkSession, metadata_location: str, tasks: int, decode: TaskDecoder, io_properties: Mapping[str, str]
 ) -> list[WrittenFile]:
     """Decode and write the rows of tasks 0..tasks-1 (`decode` yields a task's rows as Arrow batches) as data files
     of the table whose metadata file is `metadata_location`, in one Spark job of `tasks` tasks; commit nothing.
@@ -54,7 +62,7 @@ def write_data_files(
 
 
 def file_writer(
-    metadata_location: str, decode: Callable[[Iterable[int]], Iterator[Any]], io_properties: Mapping[str, str]
+    metadata_location: str, decode: TaskDecoder, io_properties: Mapping[str, str]
 ) -> Callable[[Iterable[int]], Iterator[tuple[str, int, int, str]]]:
     """The function a task of write_data_files runs over its task numbers: yields a WrittenFile's fields per file."""
 
@@ -66,7 +74,7 @@ def file_writer(
         io = load_file_io(dict(io_properties), metadata_location)
         metadata = FromInputFile.table_metadata(io.new_input(metadata_location))
         write_uuid, counter = uuid.uuid4(), itertools.count(0)
-        held: list[Any] = []
+        held: list[pa.RecordBatch] = []
         size = 0
         for batch in decode(tasks):
             if batch.num_rows:
@@ -82,7 +90,7 @@ def file_writer(
 
 
 def _written(
-    metadata: Any, io: Any, rows: Any, write_uuid: uuid.UUID, counter: Any
+    metadata: TableMetadata, io: FileIO, rows: pa.Table, write_uuid: uuid.UUID, counter: itertools.count[int]
 ) -> Iterator[tuple[str, int, int, str]]:
     """Write `rows` as the table's data files (split by partition, then by target size); a WrittenFile's fields
     per file."""
@@ -100,7 +108,7 @@ def _written(
         yield data_file.file_path, data_file.file_size_in_bytes, data_file.record_count, json.dumps(values)
 
 
-def writer_properties(properties: Mapping[str, str], rows: Any) -> dict[str, str]:
+def writer_properties(properties: Mapping[str, str], rows: pa.Table) -> dict[str, str]:
     """The table's properties as pyiceberg's writer must see them to size row groups as the table asks.
 
     pyiceberg ignores write.parquet.row-group-size-bytes (with a warning on every write) and cuts row groups at
@@ -115,7 +123,7 @@ def writer_properties(properties: Mapping[str, str], rows: Any) -> dict[str, str
     return adjusted
 
 
-def partition_json_value(result_type: Any, value: Any) -> Any:
+def partition_json_value(result_type: IcebergType, value: Any) -> object:
     """A partition value (pyiceberg's internal form) as Iceberg's SingleValueParser writes it in JSON."""
     from pyiceberg import types as t
     from pyiceberg.utils import datetime as dt

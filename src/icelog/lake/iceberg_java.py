@@ -15,9 +15,13 @@ import threading
 import zlib
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, overload
 
 from icelog.lake.data_files import WrittenFile
+
+if TYPE_CHECKING:
+    from py4j.java_gateway import JVMView
+    from pyspark.sql import SparkSession
 
 T = TypeVar("T", covariant=True)
 K = TypeVar("K", covariant=True)
@@ -47,7 +51,7 @@ class JavaMapEntry(Protocol[K, V]):
 class JavaMap(Protocol[K, V]):
     """java.util.Map: look keys up with `get`; turn it into a dict with `as_dict`, not a Python `for`."""
 
-    def get(self, key: Any) -> V | None: ...
+    def get(self, key: object) -> V | None: ...  # Map.get(Object)
     def entrySet(self) -> JavaIterable[JavaMapEntry[K, V]]: ...
 
 
@@ -65,7 +69,7 @@ def each(items: JavaIterable[T]) -> list[T]:
     return out
 
 
-def as_dict(mapping: JavaMap[Any, Any]) -> dict[str, str]:
+def as_dict(mapping: JavaMap[object, object]) -> dict[str, str]:
     """A Java Map<String, String> (properties, a snapshot summary) as a dict, walked as `each` does."""
     return {str(entry.getKey()): str(entry.getValue()) for entry in each(mapping.entrySet())}
 
@@ -79,7 +83,27 @@ class JavaSchema(Protocol):
 class JavaFileIO(Protocol):
     """org.apache.iceberg.io.FileIO (its files are handed back to the Java API)."""
 
-    def newInputFile(self, path: str) -> Any: ...
+    def newInputFile(self, path: str) -> JavaInputFile: ...
+
+
+class JavaInputFile(Protocol):
+    """org.apache.iceberg.io.InputFile (handed back to the Java API)."""
+
+
+class JavaManifestFile(Protocol):
+    """org.apache.iceberg.ManifestFile (counted here)."""
+
+
+class JavaList(JavaIterable[T], Protocol):
+    """java.util.List."""
+
+    def size(self) -> int: ...
+
+
+class JavaSortOrder(Protocol):
+    """org.apache.iceberg.SortOrder."""
+
+    def isSorted(self) -> bool: ...
 
 
 class JavaStructLike(Protocol):
@@ -121,7 +145,7 @@ class JavaSnapshot(Protocol):
     def timestampMillis(self) -> int: ...
     def summary(self) -> JavaMap[str, str]: ...
     def operation(self) -> str | None: ...
-    def allManifests(self, io: Any) -> Any: ...
+    def allManifests(self, io: JavaFileIO) -> JavaList[JavaManifestFile]: ...
     def addedDataFiles(self, io: JavaFileIO) -> JavaIterable[JavaDataFile]: ...
     def removedDataFiles(self, io: JavaFileIO) -> JavaIterable[JavaDataFile]: ...
     def addedDeleteFiles(self, io: JavaFileIO) -> JavaIterable[JavaDeleteFile]: ...
@@ -236,7 +260,7 @@ class JavaTable(Protocol):
     def refresh(self) -> None: ...
     def location(self) -> str: ...
     def schema(self) -> JavaSchema: ...
-    def sortOrder(self) -> Any: ...
+    def sortOrder(self) -> JavaSortOrder: ...
     def newRowDelta(self) -> JavaRowDelta: ...
     def newScan(self) -> JavaTableScan: ...
     def expireSnapshots(self) -> JavaExpireSnapshots: ...
@@ -245,11 +269,11 @@ class JavaTable(Protocol):
     def spec(self) -> JavaPartitionSpec: ...
 
 
-def _jvm(spark: Any) -> Any:
+def _jvm(spark: SparkSession) -> JVMView:
     return spark.sparkContext._jvm
 
 
-def load_table(spark: Any, name: str) -> JavaTable:
+def load_table(spark: SparkSession, name: str) -> JavaTable:
     """The Iceberg table behind a Spark table name (`catalog.ns.table`), loaded fresh from the catalog."""
     table = _jvm(spark).org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, name)
     return cast(JavaTable, table)
@@ -272,13 +296,13 @@ def ancestry(table: JavaTable, max_snapshots: int = 1000) -> Iterator[JavaSnapsh
         snapshot = table.snapshot(parent) if parent is not None else None
 
 
-def schema_json(spark: Any, table: JavaTable) -> tuple[str, int]:
+def schema_json(spark: SparkSession, table: JavaTable) -> tuple[str, int]:
     """The table's current schema as Iceberg JSON, and the table's last assigned column id."""
     base = table.operations().current()
     return str(_jvm(spark).org.apache.iceberg.SchemaParser.toJson(base.schema())), int(base.lastColumnId())
 
 
-def commit_schema(spark: Any, table: JavaTable, schema_json_text: str) -> None:
+def commit_schema(spark: SparkSession, table: JavaTable, schema_json_text: str) -> None:
     """Replace the table's schema by this Iceberg JSON schema, keeping its field ids exactly.
 
     A compare-and-swap against the metadata the table was loaded with: it fails if someone committed
@@ -327,11 +351,11 @@ class JavaExpireSnapshotsResult(Protocol):
 class JavaRewriteManifestsResult(Protocol):
     """org.apache.iceberg.actions.RewriteManifests.Result."""
 
-    def rewrittenManifests(self) -> JavaIterable[Any]: ...
-    def addedManifests(self) -> JavaIterable[Any]: ...
+    def rewrittenManifests(self) -> JavaIterable[JavaManifestFile]: ...
+    def addedManifests(self) -> JavaIterable[JavaManifestFile]: ...
 
 
-def _actions(spark: Any) -> Any:
+def _actions(spark: SparkSession) -> Any:
     # The actions run Spark jobs from Iceberg's own thread pool, which inherits the calling thread's active
     # session; a Python thread other than the one that built the session has none (py4j gives it a fresh
     # JVM thread), and the rewrite's reads then miss the catalog Iceberg registers for them.
@@ -340,7 +364,7 @@ def _actions(spark: Any) -> Any:
 
 
 def rewrite_data_files(
-    spark: Any, table: JavaTable, options: Mapping[str, str], sort_column: str, presorted: bool = False
+    spark: SparkSession, table: JavaTable, options: Mapping[str, str], sort_column: str, presorted: bool = False
 ) -> JavaRewriteDataFilesResult:
     """Compact data files, rows in the table's sort order, or `sort_column` ASC NULLS LAST if it has none.
 
@@ -366,13 +390,15 @@ def rewrite_data_files(
     return cast(JavaRewriteDataFilesResult, action.execute())
 
 
-def expire_snapshots(spark: Any, table: JavaTable, older_than_ms: int, retain_last: int) -> JavaExpireSnapshotsResult:
+def expire_snapshots(
+    spark: SparkSession, table: JavaTable, older_than_ms: int, retain_last: int
+) -> JavaExpireSnapshotsResult:
     """Expire snapshots older than `older_than_ms`, keeping the `retain_last` newest ancestors of the current one."""
     action = _actions(spark).expireSnapshots(table).expireOlderThan(older_than_ms).retainLast(retain_last)
     return cast(JavaExpireSnapshotsResult, action.execute())
 
 
-def rewrite_manifests(spark: Any, table: JavaTable) -> JavaRewriteManifestsResult:
+def rewrite_manifests(spark: SparkSession, table: JavaTable) -> JavaRewriteManifestsResult:
     """Rewrite the current snapshot's manifests into few, partition-clustered ones."""
     return cast(JavaRewriteManifestsResult, _actions(spark).rewriteManifests(table).execute())
 
@@ -400,7 +426,7 @@ def metadata_location(table: JavaTable) -> str:
     return str(table.operations().current().metadataFileLocation())
 
 
-def parquet_data_files(spark: Any, table: JavaTable, written: Iterable[WrittenFile]) -> list[JavaDataFile]:
+def parquet_data_files(spark: SparkSession, table: JavaTable, written: Iterable[WrittenFile]) -> list[JavaDataFile]:
     """DataFiles of Parquet files a worker wrote for the table (lake/data_files.py), described as Iceberg's own
     writers describe theirs: the partition parsed from its JSON by ContentFileParser (typed by the spec), the
     metrics read from the file's footer by ParquetUtil under the table's metrics config (write.metadata.metrics.*).
@@ -488,7 +514,7 @@ class _PreviousDeletes:
     def __init__(self, indexes: Mapping[str, JavaPositionDeleteIndex]) -> None:
         self.indexes = indexes
 
-    def apply(self, path: Any) -> JavaPositionDeleteIndex | None:
+    def apply(self, path: object) -> JavaPositionDeleteIndex | None:  # a java.lang.String
         return self.indexes.get(str(path))
 
     class Java:
@@ -498,14 +524,14 @@ class _PreviousDeletes:
 _CALLBACK_LOCK = threading.Lock()
 
 
-def _ensure_callback_server(spark: Any) -> None:
+def _ensure_callback_server(spark: SparkSession) -> None:
     from pyspark.java_gateway import ensure_callback_server_started
 
     with _CALLBACK_LOCK:
-        ensure_callback_server_started(spark.sparkContext._gateway)
+        ensure_callback_server_started(spark.sparkContext._gateway)  # type: ignore[no-untyped-call]
 
 
-def read_deletion_vector(spark: Any, dv: JavaDeleteFile, blob: bytes) -> JavaPositionDeleteIndex:
+def read_deletion_vector(spark: SparkSession, dv: JavaDeleteFile, blob: bytes) -> JavaPositionDeleteIndex:
     """A deletion vector's positions from its blob's bytes (read by the caller from dv's Puffin file)."""
     index = _jvm(spark).org.apache.iceberg.deletes.PositionDeleteIndex.deserialize(blob, dv)
     return cast(JavaPositionDeleteIndex, index)
@@ -559,7 +585,7 @@ def _roaring32(values: list[int]) -> bytes:
 
 
 def position_index(
-    spark: Any, path: str, positions: Iterable[int], spec: JavaPartitionSpec, partition: JavaStructLike | None
+    spark: SparkSession, path: str, positions: Iterable[int], spec: JavaPartitionSpec, partition: JavaStructLike | None
 ) -> JavaPositionDeleteIndex:
     """A data file's positions as a Java PositionDeleteIndex in a few py4j calls, whatever their number.
 
@@ -587,7 +613,7 @@ class WrittenDVs:
 
 
 def write_deletion_vectors(
-    spark: Any,
+    spark: SparkSession,
     table: JavaTable,
     positions: Mapping[str, Iterable[int]],
     files: Mapping[str, LiveDataFile],

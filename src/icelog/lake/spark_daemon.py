@@ -66,7 +66,7 @@ def main() -> None:
     from pyspark import daemon
 
     preload()
-    daemon.manager()
+    daemon.manager()  # type: ignore[no-untyped-call]  # pyspark leaves it unannotated
 
 
 if __name__ == "__main__":

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from icelog.config import Settings
 from icelog.errors import ConfigError
 from icelog.lake.catalog import pyiceberg_catalog_opener
 from icelog.table.layout import PRIMARY_KEY_PROPERTY
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,7 @@ class TableStats:
         return self.data_bytes // self.data_files if self.data_files else 0
 
 
-def open_catalog(settings: Settings) -> Any | None:
+def open_catalog(settings: Settings) -> Catalog | None:
     """A pyiceberg catalog on the archiver's catalog (the embedded SQLite JDBC one, or REST); None before the
     embedded one exists."""
     opener = pyiceberg_catalog_opener(settings)
@@ -42,7 +45,7 @@ def open_catalog(settings: Settings) -> Any | None:
     return opener()
 
 
-def table_stats(catalog: Any | None, namespace: str, table: str) -> TableStats | None:
+def table_stats(catalog: Catalog | None, namespace: str, table: str) -> TableStats | None:
     """The table's numbers (None if it, or the catalog, does not exist yet)."""
     from pyiceberg.exceptions import NoSuchTableError
 

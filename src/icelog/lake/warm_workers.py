@@ -18,7 +18,11 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +39,7 @@ def worker_pid(tasks: Iterable[int]) -> Iterator[int]:
     yield os.getpid()
 
 
-def arrow_worker_pid(batches: Iterable[Any]) -> Iterator[Any]:
+def arrow_worker_pid(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """A mapInArrow task: the worker's pid, as one row."""
     import pyarrow as pa
 
@@ -44,7 +48,7 @@ def arrow_worker_pid(batches: Iterable[Any]) -> Iterator[Any]:
     yield pa.RecordBatch.from_pydict({"pid": [os.getpid()]})
 
 
-def ping(spark: Any, kind: str, slots: int) -> list[int]:
+def ping(spark: SparkSession, kind: str, slots: int) -> list[int]:
     """Run a trivial job of `slots` tasks in the pool of `kind`; the pids of the workers that ran them."""
     context = spark.sparkContext
     context.setJobDescription(JOB_DESCRIPTION)
@@ -54,13 +58,15 @@ def ping(spark: Any, kind: str, slots: int) -> list[int]:
         rows = spark.range(0, slots, 1, slots).mapInArrow(arrow_worker_pid, "pid long").collect()
         return [int(row.pid) for row in rows]
     finally:
-        context.setJobDescription(None)
+        context.setJobDescription(None)  # type: ignore[arg-type]  # None clears it; pyspark's annotation says str
 
 
 class WorkerKeeper:
     """Remembers when the archive last used each pool and pings the pools that would otherwise go idle."""
 
-    def __init__(self, spark: Any, slots: Callable[[], int], clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, spark: SparkSession, slots: Callable[[], int], clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.spark = spark
         self.slots = slots
         self.clock = clock

@@ -153,7 +153,7 @@ def _length(data: memoryview, pos: int, end: int, index: int, field: str, nullab
 
 
 try:
-    from icelog.log._records import validate_records
+    from icelog.log._records import validate_records as validate_records  # exported: the compiled one
 
     COMPILED = True
 except ImportError:  # not built (a source tree without `pip install -e .`, or no C compiler at install)

@@ -24,10 +24,10 @@ from icelog.meta.store import (
     MetadataStore,
     PartitionRecord,
     ProducerSnapshot,
-    TableColumn,
     TopicRecord,
     TransactionRecord,
 )
+from icelog.table.field_ids import TableColumn
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS topics (

@@ -10,7 +10,6 @@ the table (a batch spanning more than a minute of timestamps), fall back to Pyth
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import crc32c
 import numpy as np
@@ -93,7 +92,7 @@ def encode_batches(
     return out
 
 
-def as_binary(payloads: Any) -> pa.Array:
+def as_binary(payloads: Sequence[bytes | None] | pa.Array | pa.ChunkedArray) -> pa.Array:
     """A Python list (or arrow array) of payloads as a large_binary array."""
     if isinstance(payloads, pa.ChunkedArray):
         payloads = payloads.combine_chunks()

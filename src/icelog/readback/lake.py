@@ -17,11 +17,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from icelog.config import Settings
 from icelog.lake.catalog import pyiceberg_catalog_opener, sqlite_catalog_path, sqlite_metadata_locations
 from icelog.readback.plan import NO_TABLE, TablePlan, plan_table
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +36,7 @@ Identifier = tuple[str, str]
 Locations = Callable[[], dict[Identifier, str]]
 
 
-def catalog_opener(settings: Settings) -> Callable[[], Any | None] | None:
+def catalog_opener(settings: Settings) -> Callable[[], Catalog | None] | None:
     """A function opening a pyiceberg catalog onto the archiver's (None until it exists), or None: read-back off."""
     opener = pyiceberg_catalog_opener(settings)
     if opener is None:
@@ -55,7 +59,7 @@ def catalog_locations(settings: Settings) -> Locations | None:
 
 @dataclass
 class _Loaded:
-    table: Any | None
+    table: Table | None
     at: float
 
 
@@ -75,10 +79,10 @@ UNKNOWN = _Unknown()
 class LakeTables:
     """Tables of one catalog by (namespace, name) and their plans; thread-safe; checked at most every REFRESH_S."""
 
-    def __init__(self, opener: Callable[[], Any | None], locations: Locations | None = None) -> None:
+    def __init__(self, opener: Callable[[], Catalog | None], locations: Locations | None = None) -> None:
         self._opener = opener
         self._locations = locations
-        self.catalog: Any | None = None
+        self.catalog: Catalog | None = None
         self._tables: dict[Identifier, _Loaded] = {}
         self._plans: dict[Identifier, _Planned] = {}
         self._planning: dict[Identifier, threading.Lock] = {}
@@ -149,7 +153,7 @@ class LakeTables:
         self._plans[identifier] = _Planned(plan, now)
         return plan
 
-    def table(self, identifier: tuple[str, str], fresh: bool = False) -> Any | None:
+    def table(self, identifier: tuple[str, str], fresh: bool = False) -> Table | None:
         """The table's current version (None while it does not exist); `fresh` reloads unless just reloaded."""
         from pyiceberg.exceptions import NoSuchTableError
 

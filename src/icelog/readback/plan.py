@@ -16,12 +16,18 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from icelog.table.config import BATCH_START, BUCKET, LAYOUT_TABLE, OFFSET, TIMESTAMP, VALUE_PREFIX
 from icelog.table.iceberg_types import RAW
 from icelog.table.layout import OFFSETS_PROPERTY, TOPIC_ID_PROPERTY, layout_of_properties
+
+if TYPE_CHECKING:
+    from pyiceberg.schema import Schema
+    from pyiceberg.table import FileScanTask, Table
+    from pyiceberg.types import PrimitiveType, StructType
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +50,7 @@ RECORD_LAYOUT = Layout("kafka.partition", "kafka.offset", "kafka.event_timestamp
 TABLE_LAYOUT = Layout(BUCKET, OFFSET, TIMESTAMP, BATCH_START, True)
 
 
-def layout_of(table: Any) -> Layout:
+def layout_of(table: Table) -> Layout:
     """The layout a table was created with (table/layout.py records it in the table property icelog.layout)."""
     return TABLE_LAYOUT if layout_of_properties(table.properties) == LAYOUT_TABLE else RECORD_LAYOUT
 
@@ -53,7 +59,7 @@ def layout_of(table: Any) -> Layout:
 class FileSlice:
     """One data file of the partition: its scan task and the offset / event time bounds of its rows."""
 
-    task: Any
+    task: FileScanTask
     lower: int
     upper: int
     max_timestamp_ms: int  # upper bound of the event timestamp (ms); large when unknown
@@ -77,7 +83,7 @@ class TablePlan:
     """A table version and its data files (None: no table, or no snapshot yet)."""
 
     location: str | None  # the metadata file planned; another one means the table changed
-    table: Any | None  # the pyiceberg table version (its metadata, schema and io serve the reads)
+    table: Table | None  # the pyiceberg table version (its metadata, schema and io serve the reads)
     snapshot_id: int | None = None
     files: tuple[PlannedFile, ...] = ()
     layout: Layout = RECORD_LAYOUT
@@ -94,7 +100,7 @@ class TablePlan:
 NO_TABLE = TablePlan(None, None)
 
 
-def plan_table(table: Any | None, location: str | None, before: TablePlan = NO_TABLE) -> TablePlan:
+def plan_table(table: Table | None, location: str | None, before: TablePlan = NO_TABLE) -> TablePlan:
     """The table's current data files: from `before` plus what the appends since added, else planned in full."""
     snapshot = None if table is None else table.current_snapshot()
     if table is None or snapshot is None:
@@ -110,7 +116,7 @@ def plan_table(table: Any | None, location: str | None, before: TablePlan = NO_T
     return replace(planned, files=tuple(_planned_files(table, tasks, layout)))
 
 
-def _appended_since(before: TablePlan, table: Any, layout: Layout) -> list[PlannedFile] | None:
+def _appended_since(before: TablePlan, table: Table, layout: Layout) -> list[PlannedFile] | None:
     """The data files the snapshots since `before`'s added, when those are all appends on top of it; else None."""
     from pyiceberg.manifest import ManifestContent
     from pyiceberg.table import ManifestGroupPlanner
@@ -120,21 +126,25 @@ def _appended_since(before: TablePlan, table: Any, layout: Layout) -> list[Plann
             or table.metadata.table_uuid != before.table.metadata.table_uuid
             or _field_ids(table, layout) != _field_ids(before.table, layout)):
         return None
-    snapshot = table.current_snapshot()
+    current = table.current_snapshot()
+    if current is None:  # plan_table asks only about a table with a snapshot
+        return None
+    snapshot = current
     appends: set[int] = set()
     while snapshot.snapshot_id != before.snapshot_id:
         operation = None if snapshot.summary is None else snapshot.summary.operation
         if operation != Operation.APPEND or len(appends) >= MAX_APPENDS or snapshot.parent_snapshot_id is None:
             return None
         appends.add(snapshot.snapshot_id)
-        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id)
-        if snapshot is None:  # an ancestor expired: the lineage back to the plan is unknown
+        parent = table.snapshot_by_id(snapshot.parent_snapshot_id)
+        if parent is None:  # an ancestor expired: the lineage back to the plan is unknown
             return None
+        snapshot = parent
     if not appends:
         return []
     # The files an append added are in manifests it wrote (a later append may merge them into its own manifest,
     # as existing entries that keep the snapshot that added them).
-    manifests = [m for m in table.current_snapshot().manifests(table.io) if m.added_snapshot_id in appends]
+    manifests = [m for m in current.manifests(table.io) if m.added_snapshot_id in appends]
     if any(m.content != ManifestContent.DATA for m in manifests):
         return None
     tasks = ManifestGroupPlanner(table.metadata, table.io).plan_files(
@@ -142,14 +152,14 @@ def _appended_since(before: TablePlan, table: Any, layout: Layout) -> list[Plann
     return _planned_files(table, tasks, layout)
 
 
-def _field_ids(table: Any, layout: Layout) -> tuple[int, int, int]:
+def _field_ids(table: Table, layout: Layout) -> tuple[int, int, int]:
     schema = table.schema()
     partition, offset, timestamp = (schema.find_field(path).field_id
                                     for path in (layout.partition, layout.offset, layout.timestamp))
     return partition, offset, timestamp
 
 
-def _planned_files(table: Any, tasks: Any, layout: Layout) -> list[PlannedFile]:
+def _planned_files(table: Table, tasks: Iterable[FileScanTask], layout: Layout) -> list[PlannedFile]:
     """Each scan task's slice (offset and time bounds from the file's statistics) and its Kafka partitions."""
     from pyiceberg.conversions import from_bytes
     from pyiceberg.transforms import IdentityTransform
@@ -163,7 +173,7 @@ def _planned_files(table: Any, tasks: Any, layout: Layout) -> list[PlannedFile]:
         for spec in table.metadata.partition_specs
     }
 
-    def bound(bounds: Any, field_id: int, kind: Any, default: int) -> int:
+    def bound(bounds: dict[int, bytes] | None, field_id: int, kind: PrimitiveType, default: int) -> int:
         raw = bounds.get(field_id) if bounds else None
         return default if raw is None else int(from_bytes(kind, raw))
 
@@ -189,7 +199,7 @@ def _planned_files(table: Any, tasks: Any, layout: Layout) -> list[PlannedFile]:
     return out
 
 
-def archive_summary(table: Any, max_ancestors: int = 1000) -> tuple[str | None, dict[int, int]]:
+def archive_summary(table: Table, max_ancestors: int = 1000) -> tuple[str | None, dict[int, int]]:
     """(topic id, next offset per partition) the newest archive commit on the current lineage records (None, {}:
     none left to say; snapshots of others, compaction or deletes, record nothing: archive/reconcile.py)."""
     from pyiceberg.table.snapshots import ancestors_of
@@ -206,17 +216,18 @@ def archive_summary(table: Any, max_ancestors: int = 1000) -> tuple[str | None, 
     return None, {}
 
 
-def _raw_layout(schema: Any, layout: Layout) -> bool:
+def _raw_layout(schema: Schema, layout: Layout) -> bool:
     """Whether every row holds its payloads as produced: the record layout's key and value structs hold only
     `__raw__`, or a table layout table has no value columns to rebuild from (no __value_prefix: no schema)."""
     if layout.table:
         return VALUE_PREFIX not in {f.name for f in schema.fields}
     return all(
-        [f.name for f in schema.find_field(side).field_type.fields] == [RAW] for side in ("key", "value")
+        [f.name for f in cast("StructType", schema.find_field(side).field_type).fields] == [RAW]
+        for side in ("key", "value")
     )
 
 
-def partition_ranges(table: Any, topic_id: str) -> dict[int, tuple[int, int, int]] | None:
+def partition_ranges(table: Table, topic_id: str) -> dict[int, tuple[int, int, int]] | None:
     """Per Kafka partition: (first offset, one past the last, data file bytes), from one scan plan (status); None
     when the table's archive commits came from another topic (read-back does not serve it to this one)."""
     out: dict[int, tuple[int, int, int]] = {}

@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -48,9 +48,16 @@ from icelog.table.config import (
 )
 from icelog.table.iceberg_types import RAW
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyiceberg.table import Table
+
 log = logging.getLogger(__name__)
 
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
+# a segment's files and their delete files, its row group (None: all), the partition, log append time
+CacheKey = tuple[tuple[tuple[str, frozenset[str]], ...], int | None, int, bool]
 
 
 @dataclass(frozen=True)
@@ -150,7 +157,7 @@ class BuiltFile:
         return self.chunk_lasts[-1] if self.chunk_lasts else None
 
 
-def _payload_bytes(payloads: Any) -> int:
+def _payload_bytes(payloads: pa.Array) -> int:
     """Total bytes of a binary array's payloads."""
     import pyarrow.compute as pc
 
@@ -163,18 +170,18 @@ class BatchCache:
 
     def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._files: OrderedDict[Any, BuiltFile] = OrderedDict()
+        self._files: OrderedDict[CacheKey, BuiltFile] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, key: Any) -> BuiltFile | None:
+    def get(self, key: CacheKey) -> BuiltFile | None:
         with self._lock:
             built = self._files.get(key)
             if built is not None:
                 self._files.move_to_end(key)
             return built
 
-    def put(self, key: Any, built: BuiltFile) -> None:
+    def put(self, key: CacheKey, built: BuiltFile) -> None:
         with self._lock:
             if key in self._files:
                 return
@@ -192,7 +199,7 @@ class _Plan:
     lowers: list[int]
     layout: Layout = RECORD_LAYOUT
     covered: int | None = None  # the next offset the archive commits say the table covers (rows or not)
-    table: Any = None  # the pyiceberg table version planned (its metadata, schema and io serve the reads)
+    table: Table | None = None  # the pyiceberg table version planned (its metadata, schema and io serve the reads)
 
     @property
     def start(self) -> int | None:
@@ -233,7 +240,7 @@ class TableSource:
         self._planned: TablePlan | None = None  # the table's plan self._plan was taken from
         self._lock = threading.Lock()
         # data file → its Parquet footer and the offset range of each row group
-        self._groups: dict[str, tuple[Any, list[tuple[int, int]]]] = {}
+        self._groups: dict[str, tuple[pq.FileMetaData, list[tuple[int, int]]]] = {}
         self._raw = False  # payloads are stored as produced in every row (no column to rebuild them from)
 
     # -- the plan ------------------------------------------------------------------------------
@@ -324,6 +331,7 @@ class TableSource:
         path = segment.files[0].task.file.file_path
         groups = self._groups.get(path)
         if groups is None:  # the file's first read: its footer, kept for the reads after
+            assert plan.table is not None  # a plan with files has its table
             groups = _offset_ranges(plan.table, path, plan.layout)
             with self._lock:
                 self._groups[path] = groups
@@ -395,6 +403,7 @@ class TableSource:
         built = self._cache.get(key)
         if built is None:
             started = time.perf_counter()
+            assert plan.table is not None  # a plan with files has its table
             rows = self._read_rows(plan.table, segment, plan.layout, group)
             read_s = time.perf_counter() - started
             built = BuiltFile(rows, self.log_append_time)
@@ -404,7 +413,7 @@ class TableSource:
                      segment.files[0].task.file.file_path, read_s)
         return built
 
-    def _read_rows(self, table: Any, segment: Segment, layout: Layout, group: int | None) -> Columns:
+    def _read_rows(self, table: Table, segment: Segment, layout: Layout, group: int | None) -> Columns:
         if group is not None:
             # Nothing to apply and nothing to rebuild: read the row group straight with pyarrow (the identity
             # partition puts one Kafka partition in a file), skipping pyiceberg's projection.
@@ -423,14 +432,14 @@ class TableSource:
         scan = ArrowScan(table.metadata, table.io, table.schema(), parse(f"{layout.partition} = {self.partition}"))
         return self._columns(_sorted(scan.to_table([f.task for f in segment.files]), layout), layout)
 
-    def _columns(self, arrow: Any, layout: Layout) -> Columns:
+    def _columns(self, arrow: pa.Table, layout: Layout) -> Columns:
         """The rows as columns, payloads as produced (stored bytes, or rebuilt from decoded columns)."""
         import pyarrow.compute as pc
 
         if len(arrow) == 0:
             return Columns.empty()
 
-        def ints(values: Any) -> np.ndarray:
+        def ints(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
             return np.asarray(values.to_numpy(zero_copy_only=False), np.int64)
 
         if layout.table:
@@ -455,8 +464,8 @@ class Columns:
     offsets: np.ndarray
     timestamps: np.ndarray
     starts: np.ndarray
-    keys: Any  # large_binary arrays
-    values: Any
+    keys: pa.Array  # large_binary arrays
+    values: pa.Array
     headers: list[bytes] | None  # each row's encoded headers section; None: no row has any
 
     @staticmethod
@@ -472,7 +481,7 @@ def _raw_columns(layout: Layout) -> list[str]:
     return ["key", "value", "headers", "kafka"]
 
 
-def _offset_ranges(table: Any, path: str, layout: Layout) -> tuple[Any, list[tuple[int, int]]]:
+def _offset_ranges(table: Table, path: str, layout: Layout) -> tuple[pq.FileMetaData, list[tuple[int, int]]]:
     """A data file's Parquet footer and the (min, max) offset of each row group, from its statistics."""
     import pyarrow.parquet as pq
 
@@ -490,13 +499,13 @@ def _offset_ranges(table: Any, path: str, layout: Layout) -> tuple[Any, list[tup
     return metadata, out
 
 
-def _offsets_of(arrow: Any, layout: Layout) -> Any:
+def _offsets_of(arrow: pa.Table, layout: Layout) -> pa.ChunkedArray | pa.Array:
     import pyarrow.compute as pc
 
     return arrow.column(OFFSET) if layout.table else pc.struct_field(arrow.column("kafka"), "offset")
 
 
-def _sorted(arrow: Any, layout: Layout) -> Any:
+def _sorted(arrow: pa.Table, layout: Layout) -> pa.Table:
     """Rows in offset order (a compacted file, or the files of a segment, may hold them in any order)."""
     import pyarrow.compute as pc
 
@@ -508,7 +517,7 @@ def _sorted(arrow: Any, layout: Layout) -> Any:
     return arrow.take(pc.sort_indices(offsets))
 
 
-def _headers(column: Any) -> list[bytes] | None:
+def _headers(column: pa.ChunkedArray) -> list[bytes] | None:
     """Each row's encoded headers section, or None when no row has headers (most topics)."""
     import pyarrow.compute as pc
 
@@ -521,7 +530,7 @@ def _headers(column: Any) -> list[bytes] | None:
     return out
 
 
-def _payloads(column: Any, rebuilder: Rebuilder) -> Any:
+def _payloads(column: pa.ChunkedArray | pa.Array, rebuilder: Rebuilder) -> pa.Array:
     """A side's bytes per row (large_binary): straight from `__raw__` when the struct holds nothing else."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -539,7 +548,7 @@ def _payloads(column: Any, rebuilder: Rebuilder) -> Any:
 _VALUE_KEPT = (VALUE_BYTES, VALUE_PREFIX, VALUE_ERR)
 
 
-def _table_values(arrow: Any, rebuilder: Rebuilder) -> Any:
+def _table_values(arrow: pa.Table, rebuilder: Rebuilder) -> pa.Array:
     """A table layout's values per row: `__value` when kept, else rebuilt from `__value_prefix` and the value's
     top-level columns (schema/codec/rebuild.py); neither: a null value."""
     import pyarrow.compute as pc

@@ -16,7 +16,7 @@ Every column is optional: Iceberg can only add optional columns, and proto3 abse
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
@@ -35,6 +35,11 @@ from icelog.table.config import (
 )
 from icelog.table.field_ids import Column as Column  # re-exported: the column tree computed from a schema
 from icelog.table.field_ids import FieldIdRecord, child_paths
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import IcebergType
 
 MAX_DEPTH = 10  # message nesting kept as structs; deeper message fields become JSON strings
 
@@ -204,7 +209,7 @@ class _Tree:
         return self.children.get(record.path, [])
 
 
-def iceberg_schema(records: Iterable[FieldIdRecord], schema_id: int = 0) -> Any:
+def iceberg_schema(records: Iterable[FieldIdRecord], schema_id: int = 0) -> Schema:
     """The pyiceberg Schema of column records (deleted ones included: old data files still hold them)."""
     from pyiceberg.schema import Schema
     from pyiceberg.types import NestedField
@@ -216,7 +221,7 @@ def iceberg_schema(records: Iterable[FieldIdRecord], schema_id: int = 0) -> Any:
     return Schema(*fields, schema_id=schema_id)
 
 
-def _iceberg_type(tree: _Tree, record: FieldIdRecord) -> Any:
+def _iceberg_type(tree: _Tree, record: FieldIdRecord) -> IcebergType:
     from pyiceberg import types as t
 
     sig = record.signature
@@ -237,7 +242,7 @@ def _iceberg_type(tree: _Tree, record: FieldIdRecord) -> Any:
         return t.MapType(
             key.field_id, _iceberg_type(tree, key), value.field_id, _iceberg_type(tree, value), value_required=False
         )
-    primitives: Mapping[str, Any] = {
+    primitives: Mapping[str, IcebergType] = {
         "int": t.IntegerType(),
         "long": t.LongType(),
         "float": t.FloatType(),
@@ -251,7 +256,7 @@ def _iceberg_type(tree: _Tree, record: FieldIdRecord) -> Any:
     return primitives[sig]
 
 
-def arrow_schema(records: Iterable[FieldIdRecord]) -> Any:
+def arrow_schema(records: Iterable[FieldIdRecord]) -> pa.Schema:
     """The Arrow schema of decoded rows for these columns (what the Spark workers hand back)."""
     import pyarrow as pa
 
@@ -259,7 +264,7 @@ def arrow_schema(records: Iterable[FieldIdRecord]) -> Any:
     return pa.schema([pa.field(r.path, _arrow_type(tree, r)) for r in tree.top()])
 
 
-def _arrow_type(tree: _Tree, record: FieldIdRecord) -> Any:
+def _arrow_type(tree: _Tree, record: FieldIdRecord) -> pa.DataType:
     import pyarrow as pa
 
     sig = record.signature
@@ -318,13 +323,13 @@ def _spark_type(tree: _Tree, record: FieldIdRecord) -> str:
     }[sig]
 
 
-def records_from_schema(schema: Any) -> list[FieldIdRecord]:
+def records_from_schema(schema: Schema) -> list[FieldIdRecord]:
     """Column records of an existing table's pyiceberg schema (adopted when the store has none)."""
     from pyiceberg import types as t
 
     records: list[FieldIdRecord] = []
 
-    def signature(kind: Any) -> str:
+    def signature(kind: IcebergType) -> str:
         if isinstance(kind, t.StructType):
             return "struct"
         if isinstance(kind, t.ListType):
@@ -335,7 +340,7 @@ def records_from_schema(schema: Any) -> list[FieldIdRecord]:
             return f"decimal({kind.precision},{kind.scale})"
         return str(kind)
 
-    def visit(path: str, field_id: int, kind: Any) -> None:
+    def visit(path: str, field_id: int, kind: IcebergType) -> None:
         records.append(FieldIdRecord(path, field_id, signature(kind)))
         if isinstance(kind, t.StructType):
             for f in kind.fields:

@@ -25,9 +25,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from icelog.table.config import BUCKET, LAYOUT_RECORD, LAYOUT_TABLE, OFFSET, TableTopicConfig
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 # Spark SQL types of the columns, in table order.
 ARCHIVE_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -200,7 +203,7 @@ def archive_table_ddl(
     )
 
 
-def arrow_schema() -> Any:
+def arrow_schema() -> pa.Schema:
     """The Arrow schema of decoded rows (what the Spark workers hand back)."""
     import pyarrow as pa
 

@@ -8,8 +8,8 @@ serialization), the one Spark's `system.bucket` and every Iceberg writer use.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from icelog.table.config import (
     BUCKET_KEY,
@@ -20,13 +20,18 @@ from icelog.table.config import (
 )
 from icelog.table.iceberg_types import Column
 
+if TYPE_CHECKING:
+    from pyiceberg.types import PrimitiveType
+
 # Iceberg can bucket int, long, decimal, date, time, timestamp(tz), string, uuid, fixed and binary; of the
 # types a Protobuf field maps to (iceberg_types.py), these.
 BUCKETABLE = ("int", "long", "decimal(20,0)", "string", "binary", "timestamptz")
 _CONTAINERS = ("struct", "list", "map")
 
+BucketFunction = Callable[[object], int | None]  # a column value (None: no bucket) → its Iceberg bucket
 
-def _pyiceberg_type(signature: str) -> Any:
+
+def _pyiceberg_type(signature: str) -> PrimitiveType:
     from pyiceberg import types as t
 
     return {
@@ -65,7 +70,7 @@ def check_spec_columns(columns: Sequence[Column], partition_by: Sequence[str], b
             )
 
 
-def bucket_function(signature: str, buckets: int) -> Any:
+def bucket_function(signature: str, buckets: int) -> BucketFunction:
     """Iceberg's bucket function of a column type: value (as the archive writes it) → bucket, None → None."""
     from pyiceberg.transforms import BucketTransform
 
@@ -73,7 +78,7 @@ def bucket_function(signature: str, buckets: int) -> Any:
     return transform
 
 
-def bucket_of(signature: str, value: Any, buckets: int) -> int | None:
+def bucket_of(signature: str, value: object, buckets: int) -> int | None:
     """The Iceberg bucket of one column value (int, Decimal, str, bytes, or µs since the epoch for timestamptz)."""
     result = bucket_function(signature, buckets)(value)
     return None if result is None else int(result)

@@ -57,7 +57,7 @@ def read_prefix(frame: bytes) -> RequestPrefix:
     return RequestPrefix(*_REQUEST_PREFIX.unpack_from(frame))
 
 
-def decode_request(frame: bytes, api_key: int, api_version: int) -> Any:
+def decode_request(frame: bytes, api_key: int, api_version: int) -> ApiMessage:
     """Decode header and body; raises on malformed input.
 
     kafka-python's decoder slices strings and bytes without checking that the frame is long enough, so a
@@ -79,7 +79,7 @@ def decode_request(frame: bytes, api_key: int, api_version: int) -> Any:
     return request
 
 
-def encode_response(response: Any, api_version: int, correlation_id: int) -> bytes:
+def encode_response(response: ApiMessage, api_version: int, correlation_id: int) -> bytes:
     """Frame a response with its header (ApiVersions always uses header v0; the class knows)."""
     response._header = None
     response.API_VERSION = api_version  # before with_header: kafka-python's setter expects a request header

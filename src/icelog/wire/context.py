@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from kafka.protocol.api_message import ApiMessage
 
 from icelog.config import Settings
 from icelog.log.manager import LogManager
@@ -36,7 +38,7 @@ class RequestContext:
     peer: str
 
 
-Handler = Callable[[RequestContext, Any], Awaitable[Any | None]]
+Handler = Callable[[RequestContext, ApiMessage], Awaitable[ApiMessage | None]]
 HANDLERS: dict[int, Handler] = {}
 
 

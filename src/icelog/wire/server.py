@@ -9,6 +9,7 @@ import struct
 from typing import Any
 
 from kafka.protocol.api_key import ApiKey
+from kafka.protocol.api_message import ApiMessage
 
 from icelog.errors import ErrorCode
 from icelog.wire import codec, handlers  # noqa: F401  (handlers register themselves)
@@ -68,7 +69,7 @@ class KafkaServer:
             self._writers.discard(writer)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
-        queue: asyncio.Queue[tuple[int, int, asyncio.Task[Any]] | None] = asyncio.Queue(MAX_IN_FLIGHT)
+        queue: asyncio.Queue[tuple[int, int, asyncio.Task[ApiMessage | None]] | None] = asyncio.Queue(MAX_IN_FLIGHT)
         sender = asyncio.create_task(self._send_in_order(queue, writer, peer))
         try:
             while not sender.done():
@@ -89,7 +90,7 @@ class KafkaServer:
 
     async def _read_request(
         self, reader: asyncio.StreamReader, peer: str
-    ) -> tuple[int, int, asyncio.Task[Any]] | None:
+    ) -> tuple[int, int, asyncio.Task[ApiMessage | None]] | None:
         try:
             header = await reader.readexactly(4)
         except asyncio.IncompleteReadError as exc:
@@ -121,12 +122,12 @@ class KafkaServer:
             raise _Disconnect(f"malformed {ApiKey(key).name} v{version} request: {exc!r}") from None
         client_id = request.header.client_id if request.header is not None else None
         context = RequestContext(self.broker, version, client_id, peer)
-        task: asyncio.Task[Any] = asyncio.ensure_future(HANDLERS[key](context, request))
+        task: asyncio.Task[ApiMessage | None] = asyncio.ensure_future(HANDLERS[key](context, request))
         return (key << 16) | version, correlation, task
 
     async def _send_in_order(
-        self, queue: asyncio.Queue[tuple[int, int, asyncio.Task[Any]] | None], writer: asyncio.StreamWriter,
-        peer: str,
+        self, queue: asyncio.Queue[tuple[int, int, asyncio.Task[ApiMessage | None]] | None],
+        writer: asyncio.StreamWriter, peer: str,
     ) -> None:
         try:
             while True:
@@ -166,5 +167,5 @@ class KafkaServer:
                     pending[2].cancel()
 
 
-async def _unsupported_api_versions() -> Any:
+async def _unsupported_api_versions() -> ApiMessage:
     return build_api_versions_response(0, ErrorCode.UNSUPPORTED_VERSION)

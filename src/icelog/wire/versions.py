@@ -7,9 +7,8 @@ one. Held back on purpose (see docs/architecture.md): Fetch >= 13, Produce >= 10
 
 from __future__ import annotations
 
-from typing import Any
-
 from kafka.protocol.api_key import ApiKey
+from kafka.protocol.api_message import ApiMessage
 
 from icelog.errors import ErrorCode
 from icelog.wire import codec
@@ -53,7 +52,7 @@ def is_supported(api_key: int, api_version: int) -> bool:
     return versions is not None and versions[0] <= api_version <= versions[1]
 
 
-def build_api_versions_response(version: int, error: ErrorCode = ErrorCode.NONE) -> Any:
+def build_api_versions_response(version: int, error: ErrorCode = ErrorCode.NONE) -> ApiMessage:
     """An ApiVersions response listing every API icelog serves."""
     cls = codec.response_class(ApiKey.ApiVersions)
     keys = [

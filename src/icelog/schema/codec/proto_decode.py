@@ -19,16 +19,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import descriptor_pb2, message_factory
 
 from icelog.schema.codec.proto_values import FieldPart, column_values, struct_converter, struct_parts
 from icelog.schema.codec.rebuild import invertible
-from icelog.schema.codec.registry_source import SourceSpec, open_source
+from icelog.schema.codec.registry_source import SchemaSource, SourceSpec, open_source
 from icelog.schema.protobuf_schema import build_pool, main_file_of, message_name_at, parse_envelope
 from icelog.schema.registry_client import RegistryUnavailableError
 from icelog.table.iceberg_types import ERR, PREFIX, RAW, Column
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from google.protobuf.descriptor_pool import DescriptorPool
+    from google.protobuf.message import Message
 
 
 @dataclass(frozen=True)
@@ -51,8 +56,8 @@ class OtherMessageError(ValueError):
 class Decoded:
     """A message class's parse function, its converters into the side's column, and invertibility."""
 
-    parse: Callable[[bytes], Any]
-    convert: Callable[[Any], dict[str, Any]]
+    parse: Callable[[bytes], Message]
+    convert: Callable[[Message], dict[str, Any]]
     parts: list[FieldPart]
     invertible: bool  # the columns hold every field exactly: rebuild.py can re-serialize the message
 
@@ -66,10 +71,10 @@ class SideDecoder:
     def __init__(self, decoding: SideDecoding) -> None:
         self.decoding = decoding
         self._sets: dict[int, descriptor_pb2.FileDescriptorSet] = {}
-        self._pools: dict[int, Any] = {}
+        self._pools: dict[int, DescriptorPool] = {}
         self._decoders: dict[DecoderKey, Decoded] = {}
         self._always_raw = decoding.side == "key"
-        self._source: Any = None
+        self._source: SchemaSource | None = None
 
     def _fds(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet:
         if schema_id not in self._sets:
@@ -118,7 +123,7 @@ class SideDecoder:
             self._decoders[key] = found
         return found
 
-    def _parse(self, payload: bytes) -> tuple[DecoderKey, Any, bytes | None]:
+    def _parse(self, payload: bytes) -> tuple[DecoderKey, Message, bytes | None]:
         """(decoder key, message, envelope bytes or None); raises if the payload does not decode."""
         envelope = parse_envelope(payload)
         if envelope is None:
@@ -128,7 +133,7 @@ class SideDecoder:
         key = (schema_id, tuple(indexes))
         return key, self._decoder(*key).parse(payload[offset:]), payload[:offset]
 
-    def _keeps_raw(self, key: DecoderKey, message: Any, payload: bytes, prefix: bytes | None) -> bool:
+    def _keeps_raw(self, key: DecoderKey, message: Message, payload: bytes, prefix: bytes | None) -> bool:
         """Whether `__raw__` must be kept: always for keys; for values unless the row provably rebuilds it."""
         if self._always_raw or prefix is None or not self._decoders[key].invertible:
             return True
@@ -152,7 +157,7 @@ class SideDecoder:
             row[RAW] = payload
         return row
 
-    def decode_many(self, payloads: list[bytes | None], struct_type: Any) -> Any:
+    def decode_many(self, payloads: list[bytes | None], struct_type: pa.StructType) -> pa.StructArray:
         """An Arrow struct array of many payloads, built column by column (no dict per row).
 
         Payloads of the batch's most common message type fill the columns directly; others (another
@@ -163,7 +168,7 @@ class SideDecoder:
         n = len(payloads)
         main: DecoderKey | None = None
         rows: list[int] = []
-        messages: list[Any] = []
+        messages: list[Message] = []
         prefixes: list[bytes | None] = [None] * n
         raws: list[bytes | None] = [None] * n
         others: dict[int, dict[str, Any]] = {}

@@ -10,13 +10,16 @@ from __future__ import annotations
 import decimal
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from icelog.table.field_ids import compatible, shape
 from icelog.table.iceberg_types import WRAPPERS, Column, field_signature, is_map
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
 
 Convert = Callable[[Any], Any]
 _US = 1_000_000
@@ -30,7 +33,7 @@ def _to_decimal(value: int) -> decimal.Decimal:
     return decimal.Decimal(value)
 
 
-def message_json(message: Any) -> str:
+def message_json(message: Message) -> str:
     """A message as compact JSON (Struct, Value, Any, or a message nested past the depth limit)."""
     try:
         body = json_format.MessageToDict(
@@ -112,11 +115,11 @@ def struct_parts(descriptor: Descriptor, column: Column, ancestors: tuple[str, .
 
 def struct_converter(
     descriptor: Descriptor, column: Column, ancestors: tuple[str, ...] = ()
-) -> Callable[[Any], dict[str, Any]]:
+) -> Callable[[Message], dict[str, Any]]:
     """Converter of a message into a dict of `column`'s children (missing keys are null)."""
     parts = struct_parts(descriptor, column, ancestors)
 
-    def convert(message: Any) -> dict[str, Any]:
+    def convert(message: Message) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name, presence, fn in parts:
             if presence and not message.HasField(name):
@@ -127,7 +130,7 @@ def struct_converter(
     return convert
 
 
-def column_values(parts: list[FieldPart], messages: list[Any]) -> dict[str, list[Any]]:
+def column_values(parts: list[FieldPart], messages: list[Message]) -> dict[str, list[Any]]:
     """Column-wise values of many messages of one type (the top level of a batch, no dict per row)."""
     columns: dict[str, list[Any]] = {}
     for name, presence, fn in parts:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from google.protobuf import descriptor_pb2, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -25,6 +25,9 @@ from icelog.schema.protobuf_schema import build_pool, main_file_of, message_name
 from icelog.table.config import HEADERS, KEY_BYTES, VALUE_BYTES, VALUE_ERR, VALUE_PREFIX
 from icelog.table.field_ids import compatible, shape
 from icelog.table.iceberg_types import ERR, PREFIX, RAW, WRAPPERS, Column, field_signature, is_map
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
 
 _MESSAGE_KINDS = (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP)
 _RENAMED = re.compile(r"^(?P<name>.+)__v\d+$")
@@ -100,7 +103,7 @@ def _scalar(field: FieldDescriptor, value: Any) -> Any:
     return value
 
 
-def fill_message(message: Any, row: Mapping[str, Any]) -> None:
+def fill_message(message: Message, row: Mapping[str, Any]) -> None:
     """Set a message's fields from a struct value shaped like its columns (the inverse of proto_values)."""
     for field in message.DESCRIPTOR.fields:
         value = _pick(row, field.name)
@@ -135,9 +138,9 @@ class Rebuilder:
 
     def __init__(self, schemas: Schemas) -> None:
         self.schemas = schemas
-        self._classes: dict[tuple[int, tuple[int, ...]], Any] = {}
+        self._classes: dict[tuple[int, tuple[int, ...]], type[Message]] = {}
 
-    def _class(self, schema_id: int, indexes: Sequence[int]) -> Any:
+    def _class(self, schema_id: int, indexes: Sequence[int]) -> type[Message]:
         key = (schema_id, tuple(indexes))
         if key not in self._classes:
             fds = self.schemas.by_id(schema_id)
@@ -163,7 +166,8 @@ class Rebuilder:
         schema_id, indexes, _ = envelope
         message = self._class(schema_id, indexes)()
         fill_message(message, row)
-        return bytes(prefix) + message.SerializeToString()
+        body: bytes = message.SerializeToString()
+        return bytes(prefix) + body
 
 
 def rebuild_payload(side_row: Mapping[str, Any] | None, schemas: Schemas) -> bytes | None:

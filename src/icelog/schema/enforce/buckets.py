@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 from google.protobuf import descriptor_pb2, message_factory
 
 from icelog.schema.codec.proto_values import struct_parts
 from icelog.schema.protobuf_schema import message_descriptor
 from icelog.table.iceberg_types import Column, field_signature
-from icelog.table.rules import BUCKETABLE, bucket_function
+from icelog.table.rules import BUCKETABLE, BucketFunction, bucket_function
 
 _CACHE_SIZE = 4096
 
@@ -29,7 +29,7 @@ class ColumnReader:
     """Reads one top-level column's value from a message body of one schema (None: unset)."""
 
     signature: str
-    read: Callable[[bytes], Any]
+    read: Callable[[bytes], object]  # a column value as the archive writes it (None: unset)
 
 
 class BucketLocator:
@@ -37,7 +37,7 @@ class BucketLocator:
 
     def __init__(self) -> None:
         self._readers: dict[tuple[int, tuple[int, ...] | str, str], ColumnReader | None] = {}
-        self._functions: dict[tuple[str, int], Any] = {}
+        self._functions: dict[tuple[str, int], BucketFunction] = {}
 
     def reader(
         self, fds: descriptor_pb2.FileDescriptorSet, schema_id: int, which: tuple[int, ...] | str, column: str
@@ -61,7 +61,7 @@ class BucketLocator:
             message_class = message_factory.GetMessageClass(descriptor)
             [(name, presence, convert)] = parts
 
-            def read(body: bytes) -> Any:
+            def read(body: bytes) -> object:
                 message = message_class.FromString(body)
                 if presence and not message.HasField(name):
                     return None
@@ -73,11 +73,11 @@ class BucketLocator:
         self._readers[key] = reader
         return reader
 
-    def bucket(self, signature: str, value: Any, buckets: int) -> int:
+    def bucket(self, signature: str, value: object, buckets: int) -> int:
         """Iceberg's bucket of a non-null column value; ValueError for a type Iceberg cannot bucket."""
         if signature not in BUCKETABLE:
             raise ValueError(f"a {signature} column cannot be bucketed (Iceberg buckets {', '.join(BUCKETABLE)})")
         function = self._functions.get((signature, buckets))
         if function is None:
             function = self._functions[(signature, buckets)] = bucket_function(signature, buckets)
-        return int(function(value))
+        return int(cast(int, function(value)))  # a non-null value has a bucket

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sized
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -25,7 +25,8 @@ except ImportError:  # pragma: no cover - aiokafka without its extension
     from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.log.batch import ATTR_COMPRESSION_MASK, parse_produced_batches
+from icelog.log.batch import parse_produced_batches
+from icelog.log.record_format import ATTR_COMPRESSION_MASK
 from icelog.schema.enforce.buckets import BucketLocator
 from icelog.schema.protobuf_schema import (
     InvalidSchemaError,
@@ -54,11 +55,19 @@ class SchemaSource(Protocol):
         """The compiled schema with this id (InvalidSchemaError if there is none)."""
 
 
+class EmbeddedRegistry(Protocol):
+    """What enforcement asks the embedded registry (registry/service.py's RegistryService, not imported here to
+    keep this module free of aiohttp)."""
+
+    def latest_schema_id(self, subject: str) -> int | None: ...
+    def compiled(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet: ...
+
+
 class LocalSchemaSource:
     """The embedded registry (store reads inline; protoc runs in a thread on a cold cache)."""
 
-    def __init__(self, service: Any) -> None:
-        self.service = service  # RegistryService; not imported here to keep this module free of aiohttp
+    def __init__(self, service: EmbeddedRegistry) -> None:
+        self.service = service
 
     async def latest_id(self, subject: str) -> int | None:
         schema_id: int | None = self.service.latest_schema_id(subject)
@@ -92,6 +101,24 @@ class HttpSchemaSource:
             raise InvalidSchemaError(str(exc)) from None
 
 
+class TopicConfigs(Protocol):
+    """A topic's stored record (meta/store.py's TopicRecord), replaced on every config change."""
+
+    @property
+    def configs(self) -> Mapping[str, str]: ...
+
+
+class ProducedTopic(Protocol):
+    """A topic as the broker serves it (log/manager.py's TopicState, which this layer does not import)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def record(self) -> TopicConfigs: ...
+    @property
+    def partitions(self) -> Sized: ...
+
+
 class InvalidRecordsError(KafkaApiError):
     """Records of a batch failed enforcement; Produce answers INVALID_RECORD with per-record errors."""
 
@@ -113,7 +140,7 @@ class _Parser:
 class TopicPlan:
     """What enforcement does for one topic's current configs."""
 
-    record: object  # the TopicRecord the plan was made for (replaced on every config change)
+    record: TopicConfigs  # the TopicRecord the plan was made for (replaced on every config change)
     sides: list[SideSchemaConfig] = field(default_factory=list)
     bucket_key: str | None = None  # icelog.table.bucket.key: each record's partition must be its Iceberg bucket
     schema_sides: list[SideSchemaConfig] = field(default_factory=list)  # value then key, those with a subject
@@ -135,7 +162,7 @@ class Enforcer:
         self._locks: dict[str, asyncio.Lock] = {}
         self.buckets = BucketLocator()
 
-    def applies(self, topic: Any) -> bool:
+    def applies(self, topic: ProducedTopic) -> bool:
         """Whether produced batches of this topic (a TopicState) need enforcement at all."""
         plan = self._plans.get(topic.name)
         if plan is None or plan.record is not topic.record:
@@ -151,7 +178,7 @@ class Enforcer:
             self._plans[topic.name] = plan
         return bool(plan.sides) or plan.bucket_key is not None
 
-    async def enforce(self, topic: Any, records: bytes, max_batch_bytes: int, partition: int = -1) -> bytes:
+    async def enforce(self, topic: ProducedTopic, records: bytes, max_batch_bytes: int, partition: int = -1) -> bytes:
         """Check (and with coerce, rewrite) one partition's produced batches; raise InvalidRecordsError."""
         plan = self._plans[topic.name]
         # One lock per topic: while a cold look-up waits, later produces to the topic queue behind it, so

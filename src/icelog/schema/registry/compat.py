@@ -60,7 +60,8 @@ def _kind(field: descriptor_pb2.FieldDescriptorProto) -> str:
 
 
 def _type_name(field: descriptor_pb2.FieldDescriptorProto) -> str:
-    return FDP.Type.Name(field.type).removeprefix("TYPE_").lower() if not field.type_name else field.type_name
+    name: str = FDP.Type.Name(field.type).removeprefix("TYPE_").lower() if not field.type_name else field.type_name
+    return name
 
 
 def _wire_compatible(a: int, b: int) -> bool:
@@ -82,7 +83,8 @@ def _oneof_of(message: descriptor_pb2.DescriptorProto, field: descriptor_pb2.Fie
     # proto3 `optional` is a synthetic oneof; it is not a real oneof for compatibility.
     if not field.HasField("oneof_index") or field.proto3_optional:
         return None
-    return message.oneof_decl[field.oneof_index].name
+    name: str = message.oneof_decl[field.oneof_index].name
+    return name
 
 
 def _map_entry(

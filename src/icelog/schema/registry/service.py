@@ -84,7 +84,8 @@ def _canonical(fds: descriptor_pb2.FileDescriptorSet) -> bytes:
         for field in message.field:
             field.ClearField("json_name")
         stack.extend(message.nested_type)
-    return main.SerializeToString(deterministic=True)
+    canonical: bytes = main.SerializeToString(deterministic=True)
+    return canonical
 
 
 def fingerprint(schema_type: str, fds: descriptor_pb2.FileDescriptorSet, refs: Sequence[SchemaReference]) -> str:

@@ -3,7 +3,7 @@ IncrementalAlterConfigs."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kafka.protocol.admin import (
     AlterConfigsResponse,
@@ -19,6 +19,9 @@ from icelog.errors import ErrorCode, KafkaApiError
 from icelog.topics import TOPIC_CONFIG_KEYS
 from icelog.wire.context import RequestContext, handles
 
+if TYPE_CHECKING:
+    from kafka.protocol.api_message import ApiMessage
+
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
 SOURCE_TOPIC = 1  # DYNAMIC_TOPIC_CONFIG
@@ -32,7 +35,7 @@ def _error(exc: KafkaApiError) -> tuple[int, str]:
 
 
 @handles(ApiKey.CreateTopics)
-async def create_topics(ctx: RequestContext, request: Any) -> Any:
+async def create_topics(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     logs = ctx.broker.logs
     settings = ctx.broker.settings
     results = []
@@ -69,7 +72,7 @@ async def create_topics(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(ApiKey.DeleteTopics)
-async def delete_topics(ctx: RequestContext, request: Any) -> Any:
+async def delete_topics(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     logs = ctx.broker.logs
     if ctx.api_version >= 6:
         names = [t.name or _name_for_id(ctx, t.topic_id) for t in request.topics]
@@ -99,7 +102,7 @@ def _name_for_id(ctx: RequestContext, topic_id: Any) -> str:
 
 
 @handles(ApiKey.CreatePartitions)
-async def create_partitions(ctx: RequestContext, request: Any) -> Any:
+async def create_partitions(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     results = []
     for topic in request.topics:
         result = CreatePartitionsResponse.CreatePartitionsTopicResult(name=topic.name, error_code=0)
@@ -112,7 +115,7 @@ async def create_partitions(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(ApiKey.DescribeConfigs)
-async def describe_configs(ctx: RequestContext, request: Any) -> Any:
+async def describe_configs(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     Result = DescribeConfigsResponse.DescribeConfigsResult
     Entry = Result.DescribeConfigsResourceResult
     results = []
@@ -170,7 +173,7 @@ def _broker_configs(ctx: RequestContext) -> dict[str, str]:
 
 
 @handles(ApiKey.AlterConfigs)
-async def alter_configs(ctx: RequestContext, request: Any) -> Any:
+async def alter_configs(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     """Legacy AlterConfigs: the given set replaces every explicit config of the topic."""
     responses = []
     for resource in request.resources:
@@ -190,7 +193,7 @@ async def alter_configs(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(ApiKey.IncrementalAlterConfigs)
-async def incremental_alter_configs(ctx: RequestContext, request: Any) -> Any:
+async def incremental_alter_configs(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     responses = []
     for resource in request.resources:
         result = IncrementalAlterConfigsResponse.AlterConfigsResourceResponse(

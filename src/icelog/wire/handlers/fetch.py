@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kafka.protocol.api_key import ApiKey
 from kafka.protocol.consumer import FetchResponse, ListOffsetsResponse
@@ -13,13 +13,16 @@ from kafka.protocol.consumer import FetchResponse, ListOffsetsResponse
 from icelog.errors import ErrorCode, KafkaApiError
 from icelog.wire.context import RequestContext, handles
 
+if TYPE_CHECKING:
+    from kafka.protocol.api_message import ApiMessage
+
 PartitionData = FetchResponse.FetchableTopicResponse.PartitionData
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 READ_COMMITTED = 1
 
 
 @handles(ApiKey.Fetch)
-async def fetch(ctx: RequestContext, request: Any) -> Any:
+async def fetch(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     """A long poll: answer when min_bytes are readable or max_wait_ms has passed.
 
     File reads run on a worker thread (the event loop never waits on the disk); the long-poll waiters
@@ -68,7 +71,8 @@ class _PartitionRead:
         return self.error == 0 and self.offset < self.seen_end
 
     def end(self) -> int:
-        return self.part.last_stable_offset if self.read_committed else self.part.high_watermark
+        end: int = self.part.last_stable_offset if self.read_committed else self.part.high_watermark
+        return end
 
 
 def _plan(request: Any, logs: Any, read_committed: bool) -> list[_PartitionRead]:
@@ -140,7 +144,7 @@ def _responses(request: Any, plan: list[_PartitionRead]) -> list[Any]:
 
 
 @handles(ApiKey.ListOffsets)
-async def list_offsets(ctx: RequestContext, request: Any) -> Any:
+async def list_offsets(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     logs = ctx.broker.logs
     topics = []
     for topic in request.topics:

@@ -4,7 +4,7 @@ OffsetFetch, DescribeGroups, ListGroups, DeleteGroups, OffsetDelete (this broker
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kafka.protocol.admin.groups import (
     DeleteGroupsResponse,
@@ -28,6 +28,9 @@ from icelog.errors import ErrorCode
 from icelog.meta.store import CommittedOffset
 from icelog.wire.context import RequestContext, handles
 
+if TYPE_CHECKING:
+    from kafka.protocol.api_message import ApiMessage
+
 COORDINATOR_GROUP, COORDINATOR_TRANSACTION = 0, 1
 
 
@@ -41,7 +44,7 @@ def _host(ctx: RequestContext) -> str:
 
 
 @handles(ApiKey.FindCoordinator)
-async def find_coordinator(ctx: RequestContext, request: Any) -> Any:
+async def find_coordinator(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     broker = ctx.broker
     error = ErrorCode.NONE
     if ctx.api_version >= 1 and request.key_type not in (COORDINATOR_GROUP, COORDINATOR_TRANSACTION):
@@ -57,7 +60,7 @@ async def find_coordinator(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(ApiKey.JoinGroup)
-async def join_group(ctx: RequestContext, request: Any) -> Any:
+async def join_group(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     v = ctx.api_version
     result = await coordinator(ctx).join(
         request.group_id,
@@ -89,7 +92,7 @@ async def join_group(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(ApiKey.SyncGroup)
-async def sync_group(ctx: RequestContext, request: Any) -> Any:
+async def sync_group(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     v = ctx.api_version
     result = await coordinator(ctx).sync(
         request.group_id,
@@ -110,7 +113,7 @@ async def sync_group(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(ApiKey.Heartbeat)
-async def heartbeat(ctx: RequestContext, request: Any) -> Any:
+async def heartbeat(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     error = coordinator(ctx).heartbeat(
         request.group_id,
         request.generation_id,
@@ -121,7 +124,7 @@ async def heartbeat(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(ApiKey.LeaveGroup)
-async def leave_group(ctx: RequestContext, request: Any) -> Any:
+async def leave_group(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     if ctx.api_version < 3:
         (error,) = coordinator(ctx).leave(request.group_id, [(request.member_id, None)])
         return LeaveGroupResponse(throttle_time_ms=0, error_code=int(error), members=[])
@@ -138,7 +141,7 @@ async def leave_group(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(ApiKey.OffsetCommit)
-async def offset_commit(ctx: RequestContext, request: Any) -> Any:
+async def offset_commit(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     v = ctx.api_version
     groups = coordinator(ctx)
     logs = ctx.broker.logs
@@ -174,7 +177,7 @@ async def offset_commit(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(ApiKey.OffsetFetch)
-async def offset_fetch(ctx: RequestContext, request: Any) -> Any:
+async def offset_fetch(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     v = ctx.api_version
     wanted = None
     if request.topics is not None:
@@ -196,7 +199,7 @@ async def offset_fetch(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(ApiKey.DescribeGroups)
-async def describe_groups(ctx: RequestContext, request: Any) -> Any:
+async def describe_groups(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     groups = coordinator(ctx)
     described = []
     for group_id in request.groups:
@@ -243,7 +246,7 @@ async def describe_groups(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(ApiKey.ListGroups)
-async def list_groups(ctx: RequestContext, request: Any) -> Any:
+async def list_groups(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     states = set(request.states_filter or []) if ctx.api_version >= 4 else set()
     listed = [
         ListGroupsResponse.ListedGroup(
@@ -256,7 +259,7 @@ async def list_groups(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(ApiKey.DeleteGroups)
-async def delete_groups(ctx: RequestContext, request: Any) -> Any:
+async def delete_groups(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     results = [
         DeleteGroupsResponse.DeletableGroupResult(group_id=g, error_code=int(coordinator(ctx).delete(g)))
         for g in request.groups_names
@@ -265,7 +268,7 @@ async def delete_groups(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(ApiKey.OffsetDelete)
-async def offset_delete(ctx: RequestContext, request: Any) -> Any:
+async def offset_delete(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     wanted = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
     error, results = coordinator(ctx).delete_offsets(request.group_id, wanted)
     by_topic: dict[str, list[Any]] = {}

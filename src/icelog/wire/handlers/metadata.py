@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kafka.protocol.api_key import ApiKey
 from kafka.protocol.metadata import MetadataResponse
@@ -12,16 +12,19 @@ from icelog.errors import ErrorCode, KafkaApiError
 from icelog.wire.context import RequestContext, handles
 from icelog.wire.versions import build_api_versions_response
 
+if TYPE_CHECKING:
+    from kafka.protocol.api_message import ApiMessage
+
 log = logging.getLogger(__name__)
 
 
 @handles(ApiKey.ApiVersions)
-async def api_versions(ctx: RequestContext, request: Any) -> Any:
+async def api_versions(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     return build_api_versions_response(ctx.api_version)
 
 
 @handles(ApiKey.Metadata)
-async def metadata(ctx: RequestContext, request: Any) -> Any:
+async def metadata(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     broker = ctx.broker
     logs = broker.logs
     node = broker.settings.node_id

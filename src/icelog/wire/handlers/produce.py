@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kafka.protocol.api_key import ApiKey
 from kafka.protocol.producer import ProduceResponse
 
 from icelog.errors import ErrorCode, KafkaApiError
 from icelog.wire.context import RequestContext, handles
+
+if TYPE_CHECKING:
+    from kafka.protocol.api_message import ApiMessage
 
 PartitionResponse = ProduceResponse.TopicProduceResponse.PartitionProduceResponse
 
@@ -20,7 +23,7 @@ _drop_responses_left = int(os.environ.get("ICELOG_TEST_DROP_PRODUCE_RESPONSES", 
 
 
 @handles(ApiKey.Produce)
-async def produce(ctx: RequestContext, request: Any) -> Any:
+async def produce(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     logs = ctx.broker.logs
     acks = request.acks
     pending: list[tuple[Any, asyncio.Future[None]]] = []

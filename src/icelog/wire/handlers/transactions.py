@@ -4,7 +4,7 @@ EndTxn."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kafka.protocol.api_key import ApiKey
 from kafka.protocol.producer.transaction import (
@@ -19,6 +19,9 @@ from icelog.coordinator.transactions import TransactionCoordinator
 from icelog.meta.store import CommittedOffset
 from icelog.wire.context import RequestContext, handles
 
+if TYPE_CHECKING:
+    from kafka.protocol.api_message import ApiMessage
+
 TopicResult = AddPartitionsToTxnResponse.AddPartitionsToTxnTopicResult
 
 
@@ -28,7 +31,7 @@ def coordinator(ctx: RequestContext) -> TransactionCoordinator:
 
 
 @handles(ApiKey.InitProducerId)
-async def init_producer_id(ctx: RequestContext, request: Any) -> Any:
+async def init_producer_id(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     v = ctx.api_version
     error, pid, epoch = await coordinator(ctx).init_producer_id(
         request.transactional_id,
@@ -43,7 +46,7 @@ async def init_producer_id(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(ApiKey.AddPartitionsToTxn)
-async def add_partitions_to_txn(ctx: RequestContext, request: Any) -> Any:
+async def add_partitions_to_txn(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     wanted = [(t.name, p) for t in request.v3_and_below_topics for p in t.partitions]
     results = await coordinator(ctx).add_partitions(
         request.v3_and_below_transactional_id,
@@ -68,7 +71,7 @@ async def add_partitions_to_txn(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(ApiKey.AddOffsetsToTxn)
-async def add_offsets_to_txn(ctx: RequestContext, request: Any) -> Any:
+async def add_offsets_to_txn(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     error = await coordinator(ctx).add_offsets(
         request.transactional_id,
         request.producer_id,
@@ -80,7 +83,7 @@ async def add_offsets_to_txn(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(ApiKey.TxnOffsetCommit)
-async def txn_offset_commit(ctx: RequestContext, request: Any) -> Any:
+async def txn_offset_commit(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     v = ctx.api_version
     now = int(time.time() * 1000)
     offsets = {
@@ -115,7 +118,7 @@ async def txn_offset_commit(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(ApiKey.EndTxn)
-async def end_txn(ctx: RequestContext, request: Any) -> Any:
+async def end_txn(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     error = await coordinator(ctx).end_txn(
         request.transactional_id,
         request.producer_id,
