@@ -6,6 +6,7 @@ refused by the Java API, a task failing in Spark's Python workers, a topic point
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -86,10 +87,11 @@ def test_a_concurrent_iceberg_commit_is_a_retriable_commit_conflict(lake_setting
     lake_spark.sql(f"CREATE TABLE IF NOT EXISTS {name} (id BIGINT) USING iceberg")
     mine = iceberg_java.load_table(lake_spark, name)
     theirs = iceberg_java.load_table(lake_spark, name)
-    schema, _ = iceberg_java.schema_json(lake_spark, mine)
-    iceberg_java.commit_schema(lake_spark, theirs, schema)  # the other writer's commit lands first
-    with pytest.raises(CommitConflictError) as info:
-        iceberg_java.commit_schema(lake_spark, mine, schema)
+    iceberg_java.set_table_properties(theirs, {"owner": "them"})  # the other writer's commit lands first
+    schema = json.loads(iceberg_java.schema_json(lake_spark, mine)[0])
+    schema["fields"].append({"id": 2, "name": "note", "required": False, "type": "string"})
+    with pytest.raises(CommitConflictError) as info:  # mine is checked against the metadata it was loaded with
+        iceberg_java.commit_schema(lake_spark, mine, json.dumps(schema))
     assert info.value.retriable and isinstance(info.value, TableChangedError)
     assert first_line(info.value).startswith("org.apache.iceberg.exceptions.CommitFailedException")
     lake_spark.sql(f"DROP TABLE {name}")
