@@ -4,8 +4,9 @@ Produce validates batches, so a batch that cannot be decoded should never reach 
 does (written before validation existed, or a bug) must not stop its partition forever. When an archive
 write fails in a Spark worker (a WorkerError that is not retriable), the driver looks for such batches
 (decode.find_dead_letters); each one is appended to the dead-letter table, then the archive is written again
-without it, its offsets counted as archived. Order makes it exactly once: the dead-letter rows are committed first and are idempotent by
-(partition, base_offset), so a crash between the two commits only repeats a write that adds nothing.
+without it, its offsets counted as archived. Order makes it exactly once: the dead-letter rows are committed
+first and are idempotent by (partition, base_offset), so a crash between the two commits only repeats a write
+that adds nothing.
 """
 
 from __future__ import annotations
