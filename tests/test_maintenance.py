@@ -401,11 +401,12 @@ def test_an_archive_pass_commits_while_a_maintenance_round_holds_a_spark_slot(
 def test_a_java_error_py4j_did_not_convert_is_reported_by_its_own_line(lake_spark: Any) -> None:
     """A maintenance round's failure shows the Java exception (e.g. a CommitFailedException), not py4j's
     "An error occurred while calling o438.execute." (what `icelog maintain` printed)."""
-    from icelog.archive.archiver import first_line
+    from icelog.errors import first_line
+    from icelog.lake.jvm_errors import jvm_errors
 
-    with pytest.raises(Exception) as info:
+    with pytest.raises(Exception) as info, jvm_errors():  # (maintain_table runs under jvm_errors)
         lake_spark._jvm.java.util.ArrayList().get(3)  # IndexOutOfBoundsException: pyspark leaves it a Py4JJavaError
-    assert str(info.value).startswith("An error occurred while calling")
+    assert str(info.value.__cause__).startswith("An error occurred while calling")
     assert first_line(info.value).startswith("java.lang.IndexOutOfBoundsException: Index 3 out of bounds")
 
 

@@ -50,7 +50,14 @@ def is_retriable(code: int) -> bool:
 
 
 class IcelogError(Exception):
-    """Root of every error icelog raises on purpose."""
+    """Root of every error icelog raises on purpose.
+
+    `retriable` (a class attribute, as aiokafka's `KafkaError.retriable`): whether the same operation may succeed
+    later with nothing changed (a dependency down, a race lost), as against a fault that needs a fix (a config,
+    the data, a table). Callers decide by type and by this flag, never by the message.
+    """
+
+    retriable: bool = False
 
 
 class ConfigError(IcelogError):
@@ -82,8 +89,33 @@ class KafkaApiError(IcelogError):
         self.message = message
         # (index of the record in its batch, why): Produce v8+ answers them as record_errors (KIP-467)
         self.record_errors = list(record_errors)
+        # Whether the client may retry: kafka-python's classification of the code
+        self.retriable = is_retriable(code)
 
-    @property
-    def retriable(self) -> bool:
-        """Whether the client may retry (kafka-python's classification of the code)."""
-        return is_retriable(self.code)
+
+class TableChangedError(IcelogError):
+    """Another writer changed the table while an operation worked from an older snapshot (a race lost, not an
+    outage): redone from the new snapshot, at once."""
+
+    retriable = True
+
+
+class CommitConflictError(TableChangedError):
+    """Iceberg refused a commit that conflicts with a concurrent one (Java's CommitFailedException once its
+    commit retries are spent, or a ValidationException of the commit's checks); converted at the JVM boundary
+    (icelog.lake.jvm_errors)."""
+
+
+class TableMismatchError(IcelogError):
+    """A table is not one the operation can write as it is (it holds another topic's archive, has another primary
+    key, content icelog does not write): not retried until a config or the table changes."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message, at most 500 characters: for logs and `icelog status`, never a decision.
+
+    (A JVM failure converted at the boundary, icelog.lake.jvm_errors, has the Java exception's own line as its
+    message, not py4j's "An error occurred while calling o438.execute.".)
+    """
+    text = str(exc).strip().splitlines()
+    return text[0][:500] if text else ""

@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import re
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from icelog.archive.dead_letter import dead_letter_counts, dlq_table_name, is_worker_failure, write_dead_letters
+from icelog.archive.dead_letter import dead_letter_counts, dlq_table_name, write_dead_letters
 from icelog.archive.decode import find_dead_letters
 from icelog.archive.locks import WriterTurns
 from icelog.archive.plan import PlannedArchive, over_task_numbers, plan_partition, task_groups
@@ -45,9 +44,10 @@ from icelog.archive.table_schema import ArchiveSchema, MessageUndecided, TableSc
 from icelog.archive.transactions import TransactionTracker
 from icelog.archive.upsert import PassRows, write_upserts
 from icelog.config import Settings
-from icelog.errors import IcelogError
+from icelog.errors import IcelogError, TableChangedError, TableMismatchError, first_line
 from icelog.faults import armed, fault_point
 from icelog.lake import iceberg_java
+from icelog.lake.jvm_errors import WorkerError, in_worker, jvm_errors
 from icelog.lake.warm_workers import ARROW, RDD, WorkerKeeper
 from icelog.meta.registry import RegistryStore
 from icelog.meta.store import ArchiveLedger, IntakeChunk, IntakeIndex, PartitionRecord, TopicCatalog, TopicRecord
@@ -79,7 +79,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 POLL_CHUNKS = 10_000  # intake chunks per partition one poll plans from (the rest wait for later passes)
-CONFLICT_RETRIES_AT_ONCE = 10  # consecutive commit conflicts retried at the next poll, before backing off
+CONFLICT_RETRIES_AT_ONCE = 10  # consecutive races lost (TableChangedError) retried at the next poll, then backoff
 RETRY_BACKOFF_FIRST_MS = 1000  # first wait after a topic fails; doubles per failure up to retry_backoff_max_ms
 RECONCILE_EVERY_MS = 60_000  # re-read a table's offsets at least this often even when nothing is due
 
@@ -110,6 +110,11 @@ class TopicBackoff:
     failures: int
     retry_at_ms: int
     error: str
+
+
+class ForeignTableError(TableMismatchError):
+    """The topic's table holds the archive of another topic (a deleted one of the same name, or a live one archived
+    there): nothing is archived into it until a config or the table changes."""
 
 
 StableOffsetHook = Callable[[TopicRecord, PartitionRecord], int]
@@ -232,7 +237,7 @@ class Archiver:
         previous = self._backoff.get(topic.topic_id)
         failures = 1 if previous is None else previous.failures + 1
         delay_ms = min(RETRY_BACKOFF_FIRST_MS * 2 ** (failures - 1), self.settings.archive.retry_backoff_max_ms)
-        if is_commit_conflict(exc) and failures <= CONFLICT_RETRIES_AT_ONCE:
+        if isinstance(exc, TableChangedError) and failures <= CONFLICT_RETRIES_AT_ONCE:
             # Another writer's commit won the race (an analyst's DELETE on a file this pass marks, a compaction
             # of one): nothing is wrong, the next poll redoes the pass from the new snapshot.
             delay_ms = 0
@@ -241,7 +246,11 @@ class Archiver:
         self._tables_ready.discard(identifier)  # look again: it may have been dropped
         self._layouts.pop(identifier, None)
         self._synced.pop(identifier, None)
-        if delay_ms:
+        if delay_ms and isinstance(exc, IcelogError) and not exc.retriable:
+            # Retried all the same (a fix of a config or of the table is noticed without a restart)
+            log.error("archiving %s failed and needs a fix (intake kept; retry in %d ms): %s", topic.name, delay_ms,
+                      message)
+        elif delay_ms:
             log.warning("archiving %s failed (intake kept; retry in %d ms): %s", topic.name, delay_ms, message)
         else:
             log.info("archiving %s lost a commit race to another writer (intake kept; retried at the next poll): "
@@ -323,7 +332,7 @@ class Archiver:
             owner = next((t.name for t in self.store.list_topics() if str(t.topic_id) == found.topic_id), None)
             whose = (f"topic {owner!r}, which archives there" if owner is not None
                      else f"a deleted topic (perhaps an older {topic.name!r})")
-            raise IcelogError(
+            raise ForeignTableError(
                 f"table {self.table_name(config)} holds the archive of {whose} (id {found.topic_id}), not of "
                 f"{topic.name!r} (id {topic.topic_id}); set {ARCHIVE_TABLE} for {topic.name!r} to another table, "
                 "or drop or rename this one if its topic is gone"
@@ -332,6 +341,7 @@ class Archiver:
             self.store.record_archive(topic.topic_id, found.offsets, found.committed_ms)
         return found
 
+    @jvm_errors()  # what Spark and the JVM raise in a topic's pass is seen as icelog's errors (lake/jvm_errors.py)
     def archive_topic(
         self, topic: TopicRecord, config: ArchiveTopicConfig, force: bool = False
     ) -> TopicPassResult:
@@ -451,12 +461,14 @@ class Archiver:
         A batch that cannot be decoded fails the job in a worker; then the driver finds such batches,
         commits them to the dead-letter table `<table>__dlq` first (idempotent by offset) and appends the
         archives again without them, their offsets counted as archived. Returns the dead letters written.
+        (A worker that failed for a retriable error, the schema registry unavailable, fails the pass: retried.)
         """
         try:
-            self._append(topic, config, archives, new_offsets, schema, spec)
+            with jvm_errors():
+                self._append(topic, config, archives, new_offsets, schema, spec)
             return 0
-        except Exception as exc:
-            if not is_worker_failure(exc):
+        except WorkerError as exc:
+            if exc.retriable:
                 raise
             found = {i: find_dead_letters(self.intake_dir, a) for i, a in enumerate(archives)}
             if not any(found.values()):
@@ -532,7 +544,7 @@ class Archiver:
                           fault_point)
             self.python_workers.used(RDD)
             return
-        frame = self.spark.range(0, len(groups), 1, len(groups)).mapInArrow(over_task_numbers(decode), ddl)
+        frame = self.spark.range(0, len(groups), 1, len(groups)).mapInArrow(in_worker(over_task_numbers(decode)), ddl)
         writer = (
             frame.writeTo(self.table_name(config))
             # Each task holds whole archives in partition and offset order already: no shuffle, no re-sort.
@@ -560,54 +572,3 @@ def creation_properties(configs: dict[str, str]) -> dict[str, str]:
     forwarded = forwarded_properties(configs)
     listed = ",".join(sorted(k for k in forwarded if k not in CREATION_ONLY_PROPERTIES))
     return {**forwarded, FORWARDED_PROPERTY: listed}
-
-
-def is_commit_conflict(exc: BaseException) -> bool:
-    """Whether a pass failed because another writer's commit conflicts with its own (Iceberg's commit
-    validation or an exhausted commit retry): a race lost, not an outage."""
-    text = str(exc)[:20000]
-    return any(f"org.apache.iceberg.exceptions.{name}" in text for name in ("ValidationException",
-                                                                           "CommitFailedException"))
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an error (Py4J errors carry whole Java stack traces), at most 500 characters.
-
-    For an exception raised in a Spark Python worker (whose first line only says so) it is the worker's own
-    `SomeError: message` line, e.g. the schema registry being unreachable; for a Java exception py4j did not
-    convert (first line: "An error occurred while calling o438.execute.") it is the Java exception's line.
-    """
-    text = str(exc).strip().splitlines()
-    if not text:
-        return ""
-    if text[0].startswith("An error occurred while calling"):  # a Py4JJavaError: the Java exception's own line
-        for n, line in enumerate(text[1:], 1):
-            if line.startswith(": "):
-                # A job of Python workers (an RDD job) failed in a worker: its traceback comes before Java's stack.
-                worker = _worker_cause(text[n:]) if "PythonException" in line else None
-                return worker or line[2:][:500]
-    if "Python worker" in text[0]:
-        for line in reversed(text):
-            if cause := _cause(line):
-                return cause
-    return text[0][:500]
-
-
-def _worker_cause(lines: list[str]) -> str | None:
-    """The last `SomeError: message` line of the Python worker's traceback in a Java exception's `lines` (it ends
-    where Java's stack begins)."""
-    found = None
-    for line in lines[1:]:
-        if line.startswith("\tat "):
-            break
-        found = _cause(line) or found
-    return found
-
-
-def _cause(line: str) -> str | None:
-    """A traceback's `SomeError: message` line as `SomeError: message` (module path dropped), or None."""
-    cause = _WORKER_CAUSE.match(line)
-    return f"{cause.group(1)}: {cause.group(2)}"[:500] if cause else None
-
-
-_WORKER_CAUSE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$")

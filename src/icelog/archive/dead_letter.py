@@ -2,10 +2,11 @@
 
 Produce validates batches, so a batch that cannot be decoded should never reach the archiver; one that
 does (written before validation existed, or a bug) must not stop its partition forever. When an archive
-write fails in a Spark worker, the driver looks for such batches (decode.find_dead_letters); each one is
-appended to the dead-letter table, then the archive is written again without it, its offsets counted as
-archived. Order makes it exactly once: the dead-letter rows are committed first and are idempotent by
-(partition, base_offset), so a crash between the two commits only repeats a write that adds nothing.
+write fails in a Spark worker (a WorkerError that is not retriable), the driver looks for such batches
+(decode.find_dead_letters); each one is appended to the dead-letter table, then the archive is written again
+without it, its offsets counted as archived. Order makes it exactly once: the dead-letter rows are committed
+first and are idempotent by (partition, base_offset), so a crash between the two commits only repeats a write
+that adds nothing.
 """
 
 from __future__ import annotations
@@ -73,7 +74,3 @@ def dead_letter_counts(spark: SparkSession, table_name: str) -> dict[int, int]:
     rows = spark.sql(f"SELECT `partition` AS p, count(*) AS n FROM {table_name} GROUP BY 1").collect()
     return {int(r.p): int(r.n) for r in rows}
 
-
-def is_worker_failure(exc: BaseException) -> bool:
-    """Whether a failed Spark write failed in a Python worker (decoding), not in the catalog or storage."""
-    return type(exc).__name__ == "PythonException" or "PythonException" in str(exc)[:20000]

@@ -19,6 +19,12 @@ from typing import IO
 from icelog.errors import IcelogError
 
 
+class LockHeldError(IcelogError):
+    """Another process (or a pass in flight) holds the lock: try again once it has let go."""
+
+    retriable = True
+
+
 class ArchiverLock:
     """An exclusive lock on <data_dir>/archiver.lock: two archivers would append the same records twice.
 
@@ -38,7 +44,7 @@ class ArchiverLock:
                 "run one archiver per data directory" if self.path.name == "archiver.lock"
                 else "a maintenance round is running there; try again when it ends"
             )
-            raise IcelogError(f"another process holds {self.path}; {hint}")
+            raise LockHeldError(f"another process holds {self.path}; {hint}")
         handle.seek(0)
         handle.truncate()
         handle.write(str(os.getpid()))
@@ -76,10 +82,10 @@ class WriterTurns:
 
     @contextlib.contextmanager
     def compacting(self, wait_s: float = 60.0) -> Iterator[None]:
-        """Compaction's turn, once the pass in flight (if any) has ended; IcelogError after `wait_s`."""
+        """Compaction's turn, once the pass in flight (if any) has ended; LockHeldError after `wait_s`."""
         with self._open() as handle:
             if not _flock(handle, fcntl.LOCK_EX, wait_s, poll_s=0.05):
-                raise IcelogError(f"an archive pass held {self.path} for over {wait_s:.0f} s")
+                raise LockHeldError(f"an archive pass held {self.path} for over {wait_s:.0f} s")
             yield
 
 

@@ -35,11 +35,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from icelog.archive.archiver import first_line
-from icelog.archive.locks import WriterTurns
+from icelog.archive.locks import LockHeldError, WriterTurns
 from icelog.archive.reconcile import OFFSETS_PROPERTY
 from icelog.config import ArchiveSettings
-from icelog.errors import IcelogError
+from icelog.errors import first_line
 from icelog.lake.iceberg_java import (
     JavaTable,
     ancestry,
@@ -52,6 +51,7 @@ from icelog.lake.iceberg_java import (
     rewrite_manifests,
     table_properties,
 )
+from icelog.lake.jvm_errors import jvm_errors
 from icelog.table.layout import PRIMARY_KEY_PROPERTY
 
 if TYPE_CHECKING:
@@ -215,6 +215,7 @@ def expirable(table: JavaTable, older_than_ms: int, retain_last: int) -> int:
     )
 
 
+@jvm_errors()  # a failure is reported as icelog's error (lake/jvm_errors.py), with the Java exception's line
 def maintain_table(
     spark: SparkSession,
     name: str,
@@ -244,7 +245,7 @@ def maintain_table(
         try:
             with _writers_out(table, turns if upsert else None):
                 compact(spark, table, policy, result, sort_column, upsert)
-        except IcelogError as exc:  # the pass in flight did not end: the next round tries again
+        except LockHeldError as exc:  # the pass in flight did not end: the next round tries again
             result.lost_race = f"compaction: {exc}"
 
     say("expiring snapshots")

@@ -31,9 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from icelog.archive.archiver import first_line
 from icelog.archive.dead_letter import DLQ_SUFFIX
-from icelog.archive.locks import ArchiverLock, WriterTurns
+from icelog.archive.locks import ArchiverLock, LockHeldError, WriterTurns
 from icelog.archive.maintenance import (
     DLQ_SORT_COLUMN,
     SORT_COLUMN,
@@ -44,7 +43,7 @@ from icelog.archive.maintenance import (
     table_state,
 )
 from icelog.config import SETTINGS_ENV, Settings
-from icelog.errors import IcelogError
+from icelog.errors import first_line
 from icelog.faults import armed
 from icelog.lake.iceberg_java import load_table, table_properties
 from icelog.meta.store import ArchiveLedger, MaintenanceRecord, TopicCatalog
@@ -175,7 +174,7 @@ class MaintenanceScheduler:
         try:
             self.lock.acquire(wait_s=0)  # only to see that no `icelog maintain` holds it: no JVM start in vain
             self.lock.release()
-        except IcelogError:
+        except LockHeldError:
             return
         try:
             due = self.due_tables()
@@ -237,7 +236,7 @@ class MaintenanceScheduler:
         results = []
         try:
             self.lock.acquire(wait_s=0)
-        except IcelogError:
+        except LockHeldError:
             log.info("a maintenance round runs elsewhere (icelog maintain); looking again later")
             return []
         try:

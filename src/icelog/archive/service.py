@@ -15,8 +15,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from icelog.archive.archiver import Archiver, ArchiverStore, TopicPassResult, first_line
+from icelog.archive.archiver import Archiver, ArchiverStore, TopicPassResult
 from icelog.config import SETTINGS_ENV, Settings
+from icelog.errors import first_line
+from icelog.lake.jvm_errors import jvm_errors
 from icelog.meta.backends import open_store
 from icelog.meta.store import StoreConnection, TopicCatalog
 from icelog.topic_configs.archive import archive_config
@@ -151,7 +153,8 @@ class ArchiveService:
             self._archiver.close()
         if self._spark is not None and self._owns_spark:
             try:
-                self._spark.stop()
+                with jvm_errors():
+                    self._spark.stop()
             except Exception as exc:  # the JVM may be gone already (a signal to the whole group)
                 log.info("Spark was already stopped: %s", first_line(exc))
         self.store.close()

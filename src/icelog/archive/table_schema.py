@@ -34,7 +34,7 @@ from google.protobuf.descriptor import Descriptor
 
 from icelog.archive.plan import PlannedArchive
 from icelog.config import Settings
-from icelog.errors import IcelogError
+from icelog.errors import ConfigError, IcelogError
 from icelog.lake import iceberg_java
 from icelog.meta.registry import RegistryStore
 from icelog.meta.store import ArchiveLedger, TopicRecord
@@ -335,7 +335,7 @@ class TableSchemas:
             try:
                 descriptor = build_pool(found.fds).FindMessageTypeByName(name)
             except KeyError:
-                raise IcelogError(
+                raise ConfigError(
                     f"message {name!r} ({side} of {topic.name}) is not in {found.subject} version {found.version}; "
                     f"set {key_of(side, 'message')} to a message of the schema"
                 ) from None

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from icelog.archive.pk_index import IndexEntry, IndexRows, PrimaryKeyIndex, encode_keys
-from icelog.errors import IcelogError
+from icelog.errors import ConfigError, TableChangedError, TableMismatchError
 from icelog.lake import iceberg_java
 from icelog.lake.data_files import WrittenFile
 from icelog.lake.data_files import write_data_files as write_files
@@ -78,6 +78,11 @@ class PassRows:
     key_decoded: bool = False  # the key is decoded with a schema (else its bytes are kept as they are)
 
 
+class StaleIndexError(TableChangedError):
+    """The primary-key index names data files the table no longer has (a commit of another writer removed them):
+    the pass is redone at once, the index rebuilt from the table."""
+
+
 @dataclass(frozen=True)
 class UpsertResult:
     """What one upsert commit did."""
@@ -111,7 +116,7 @@ def write_upserts(
     key_property = ",".join(spec.primary_key)
     found_key = iceberg_java.table_properties(table).get(PRIMARY_KEY_PROPERTY)
     if found_key != key_property:
-        raise IcelogError(
+        raise TableMismatchError(
             f"table {table_name} is not an upsert table keyed by {key_property} (its {PRIMARY_KEY_PROPERTY} is "
             f"{found_key!r}); a primary key is fixed when a table is created: drop the table, or archive the topic "
             "into another with icelog.archive.iceberg.table"
@@ -119,7 +124,7 @@ def write_upserts(
     if spec.layout != LAYOUT_TABLE and rows.key_decoded:
         # The record layout keeps key.__raw__ only when the decoded fields cannot rebuild the key. (Asked of this
         # pass's decoding, not of the table's key columns: they stay after icelog.schema.key=none.)
-        raise IcelogError(
+        raise ConfigError(
             f"{table_name}: a compacted topic whose key has a schema needs icelog.archive.layout=table (its __key "
             "keeps every key's bytes); recreate the topic with it, or set icelog.schema.key=none"
         )
@@ -163,7 +168,7 @@ def write_upserts(
                 if missing:
                     update.abort()
                     index.forget_snapshot()
-                    raise IcelogError(
+                    raise StaleIndexError(
                         f"{table_name}: the primary-key index names data files the table no longer has "
                         f"({missing[0]}{' and more' if len(missing) > 1 else ''}); it is rebuilt on the next pass"
                     )
@@ -514,7 +519,7 @@ def _read_blob(dv: iceberg_java.JavaDeleteFile) -> bytes:
     """The bytes of a deletion vector's blob in its Puffin file."""
     offset, size = dv.contentOffset(), dv.contentSizeInBytes()
     if offset is None or size is None:
-        raise IcelogError(f"delete file {dv.location()} is not a deletion vector (upsert tables hold only DVs)")
+        raise TableMismatchError(f"delete file {dv.location()} is not a deletion vector (upsert tables hold only DVs)")
     filesystem, path = _open(str(dv.location()))
     with filesystem.open_input_file(path) as handle:
         handle.seek(int(offset))

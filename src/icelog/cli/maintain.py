@@ -13,6 +13,7 @@ import sys
 import time
 
 from icelog.config import Settings
+from icelog.errors import first_line
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -94,8 +95,6 @@ def cmd_maintain(args: argparse.Namespace) -> int:
                         turns=WriterTurns(settings.data_dir, key),
                     )
                 except Exception as exc:
-                    from icelog.archive.archiver import first_line
-
                     failed += 1
                     message = f"{type(exc).__name__}: {first_line(exc)}"
                     print(f"{key}: failed: {message}")

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
     TaskDecoder = Callable[[Iterable[int]], Iterator[pa.RecordBatch]]  # task numbers → their rows as Arrow batches
 
+from icelog.lake.jvm_errors import in_worker, jvm_errors
+
 BUFFERED_BYTES = 256 << 20  # a task's decoded rows held before they are written out (Arrow bytes)
 ROW_GROUP_BYTES = "write.parquet.row-group-size-bytes"  # Iceberg's (Java writers') row-group size
 ROW_GROUP_ROWS = "write.parquet.row-group-limit"  # pyiceberg's: it sizes row groups in rows only
@@ -55,10 +57,12 @@ def write_data_files(
     Workers reach the warehouse through pyiceberg's FileIO for its scheme, given the catalog's properties
     (archive.catalog_properties). Rows keep their decoded order within a file (each file holds one partition's
     rows, in offset order).
+    A task that fails raises WorkerError (lake/jvm_errors.py).
     """
-    writer = file_writer(metadata_location, decode, io_properties)
+    writer = in_worker(file_writer(metadata_location, decode, io_properties))
     rdd = spark.sparkContext.parallelize(range(tasks), tasks)
-    return [WrittenFile(*row) for row in rdd.mapPartitions(writer).collect()]
+    with jvm_errors():
+        return [WrittenFile(*row) for row in rdd.mapPartitions(writer).collect()]
 
 
 def file_writer(

@@ -4,7 +4,9 @@ Every Spark job goes through these functions instead of calling `spark._jvm...` 
 objects used are declared once (the Protocols below: only the methods icelog calls) and later work
 (row-delta commits with deletion vectors via `Table.newRowDelta()`, maintenance actions) extends this
 module rather than scattering untyped calls. Tables are loaded fresh through Spark's own catalog
-(`Spark3Util.loadIcebergTable`), so a commit made here is what the session reads next.
+(`Spark3Util.loadIcebergTable`), so a commit made here is what the session reads next. What the loads, commits
+and actions raise is converted to icelog's errors (`@jvm_errors()`, lake/jvm_errors.py: a commit that lost a
+race raises CommitConflictError).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, overload
 
 from icelog.lake.data_files import WrittenFile
+from icelog.lake.jvm_errors import jvm_errors
 
 if TYPE_CHECKING:
     from py4j.java_gateway import JVMView
@@ -273,6 +276,7 @@ def _jvm(spark: SparkSession) -> JVMView:
     return spark.sparkContext._jvm
 
 
+@jvm_errors()
 def load_table(spark: SparkSession, name: str) -> JavaTable:
     """The Iceberg table behind a Spark table name (`catalog.ns.table`), loaded fresh from the catalog."""
     table = _jvm(spark).org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, name)
@@ -296,12 +300,14 @@ def ancestry(table: JavaTable, max_snapshots: int = 1000) -> Iterator[JavaSnapsh
         snapshot = table.snapshot(parent) if parent is not None else None
 
 
+@jvm_errors()
 def schema_json(spark: SparkSession, table: JavaTable) -> tuple[str, int]:
     """The table's current schema as Iceberg JSON, and the table's last assigned column id."""
     base = table.operations().current()
     return str(_jvm(spark).org.apache.iceberg.SchemaParser.toJson(base.schema())), int(base.lastColumnId())
 
 
+@jvm_errors()
 def commit_schema(spark: SparkSession, table: JavaTable, schema_json_text: str) -> None:
     """Replace the table's schema by this Iceberg JSON schema, keeping its field ids exactly.
 
@@ -319,6 +325,7 @@ def table_properties(table: JavaTable) -> dict[str, str]:
     return as_dict(table.properties())
 
 
+@jvm_errors()
 def set_table_properties(table: JavaTable, properties: Mapping[str, str], remove: Iterable[str] = ()) -> None:
     """Set (and remove) table properties in one commit."""
     update = table.updateProperties()
@@ -363,6 +370,7 @@ def _actions(spark: SparkSession) -> Any:
     return _jvm(spark).org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession)
 
 
+@jvm_errors()
 def rewrite_data_files(
     spark: SparkSession, table: JavaTable, options: Mapping[str, str], sort_column: str, presorted: bool = False
 ) -> JavaRewriteDataFilesResult:
@@ -390,6 +398,7 @@ def rewrite_data_files(
     return cast(JavaRewriteDataFilesResult, action.execute())
 
 
+@jvm_errors()
 def expire_snapshots(
     spark: SparkSession, table: JavaTable, older_than_ms: int, retain_last: int
 ) -> JavaExpireSnapshotsResult:
@@ -398,6 +407,7 @@ def expire_snapshots(
     return cast(JavaExpireSnapshotsResult, action.execute())
 
 
+@jvm_errors()
 def rewrite_manifests(spark: SparkSession, table: JavaTable) -> JavaRewriteManifestsResult:
     """Rewrite the current snapshot's manifests into few, partition-clustered ones."""
     return cast(JavaRewriteManifestsResult, _actions(spark).rewriteManifests(table).execute())
@@ -426,6 +436,7 @@ def metadata_location(table: JavaTable) -> str:
     return str(table.operations().current().metadataFileLocation())
 
 
+@jvm_errors()
 def parquet_data_files(spark: SparkSession, table: JavaTable, written: Iterable[WrittenFile]) -> list[JavaDataFile]:
     """DataFiles of Parquet files a worker wrote for the table (lake/data_files.py), described as Iceberg's own
     writers describe theirs: the partition parsed from its JSON by ContentFileParser (typed by the spec), the
@@ -481,6 +492,7 @@ class LiveDataFile:
     dv: JavaDeleteFile | None
 
 
+@jvm_errors()
 def live_data_files(
     table: JavaTable, snapshot_id: int, paths: Collection[str] | None = None
 ) -> dict[str, LiveDataFile]:
@@ -531,6 +543,7 @@ def _ensure_callback_server(spark: SparkSession) -> None:
         ensure_callback_server_started(spark.sparkContext._gateway)  # type: ignore[no-untyped-call]
 
 
+@jvm_errors()
 def read_deletion_vector(spark: SparkSession, dv: JavaDeleteFile, blob: bytes) -> JavaPositionDeleteIndex:
     """A deletion vector's positions from its blob's bytes (read by the caller from dv's Puffin file)."""
     index = _jvm(spark).org.apache.iceberg.deletes.PositionDeleteIndex.deserialize(blob, dv)
@@ -612,6 +625,7 @@ class WrittenDVs:
     replaced: list[JavaDeleteFile]
 
 
+@jvm_errors()
 def write_deletion_vectors(
     spark: SparkSession,
     table: JavaTable,
@@ -648,6 +662,7 @@ def write_deletion_vectors(
     return WrittenDVs(each(result.deleteFiles()), each(result.rewrittenDeleteFiles()))
 
 
+@jvm_errors()
 def commit_row_delta(
     table: JavaTable,
     base_snapshot_id: int | None,

@@ -34,6 +34,8 @@ _HTTP_TIMEOUT_S = 10
 class RegistryUnavailableError(IcelogError):
     """The schema registry could not be asked (retry later); never a property of the data."""
 
+    retriable = True
+
 
 class SchemaNotFoundError(IcelogError):
     """The registry answered: no such schema id (or subject)."""
