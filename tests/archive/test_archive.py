@@ -10,7 +10,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from archive_fixtures import (
+import pytest
+from confluent_kafka import Producer
+
+from icelog.archive.archiver import Archiver
+from icelog.archive.reconcile import OFFSETS_PROPERTY, decode_offsets
+from icelog.config import Settings, load_settings
+from icelog.meta.backends import open_store
+from icelog.meta.store import MetadataStore
+from tests.support.archive import (
     ARCHIVE_ENV,
     as_produced,
     create_topic,
@@ -22,14 +30,10 @@ from archive_fixtures import (
     table,
     wait_for,
 )
-from confluent_kafka import Producer
-from conftest import BrokerProcess
+from tests.support.broker import BrokerProcess
 
-from icelog.archive.archiver import Archiver
-from icelog.archive.reconcile import OFFSETS_PROPERTY, decode_offsets
-from icelog.config import Settings, load_settings
-from icelog.meta.backends import open_store
-from icelog.meta.store import MetadataStore
+# Every test here runs Spark: in this process, in `icelog archive`/`icelog sql`, or in the broker's archiver.
+pytestmark = pytest.mark.spark
 
 
 def test_pass_archives_exactly_what_was_produced(

@@ -10,7 +10,12 @@ import sys
 from typing import Any
 
 import pytest
-from archive_fixtures import (
+
+from icelog.archive.archiver import Archiver
+from icelog.archive.reconcile import OFFSETS_PROPERTY
+from icelog.config import Settings
+from icelog.meta.store import MetadataStore
+from tests.support.archive import (
     ARCHIVE_ENV,
     as_produced,
     check_offsets_contiguous,
@@ -22,12 +27,7 @@ from archive_fixtures import (
     table,
     wait_for,
 )
-from conftest import BrokerProcess
-
-from icelog.archive.archiver import Archiver
-from icelog.archive.reconcile import OFFSETS_PROPERTY
-from icelog.config import Settings
-from icelog.meta.store import MetadataStore
+from tests.support.broker import BrokerProcess
 
 
 @pytest.mark.parametrize("fault", ["after-write", "after-commit"])

@@ -18,12 +18,10 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from archive_fixtures import create_topic, produce, table
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from conftest import BrokerProcess
 
 from icelog.archive.archiver import Archiver
 from icelog.archive.table_schema import message_property
@@ -33,6 +31,8 @@ from icelog.schema.codec.rebuild import Rebuilder, rebuild_headers, rebuild_tabl
 from icelog.schema.codec.registry_source import StoreSchemaSource
 from icelog.schema.protobuf_schema import encode_envelope
 from icelog.schema.registry_client import RegistryClient, SchemaNotFoundError
+from tests.support.archive import create_topic, produce, table
+from tests.support.broker import BrokerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -125,7 +125,7 @@ def test_every_archived_row_rebuilds_what_consumers_read(
     create_topic(lake_broker, coerce_topic, 1, {"icelog.schema.value.coerce": "true",
                                                "icelog.schema.value.message": "inv.Order"})
 
-    # Raw topic: every codec, null keys and values, headers (archive_fixtures.produce).
+    # Raw topic: every codec, null keys and values, headers (tests/support/archive.py produce).
     produce(lake_broker, raw_topic, 200, partitions=3)
 
     # Schema topic, partition 0 first: Orders through confluent-kafka's own serializer (envelope indexes [1]).

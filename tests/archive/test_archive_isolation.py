@@ -1,7 +1,7 @@
 """No poison pill, no stalled neighbour: undecodable batches go to `<table>__dlq`; a failing topic backs off alone.
 
 Real broker processes, confluent-kafka producers, the session's Spark and Iceberg catalog
-(tests/archive_fixtures.py).
+(tests/conftest.py, tests/support/archive.py).
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ from typing import Any
 import confluent_kafka as ck
 import crc32c
 import pytest
-from archive_fixtures import ARCHIVE_ENV, as_produced, create_topic, produce, spark_rows, table
 from confluent_kafka.admin import AdminClient
-from conftest import BrokerProcess
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from icelog.archive.archiver import Archiver
@@ -31,6 +29,8 @@ from icelog.faults import FAULT_ENV
 from icelog.log import intake_file
 from icelog.meta.backends import open_store
 from icelog.meta.store import MetadataStore
+from tests.support.archive import ARCHIVE_ENV, as_produced, create_topic, produce, spark_rows, table
+from tests.support.broker import BrokerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -12,17 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from archive_fixtures import ARCHIVE_ENV, create_topic
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from conftest import BrokerProcess, free_port
 from google.protobuf import message_factory
 
 from icelog.schema.protobuf_schema import build_pool, compile_schema
+from tests.support.archive import ARCHIVE_ENV, create_topic
+from tests.support.broker import BrokerProcess, free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.spark]  # `icelog archive` runs Spark in a child process
 
 PROTO = """
 syntax = "proto3";

@@ -15,12 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from archive_fixtures import create_topic, table
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from conftest import BrokerProcess
 from google.protobuf import descriptor_pool, duration_pb2, json_format, message_factory, timestamp_pb2
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
@@ -31,8 +29,10 @@ from icelog.schema.codec.rebuild import Rebuilder
 from icelog.schema.codec.registry_source import StoreSchemaSource
 from icelog.schema.protobuf_schema import build_pool, compile_schema, encode_envelope
 from icelog.table.iceberg_types import WRAPPERS, is_map
+from tests.support.archive import create_topic, table
+from tests.support.broker import BrokerProcess
 
-EVERYTHING = (Path(__file__).parent / "protos" / "everything.proto").read_text()
+EVERYTHING = (Path(__file__).parents[1] / "support" / "protos" / "everything.proto").read_text()
 
 
 # -- messages ----------------------------------------------------------------------------------------------

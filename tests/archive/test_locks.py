@@ -15,7 +15,7 @@ import pytest
 from icelog.archive.locks import ArchiverLock, WriterTurns
 from icelog.errors import IcelogError
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def hold_in_another_process(code: str) -> subprocess.Popen[str]:

@@ -1,7 +1,7 @@
 """Table maintenance (issue 11): compaction, snapshot expiry, orphan removal, with archiving going on.
 
 Real broker, confluent-kafka producers, the shared Spark session and Iceberg JDBC catalog of
-tests/archive_fixtures.py; rows are read back with Spark SQL, pyiceberg and DuckDB.
+tests/conftest.py; rows are read back with Spark SQL, pyiceberg and DuckDB.
 """
 
 from __future__ import annotations
@@ -17,19 +17,6 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from archive_fixtures import (
-    ARCHIVE_ENV,
-    as_produced,
-    check_offsets_contiguous,
-    create_topic,
-    duckdb_counts,
-    partition_counts,
-    produce,
-    spark_rows,
-    table,
-    wait_for,
-)
-from conftest import BrokerProcess
 
 from icelog.archive.archiver import Archiver
 from icelog.archive.dead_letter import DLQ_SUFFIX, dlq_table_name, write_dead_letters
@@ -41,6 +28,19 @@ from icelog.config import ArchiveSettings, Settings
 from icelog.faults import FAULT_ENV
 from icelog.lake.iceberg_java import load_table
 from icelog.topic_configs.archive import TABLE_AUTO_MAINTENANCE
+from tests.support.archive import (
+    ARCHIVE_ENV,
+    as_produced,
+    check_offsets_contiguous,
+    create_topic,
+    duckdb_counts,
+    partition_counts,
+    produce,
+    spark_rows,
+    table,
+    wait_for,
+)
+from tests.support.broker import BrokerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from archive_fixtures import create_topic, run_archive_cli
 from confluent_kafka import Producer
-from conftest import BrokerProcess
 
 from icelog.archive.archiver import Archiver
 from icelog.archive.pk_index import IndexEntry, PrimaryKeyIndex, encode_key
 from icelog.archive.reconcile import decode_offsets
 from icelog.config import Settings
+from tests.support.archive import create_topic, run_archive_cli
+from tests.support.broker import BrokerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BrokerProcess
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.protocol.consumer.group import (
@@ -29,9 +28,11 @@ from kafka.protocol.consumer.group import (
     SyncGroupResponse,
 )
 from kafka.structs import OffsetAndMetadata
-from wire_client import RawClient
 
-MEMBER_SCRIPT = Path(__file__).with_name("group_member.py")
+from tests.support.broker import BrokerProcess
+from tests.support.wire_client import RawClient
+
+MEMBER_SCRIPT = Path(__file__).parents[1] / "support" / "group_member.py"
 PARTITIONS = 6
 WAIT_S = 90  # an upper bound for progress, not a performance assertion
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
-from conftest import BrokerProcess
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.protocol.producer.transaction import (
@@ -25,9 +24,11 @@ from kafka.protocol.producer.transaction import (
     InitProducerIdRequest,
     InitProducerIdResponse,
 )
-from wire_client import RawClient, build_batch
 
-COPY_JOB = Path(__file__).with_name("copy_job.py")
+from tests.support.broker import BrokerProcess
+from tests.support.wire_client import RawClient, build_batch
+
+COPY_JOB = Path(__file__).parents[1] / "support" / "copy_job.py"
 WAIT_S = 90  # an upper bound for progress, not a performance assertion
 
 

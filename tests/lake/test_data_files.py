@@ -11,7 +11,6 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from archive_fixtures import lake_settings, lake_spark  # noqa: F401 - fixtures
 
 from icelog.archive.upsert import PassRows, write_data_files
 from icelog.config import Settings
@@ -36,7 +35,7 @@ def rows() -> list[tuple[Any, ...]]:
 
 @pytest.mark.slow
 def test_worker_written_files_are_described_as_sparks_writer_describes_them(
-    lake_spark: Any, lake_settings: Settings  # noqa: F811 - fixtures
+    lake_spark: Any, lake_settings: Settings
 ) -> None:
     catalog = lake_settings.archive.catalog_name
     names = {kind: f"{catalog}.data_files.{kind}_{uuid.uuid4().hex[:8]}" for kind in ("ours", "spark")}

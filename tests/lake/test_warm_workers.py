@@ -11,14 +11,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from archive_fixtures import create_topic
 from confluent_kafka import Producer
-from conftest import BrokerProcess
 
 from icelog.archive.archiver import Archiver
 from icelog.config import Settings
 from icelog.lake.warm_workers import ARROW, KEEP_FOR_S, PING_EVERY_S, RDD
 from icelog.meta.store import MetadataStore
+from tests.support.archive import create_topic
+from tests.support.broker import BrokerProcess
 
 
 def test_idle_passes_keep_both_pools_of_python_workers_alive_then_let_them_go(

@@ -3,7 +3,7 @@
 Back-pressure: a lake that cannot keep up slows, then refuses, producers; they resume by themselves.
 
 Real `icelog serve` processes, a real librdkafka producer (confluent-kafka) and kafka-python, the session's
-Spark archiver (tests/archive_fixtures.py).
+Spark archiver (tests/conftest.py, tests/support/archive.py).
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from archive_fixtures import create_topic
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
-from conftest import BrokerProcess
 from kafka import KafkaProducer
 from kafka.errors import NotEnoughReplicasError
 
 from icelog.archive.archiver import Archiver
 from icelog.meta.store import MetadataStore
+from tests.support.archive import create_topic
+from tests.support.broker import BrokerProcess
 
 BOUND = 200_000
 VALUE_SIZE = 1000
@@ -124,6 +124,7 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.spark  # the broker's archiver starts Spark
 def test_the_archiver_and_its_spark_run_below_the_brokers_cpu_priority(tmp_path: Path) -> None:
     import os
     import time

@@ -18,17 +18,17 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
-from conftest import BrokerProcess
 from kafka.record.default_records import DefaultRecordBatchBuilder
-from test_bad_input import NONE, OFFSET_OUT_OF_RANGE, Connection, fetch_partition, list_offset
-from test_idempotence import create_topic, init_producer_id
-from test_retention import earliest, frames_by_file, wait_for
-from wire_client import RawClient
 
 from icelog.config import IntakeSettings, Settings
 from icelog.log.manager import LogManager
 from icelog.meta.sqlite import SqliteStore
 from icelog.meta.store import ArchiveState, IntakeChunk, IntakeTail
+from tests.log.test_idempotence import create_topic, init_producer_id
+from tests.log.test_retention import earliest, frames_by_file, wait_for
+from tests.support.broker import BrokerProcess
+from tests.support.wire_client import RawClient
+from tests.wire.test_bad_input import NONE, OFFSET_OUT_OF_RANGE, Connection, fetch_partition, list_offset
 
 CACHE = 4  # index rows a partition keeps: the newest 4 chunks, and 4 older ones cached
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45

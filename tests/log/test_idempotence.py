@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from conftest import BrokerProcess
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
-from wire_client import RawClient, build_batch
+
+from tests.support.broker import BrokerProcess
+from tests.support.wire_client import RawClient, build_batch
 
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 INVALID_PRODUCER_EPOCH = 47

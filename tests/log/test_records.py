@@ -18,15 +18,15 @@ from typing import Any
 import kafka.codec
 import kafka.errors
 import pytest
-from hand_records import record, zz
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from icelog.errors import ErrorCode, KafkaApiError, is_retriable
 from icelog.log import records
 from icelog.log.record_format import HEADER, HEADER_SIZE
 from icelog.log.varint import VarintError, encode_varint, read_uvarint, read_varint
+from tests.support.hand_records import record, zz
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 # -- the compiled walker and the pure-Python one agree -------------------------------------------------

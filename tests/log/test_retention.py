@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import BrokerProcess
-from test_bad_input import (
+
+from icelog.log import intake_file
+from tests.support.broker import BrokerProcess
+from tests.wire.test_bad_input import (
     NONE,
     OFFSET_OUT_OF_RANGE,
     Connection,
@@ -24,8 +26,6 @@ from test_bad_input import (
     list_offset,
     produce,
 )
-
-from icelog.log import intake_file
 
 EARLIEST, LATEST = -2, -1
 HOUR_MS = 3_600_000

@@ -1,13 +1,12 @@
 """Metadata-store behaviour for committed offsets, producer ids and transaction state (every backend).
 
-Uses the backend list and fixtures of tests/test_meta_store.py, so a new backend is covered by both.
+Uses the backend list and fixtures of tests/meta/test_meta_store.py, so a new backend is covered by both.
 """
 
 from __future__ import annotations
 
-from test_meta_store import BACKENDS, OpenStore, open_same_store, store  # noqa: F401  (fixtures)
-
 from icelog.meta.store import CommittedOffset, MetadataStore, TransactionRecord
+from tests.meta.test_meta_store import BACKENDS, OpenStore, open_same_store, store  # noqa: F401  (fixtures)
 
 assert BACKENDS
 

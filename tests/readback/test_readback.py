@@ -16,13 +16,22 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from archive_fixtures import ARCHIVE_ENV, wait_for
-from clients_util import CLIENTS, CODECS, ConfluentClient, Rec, comparable, create_topic, now_ms, sample_records
 from confluent_kafka import Consumer, TopicPartition
-from conftest import BrokerProcess
 
 from icelog.archive.archiver import Archiver
 from icelog.meta.store import MetadataStore
+from tests.support.archive import ARCHIVE_ENV, wait_for
+from tests.support.broker import BrokerProcess
+from tests.support.clients_util import (
+    CLIENTS,
+    CODECS,
+    ConfluentClient,
+    Rec,
+    comparable,
+    create_topic,
+    now_ms,
+    sample_records,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -13,16 +13,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from clients_util import comparable, create_topic
-from conftest import BrokerProcess
-from test_pk_tables import pass_ok, send, three_passes
-from test_readback import TRIM, archive_and_trim, produce_codecs, read_back
 
 from icelog.archive.archiver import Archiver
 from icelog.config import Settings
 from icelog.meta.store import MetadataStore
 from icelog.readback.lake import LakeTables, catalog_locations, catalog_opener
 from icelog.readback.plan import TablePlan, plan_table
+from tests.archive.test_pk_tables import pass_ok, send, three_passes
+from tests.readback.test_readback import TRIM, archive_and_trim, produce_codecs, read_back
+from tests.support.broker import BrokerProcess
+from tests.support.clients_util import comparable, create_topic
 
 pytestmark = pytest.mark.slow
 

@@ -12,17 +12,17 @@ import sys
 from typing import Any
 
 import pytest
-from clients_util import CLIENTS, create_topic
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from conftest import BrokerProcess
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from test_readback import archive_and_trim
 
 from icelog.archive.archiver import Archiver
 from icelog.meta.store import MetadataStore
+from tests.readback.test_readback import archive_and_trim
+from tests.support.broker import BrokerProcess
+from tests.support.clients_util import CLIENTS, create_topic
 
 pytestmark = pytest.mark.slow
 

@@ -18,21 +18,21 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from archive_fixtures import ARCHIVE_ENV, wait_for
-from clients_util import CLIENTS, ConfluentClient, Rec, comparable, create_topic, now_ms, sample_records
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from conftest import BrokerProcess
-from test_pk_tables import latest, send, three_passes
-from test_readback import TRIM, archive_and_trim, produce_codecs, topic_id, wait_trimmed
-from test_table_layout import PROTO, orders, tl_pb  # noqa: F401  (tl_pb: the module's fixture)
 
 from icelog.archive.archiver import Archiver
 from icelog.meta.store import MetadataStore
 from icelog.table.rules import bucket_of
+from tests.archive.test_pk_tables import latest, send, three_passes
+from tests.readback.test_readback import TRIM, archive_and_trim, produce_codecs, topic_id, wait_trimmed
+from tests.support.archive import ARCHIVE_ENV, wait_for
+from tests.support.broker import BrokerProcess
+from tests.support.clients_util import CLIENTS, ConfluentClient, Rec, comparable, create_topic, now_ms, sample_records
+from tests.table.test_table_layout import PROTO, orders, tl_pb  # noqa: F401  (tl_pb: the module's fixture)
 
 pytestmark = pytest.mark.slow
 

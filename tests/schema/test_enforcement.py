@@ -16,9 +16,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from conftest import BrokerProcess
 
 from icelog.schema.protobuf_schema import encode_envelope, parse_envelope
+from tests.support.broker import BrokerProcess
 
 PROTO = """syntax = "proto3";
 package enf.test;

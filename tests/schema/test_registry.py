@@ -10,10 +10,10 @@ import pytest
 import requests
 from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
-from conftest import BrokerProcess
 from google.protobuf import descriptor_pb2
 
 from icelog.schema.protobuf_schema import compile_schema, main_file_of
+from tests.support.broker import BrokerProcess
 
 V1 = """syntax = "proto3";
 package reg.test;

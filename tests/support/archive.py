@@ -1,4 +1,4 @@
-"""Fixtures and helpers of the archive tests (tests/test_archive*.py), loaded as a plugin by conftest.py.
+"""Helpers of the Spark tests (archive, table, lake, readback); their fixtures (lake_*) are in tests/conftest.py.
 
 A real broker, confluent-kafka producers, a real Spark session and a real Iceberg JDBC catalog on SQLite.
 One broker and one Spark session serve every archive test (Spark start-up is ~5 s); each test uses its
@@ -13,20 +13,15 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import BrokerProcess
 
-from icelog.archive.archiver import Archiver
-from icelog.config import Settings, load_settings
+from icelog.config import Settings
 from icelog.faults import FAULT_ENV
-from icelog.meta.backends import open_store
-from icelog.meta.store import MetadataStore
+from tests.support.broker import BrokerProcess
 
 ARCHIVE_ENV = {
     "ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg",
@@ -38,41 +33,6 @@ CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 Row = tuple[int, int, bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...], int]
 
 
-@pytest.fixture(scope="session")
-def lake_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path_factory.mktemp("archive") / "data", env=ARCHIVE_ENV).start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(scope="session")
-def lake_settings(lake_broker: BrokerProcess) -> Settings:
-    # The archiver reads the embedded registry's schemas from this data dir's metadata store (no HTTP).
-    return load_settings(data_dir=str(lake_broker.data_dir), registry_listen=f"127.0.0.1:{lake_broker.registry_port}")
-
-
-@pytest.fixture(scope="session")
-def lake_spark(lake_settings: Settings) -> Iterator[Any]:
-    from icelog.lake.spark import create_session
-
-    session = create_session(lake_settings, "icelog-tests")
-    yield session
-    session.stop()
-
-
-@pytest.fixture(scope="session")
-def lake_store(lake_settings: Settings) -> Iterator[MetadataStore]:
-    meta = open_store(lake_settings.metadata_url)
-    yield meta
-    meta.close()
-
-
-@pytest.fixture(scope="session")
-def lake_archiver(lake_settings: Settings, lake_spark: Any, lake_store: MetadataStore) -> Archiver:
-    return Archiver(lake_settings, lake_spark, lake_store)
-
-
-# -- helpers -----------------------------------------------------------------------------------------------
 def create_topic(
     broker: BrokerProcess, name: str, partitions: int = 3, configs: dict[str, str] | None = None
 ) -> None:

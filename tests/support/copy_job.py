@@ -1,5 +1,5 @@
 """An exactly-once copy job (consume -> transform -> produce, offsets in the transaction), run as a child
-process by tests/test_transactions.py so the test can SIGKILL it mid-way and start it again.
+process by tests/coordinator/test_transactions.py so the test can SIGKILL it mid-way and start it again.
 
 usage: python copy_job.py BOOTSTRAP INPUT OUTPUT GROUP TRANSACTIONAL_ID
 """

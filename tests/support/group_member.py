@@ -1,4 +1,4 @@
-"""A consumer-group member run as a child process by tests/test_groups.py (so a test can SIGKILL it).
+"""A consumer-group member run as a child process by tests/coordinator/test_groups.py (so a test can SIGKILL it).
 
 usage: python group_member.py KIND BOOTSTRAP TOPIC GROUP OUTFILE [INSTANCE_ID]
 KIND is confluent, kafka-python or aiokafka. Every processed record is appended to OUTFILE as

@@ -9,7 +9,9 @@ import re
 from collections.abc import Sequence
 
 import pytest
-from clients_util import (
+
+from tests.support.broker import BrokerProcess
+from tests.support.clients_util import (
     ACKS,
     CLIENTS,
     CODECS,
@@ -25,7 +27,6 @@ from clients_util import (
     sample_records,
     stored_batches,
 )
-from conftest import BrokerProcess
 
 CLIENT_NAMES = list(CLIENTS)
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import BrokerProcess
 
 from icelog.log import intake_file
+from tests.support.broker import BrokerProcess
 
 pytestmark = pytest.mark.crash
 

@@ -1,6 +1,6 @@
 """Acknowledged means durable: a broker killed at the worst moment of each durable write (the
 ICELOG_TEST_FAULT hook, icelog/faults.py) keeps, after a restart, everything it had done before it could
-answer. A kill cannot show a power loss; tests/test_meta_store.py checks that each of these writes is
+answer. A kill cannot show a power loss; tests/meta/test_meta_store.py checks that each of these writes is
 fsync'd (synchronous=FULL) before it returns.
 """
 
@@ -13,14 +13,14 @@ import pytest
 import requests
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
-from conftest import BrokerProcess
 from kafka.protocol.consumer.group import OffsetCommitRequest, OffsetCommitResponse
 from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
-from test_transactions import _add_partitions, _end, _init, read_values
-from wire_client import RawClient, build_batch
 
 from icelog.log import intake_file
 from icelog.meta.sqlite import SqliteStore
+from tests.coordinator.test_transactions import _add_partitions, _end, _init, read_values
+from tests.support.broker import BrokerProcess
+from tests.support.wire_client import RawClient, build_batch
 
 pytestmark = pytest.mark.crash
 KILLED = 137

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 
 
@@ -231,6 +231,7 @@ class _InstalledBroker:
 
 
 @pytest.mark.slow
+@pytest.mark.spark  # the archive pass of the installed wheel
 def test_wheel_without_extras_serves_and_archives(tmp_path: Path) -> None:
     timings: dict[str, float] = {}
 

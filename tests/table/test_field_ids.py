@@ -21,7 +21,7 @@ from icelog.table.iceberg_types import (
     table_columns,
 )
 
-EVERYTHING = (Path(__file__).parent / "protos" / "everything.proto").read_text()
+EVERYTHING = (Path(__file__).parents[1] / "support" / "protos" / "everything.proto").read_text()
 
 
 def descriptor(text: str, name: str) -> object:

@@ -15,7 +15,6 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from archive_fixtures import create_topic, produce, table, wait_for
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
@@ -28,12 +27,13 @@ from confluent_kafka.admin import (
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from conftest import BrokerProcess
 
 from icelog.archive.archiver import Archiver
 from icelog.config import Settings
 from icelog.meta.store import MetadataStore
 from icelog.table.rules import bucket_of
+from tests.support.archive import create_topic, produce, table, wait_for
+from tests.support.broker import BrokerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -11,16 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clients_util import (
-    WAIT_S,
-    ConfluentClient,
-    Rec,
-    comparable,
-    create_topic,
-    expected_records,
-    now_ms,
-    sample_records,
-)
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicCollection
 from confluent_kafka.admin import (
     AdminClient,
@@ -32,13 +22,24 @@ from confluent_kafka.admin import (
     NewTopic,
     ResourceType,
 )
-from conftest import BrokerProcess, free_port
 from kafka import KafkaAdminClient
 from kafka import errors as kafka_errors
 from kafka.admin import ConfigResource as KpConfigResource
 from kafka.admin import ConfigResourceType as KpConfigResourceType
 from kafka.admin import NewPartitions as KpNewPartitions
 from kafka.admin import NewTopic as KpNewTopic
+
+from tests.support.broker import BrokerProcess, free_port
+from tests.support.clients_util import (
+    WAIT_S,
+    ConfluentClient,
+    Rec,
+    comparable,
+    create_topic,
+    expected_records,
+    now_ms,
+    sample_records,
+)
 
 ICELOG = str(Path(sys.executable).parent / "icelog")
 TOPIC_DEFAULTS = {

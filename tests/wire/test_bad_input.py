@@ -14,15 +14,16 @@ from typing import Any
 
 import crc32c
 import pytest
-from conftest import BrokerProcess
-from hand_records import record as raw_record
-from hand_records import zz
 from kafka.codec import gzip_encode, lz4_encode, snappy_encode, zstd_encode
 from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
 from kafka.protocol.consumer import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, MetadataRequest, MetadataResponse
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
+
+from tests.support.broker import BrokerProcess
+from tests.support.hand_records import record as raw_record
+from tests.support.hand_records import zz
 
 NONE = 0
 OFFSET_OUT_OF_RANGE = 1
