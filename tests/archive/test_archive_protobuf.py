@@ -290,7 +290,7 @@ def test_registry_outage_spares_raw_topics_fails_required_ones_then_a_raw_table_
     lake_broker: BrokerProcess, lake_spark: Any, lake_archiver: Archiver, lake_settings: Settings,
     lake_store: MetadataStore,
 ) -> None:
-    from conftest import free_port
+    from tests.support.broker import free_port
 
     topic, strict = "pb-late-schema", "pb-late-strict"
     create_topic(lake_broker, topic, partitions=1)

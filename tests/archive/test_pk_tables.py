@@ -461,7 +461,7 @@ def test_maintenance_compacts_an_upsert_table_and_the_index_follows(
     upserts find the moved rows through the index (it follows the REPLACE snapshots, no rebuild), and every
     engine still returns exactly the latest row per live key. `icelog status --tables` shows the key and the
     index state: stale after the compaction, at the current snapshot after the next pass."""
-    from test_maintenance import run_icelog
+    from tests.archive.test_maintenance import run_icelog
 
     topic = "pk_maintained"
     create_topic(lake_broker, topic, 2, {"cleanup.policy": "compact", "icelog.archive.layout": "table"})

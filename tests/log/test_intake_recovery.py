@@ -330,7 +330,7 @@ def test_producer_state_comes_back_from_its_snapshot_plus_the_intake_after_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Start-up loads the snapshot taken at shutdown and replays only chunks written after it."""
-    from wire_client import build_batch
+    from tests.support.wire_client import build_batch
 
     data_dir = tmp_path / "data"
     first = build_batch([b"a0", b"a1"], producer_id=7, epoch=0, base_sequence=0)

@@ -187,7 +187,8 @@ def test_record_errors_in_the_produce_response(enf_broker: BrokerProcess, regist
     """Produce v8 answers INVALID_RECORD with record_errors (index of each bad record) and error_message."""
     from kafka.protocol.producer import ProduceRequest, ProduceResponse
     from kafka.record.default_records import DefaultRecordBatchBuilder
-    from wire_client import RawClient
+
+    from tests.support.wire_client import RawClient
 
     topic = "enf-record-errors"
     registry.register_schema(f"{topic}-value", Schema(PROTO, "PROTOBUF"))

@@ -222,10 +222,9 @@ def test_lossless_rows_drop_raw_and_rebuild_byte_identical() -> None:
 
 def test_registry_outage_in_a_worker_fails_the_task_not_the_row() -> None:
     """A schema id the worker must fetch from an unreachable registry raises (pass retried), never an __err__ row."""
-    from conftest import free_port
-
     from icelog.schema.codec.registry_source import SourceSpec
     from icelog.schema.registry_client import RegistryUnavailableError
+    from tests.support.broker import free_port
 
     fds = compile_schema(V1, {})
     d = message_descriptor(fds, None, "ev.M")

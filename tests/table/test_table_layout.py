@@ -114,7 +114,8 @@ def produce_error_message(lake_broker: BrokerProcess, topic: str, partition: int
     """The error message of a Produce v8 of one record (kafka-python's protocol classes over TCP)."""
     from kafka.protocol.producer import ProduceRequest, ProduceResponse
     from kafka.record.default_records import DefaultRecordBatchBuilder
-    from wire_client import RawClient
+
+    from tests.support.wire_client import RawClient
 
     builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, 1 << 20)
     builder.append(0, 1_700_000_000_000, None, value, [])
