@@ -1,16 +1,21 @@
 # Two entry points: `make serve` and `make test`. Both set up everything on a fresh machine first.
+# `make test` is the full suite (CI runs it); `make test-quick` only the tests that start no JVM (no Spark).
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: serve test setup lint docs bench clean
+.PHONY: serve test setup lint docs bench clean test-quick
 
 serve: setup
 	$(VENV)/bin/icelog serve $(ARGS)
 
 test: setup
 	$(VENV)/bin/pytest $(ARGS)
+
+# ICELOG_TESTS_NO_JVM: a test that starts Spark without the `spark` marker fails here (tests/conftest.py).
+test-quick: setup
+	ICELOG_TESTS_NO_JVM=1 $(VENV)/bin/pytest -m 'not spark' $(ARGS)
 
 setup: $(STAMP)
 

@@ -33,10 +33,9 @@ from typing import Any
 import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient, NewTopic
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import freshness_latencies, pass_stats, percentile, running_archiver, write_results  # noqa: E402
-from conftest import BrokerProcess  # noqa: E402
 
 from icelog.archive.archiver import Archiver  # noqa: E402
 from icelog.archive.decode import decode_archive  # noqa: E402
@@ -45,6 +44,7 @@ from icelog.config import load_settings  # noqa: E402
 from icelog.lake.iceberg_java import load_table  # noqa: E402
 from icelog.meta.backends import open_store  # noqa: E402
 from icelog.table.layout import archive_table_ddl, quote_identifier  # noqa: E402
+from tests.support.broker import BrokerProcess  # noqa: E402
 
 RECORD_SIZE = 100
 PARTITIONS = 4

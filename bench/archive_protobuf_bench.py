@@ -32,9 +32,7 @@ from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import message_factory
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from conftest import BrokerProcess  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
 from icelog.archive.archiver import Archiver  # noqa: E402
 from icelog.archive.decode import decode_archive  # noqa: E402
 from icelog.archive.decode_protobuf import decode_archive_protobuf  # noqa: E402
@@ -42,6 +40,7 @@ from icelog.archive.plan import ChunkRef, PlannedArchive  # noqa: E402
 from icelog.config import load_settings  # noqa: E402
 from icelog.meta.backends import open_store  # noqa: E402
 from icelog.schema.protobuf_schema import build_pool, compile_schema  # noqa: E402
+from tests.support.broker import BrokerProcess  # noqa: E402
 
 PARTITIONS = 2
 SCHEMA = """syntax = "proto3";

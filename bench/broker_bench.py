@@ -30,8 +30,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from conftest import BrokerProcess  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
+from tests.support.broker import BrokerProcess  # noqa: E402
 
 RECORD_SIZE = 1024
 CODEC_LZ4 = 3  # RecordBatch attributes: compression type lz4

@@ -22,8 +22,8 @@ from pathlib import Path
 import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient, NewTopic
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from conftest import BrokerProcess  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
+from tests.support.broker import BrokerProcess  # noqa: E402
 
 PARTITIONS = 12
 

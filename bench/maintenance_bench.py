@@ -41,7 +41,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import freshness_latencies, pass_stats, percentile, running_archiver, write_results  # noqa: E402
 from archive_bench import PARTITIONS, RECORD_SIZE, producer, steady_produce  # noqa: E402
-from conftest import BrokerProcess  # noqa: E402
 
 from icelog.archive.maintenance import table_state  # noqa: E402
 from icelog.archive.maintenance_schedule import LOOK_EVERY_MS  # noqa: E402
@@ -50,6 +49,7 @@ from icelog.lake.iceberg_java import load_table  # noqa: E402
 from icelog.lake.table_stats import open_catalog, table_stats  # noqa: E402
 from icelog.table.layout import archive_table_ddl, quote_identifier  # noqa: E402
 from icelog.topic_configs.archive import TABLE_AUTO_MAINTENANCE  # noqa: E402
+from tests.support.broker import BrokerProcess  # noqa: E402
 
 
 def run_phase(broker: BrokerProcess, settings: Any, topic: str, maintenance: bool, args: Any) -> dict[str, Any]:

@@ -32,14 +32,14 @@ from typing import Any
 import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_results  # noqa: E402
-from conftest import BrokerProcess  # noqa: E402
 
 from icelog.archive.archiver import Archiver  # noqa: E402
 from icelog.config import load_settings  # noqa: E402
 from icelog.meta.backends import open_store  # noqa: E402
+from tests.support.broker import BrokerProcess  # noqa: E402
 
 RECORD_SIZE = 1024
 TOPIC = "bench-readback"

@@ -28,14 +28,13 @@ import requests
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from conftest import BrokerProcess  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
 from icelog.meta.sqlite import SqliteStore  # noqa: E402
 from icelog.schema.enforce.enforcement import Enforcer, LocalSchemaSource  # noqa: E402
 from icelog.schema.protobuf_schema import compile_schema, message_descriptor  # noqa: E402
 from icelog.schema.registry.service import RegistryService  # noqa: E402
 from icelog.topic_configs.schema import side_config  # noqa: E402
+from tests.support.broker import BrokerProcess  # noqa: E402
 
 PROTO = """syntax = "proto3";
 package bench;

@@ -54,9 +54,7 @@ from typing import Any
 import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient, NewTopic
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from conftest import BrokerProcess  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
 from icelog.archive.archiver import Archiver  # noqa: E402
 from icelog.archive.reconcile import (  # noqa: E402
     COMMIT_USER_PROPERTY,
@@ -67,6 +65,7 @@ from icelog.archive.reconcile import (  # noqa: E402
 from icelog.config import load_settings  # noqa: E402
 from icelog.lake.spark import create_session  # noqa: E402
 from icelog.meta.backends import open_store  # noqa: E402
+from tests.support.broker import BrokerProcess  # noqa: E402
 
 PARTITIONS = 4
 ENV = {"ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg", "ICELOG_ARCHIVE__ENABLED": "false"}

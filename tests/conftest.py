@@ -1,97 +1,54 @@
-"""Shared fixtures: a real icelog broker process on a free port, with its own data directory; a metadata store
-of every backend."""
+"""Fixtures every lane shares: real icelog brokers, and the lake (one broker, one Spark session, one Iceberg catalog)
+of the Spark tests. Helpers that are not fixtures live in tests/support/.
+
+Tests that need Spark are marked `spark` here, from the fixtures they use (`lake_spark`, or one that depends on
+it); a test that starts Spark in a child process only is marked by hand. `make test-quick` runs `-m 'not spark'`
+with ICELOG_TESTS_NO_JVM=1, which puts a `java` that refuses to start first on the PATH: an unmarked Spark test
+fails there instead of making the quick lane slow.
+"""
 
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import pytest
 
-if TYPE_CHECKING:
-    from icelog.meta.store import MetadataStore
+from icelog.archive.archiver import Archiver
+from icelog.config import Settings, load_settings
+from icelog.meta.backends import open_store
+from icelog.meta.store import MetadataStore
+from tests.support.archive import ARCHIVE_ENV
+from tests.support.broker import BrokerProcess
 
-# Session fixtures of the Spark archive tests (one broker, one Spark session): tests/archive_fixtures.py
-pytest_plugins = ["archive_fixtures"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+SPARK_FIXTURES = {"lake_spark"}
+NO_JVM_ENV = "ICELOG_TESTS_NO_JVM"
 
 
-class BrokerProcess:
-    """`icelog serve` in a child process, so tests can SIGKILL and restart it."""
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        # fixturenames is the closure: it holds lake_spark also when the test asks for lake_archiver only.
+        if SPARK_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.spark)
 
-    def __init__(self, data_dir: Path, port: int | None = None, env: dict[str, str] | None = None,
-                 extra_args: list[str] | None = None) -> None:
-        self.data_dir = data_dir
-        self.port = port or free_port()
-        self.registry_port = free_port()  # the embedded schema registry; 8081 would clash between brokers
-        self.env = env or {}
-        self.extra_args = extra_args or []
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = data_dir.parent / f"{data_dir.name}-broker.log"
 
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def registry_url(self) -> str:
-        return f"http://127.0.0.1:{self.registry_port}"
-
-    def start(self, timeout: float = 20.0) -> BrokerProcess:
-        # Test brokers keep plain Kafka retention and run no Spark archiver unless a test asks for them
-        # (tests/test_archive*.py pass ICELOG_ARCHIVE__* in `env`).
-        quiet = {"ICELOG_ARCHIVE__DEFAULT_KIND": "none", "ICELOG_ARCHIVE__ENABLED": "false",
-                 "ICELOG_REGISTRY_LISTEN": f"127.0.0.1:{self.registry_port}"}
-        env = {**os.environ, **quiet, **self.env}
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child process keeps writing after we return
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "icelog", "serve", "--listen", self.bootstrap, "--data-dir", str(self.data_dir),
-             *self.extra_args],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"broker did not listen within {timeout}s:\n{self.log()}")
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown code runs."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def restart(self) -> BrokerProcess:
-        self.kill()
-        return self.start()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+def pytest_configure(config: pytest.Config) -> None:
+    if not os.environ.get(NO_JVM_ENV):
+        return
+    # Spark's launcher runs $JAVA_HOME/bin/java, else the first `java` on the PATH (of this process and its children).
+    bin_dir = Path(tempfile.mkdtemp(prefix="icelog-no-jvm-"))
+    config.add_cleanup(lambda: shutil.rmtree(bin_dir, ignore_errors=True))
+    java = bin_dir / "java"
+    java.write_text(f"#!/bin/sh\necho '{NO_JVM_ENV} is set: this lane starts no JVM (mark the test spark)' >&2\n"
+                    "exit 1\n")
+    java.chmod(0o755)
+    os.environ.pop("JAVA_HOME", None)
+    os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
 
 
 @pytest.fixture(scope="session")
@@ -117,34 +74,37 @@ def topic_name(request: pytest.FixtureRequest) -> str:
     return f"t-{name}"[:200]
 
 
-# -- the metadata store, once per backend (the behaviour suite: tests/test_meta_store*.py) ------------------
-# A backend joins by one entry: a function from the test's temporary directory to a store URL; opening that
-# URL twice must reach the same database. Every test that takes `store` or `open_same_store` runs per entry.
-STORE_BACKENDS: dict[str, Callable[[Path], str]] = {
-    "sqlite": lambda tmp: f"sqlite:///{tmp / 'meta.db'}",
-}
-
-OpenStore = Callable[[], "MetadataStore"]
-
-
-@pytest.fixture(params=sorted(STORE_BACKENDS))
-def open_same_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenStore]:
-    """Opens (or re-opens) the one database of this test; every store opened is closed afterwards."""
-    from icelog.meta.backends import open_store
-
-    url = STORE_BACKENDS[request.param](tmp_path)
-    opened: list[MetadataStore] = []
-
-    def open_() -> MetadataStore:
-        opened.append(open_store(url))
-        return opened[-1]
-
-    yield open_
-    for store in opened:
-        store.close()  # closing twice is allowed (a test may have closed it already)
+# -- the lake: one broker and one Spark session serve every Spark test (Spark start-up is ~5 s); each test uses its
+# own topics, so its own tables.
+@pytest.fixture(scope="session")
+def lake_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    proc = BrokerProcess(tmp_path_factory.mktemp("archive") / "data", env=ARCHIVE_ENV).start()
+    yield proc
+    proc.stop()
 
 
-@pytest.fixture
-def store(open_same_store: OpenStore) -> MetadataStore:
-    """A new, empty metadata store of the backend under test."""
-    return open_same_store()
+@pytest.fixture(scope="session")
+def lake_settings(lake_broker: BrokerProcess) -> Settings:
+    # The archiver reads the embedded registry's schemas from this data dir's metadata store (no HTTP).
+    return load_settings(data_dir=str(lake_broker.data_dir), registry_listen=f"127.0.0.1:{lake_broker.registry_port}")
+
+
+@pytest.fixture(scope="session")
+def lake_spark(lake_settings: Settings) -> Iterator[Any]:
+    from icelog.lake.spark import create_session
+
+    session = create_session(lake_settings, "icelog-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def lake_store(lake_settings: Settings) -> Iterator[MetadataStore]:
+    meta = open_store(lake_settings.metadata_url)
+    yield meta
+    meta.close()
+
+
+@pytest.fixture(scope="session")
+def lake_archiver(lake_settings: Settings, lake_spark: Any, lake_store: MetadataStore) -> Archiver:
+    return Archiver(lake_settings, lake_spark, lake_store)

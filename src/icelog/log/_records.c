@@ -5,7 +5,7 @@
  * records section, decompressed) holds exactly `count` well-formed records, as Kafka's broker does before
  * it appends a produced batch. It returns None, or (error_code, record_index, message) for the first
  * problem. icelog/log/records.py holds the pure-Python twin of this function: every check and message
- * here must match it (tests/test_records.py runs both on the same inputs).
+ * here must match it (tests/log/test_records.py runs both on the same inputs).
  *
  * Record layout: length varint | attributes int8 | timestampDelta varlong | offsetDelta varint |
  *   keyLength varint | key | valueLength varint | value | headerCount varint |

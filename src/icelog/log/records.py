@@ -3,7 +3,7 @@
 `validate_records` walks the records without building Python objects. It is the compiled
 `icelog.log._records` (built from `_records.c` by `pip install`) when that extension is importable, and the
 pure-Python `validate_records_py` below otherwise; the two give the same answer for every input
-(tests/test_records.py checks it on corrupt inputs).
+(tests/log/test_records.py checks it on corrupt inputs).
 """
 
 from __future__ import annotations

@@ -386,5 +386,5 @@ class MetadataStore(
     registry writes, intake trims) are durable against power loss when the method returns.
 
     The schema registry's methods (`registry_*`) are declared in meta/registry.py. Declare no method here:
-    a new one goes into the slice of the data it keeps (tests/test_meta_slices.py checks).
+    a new one goes into the slice of the data it keeps (tests/meta/test_meta_slices.py checks).
     """

@@ -4,7 +4,7 @@ A table is planned once for all its partitions (pyiceberg's scan planning with n
 pruning need nothing, delete files and deletion vectors ride along with each data file), and each file is given
 the Kafka partitions it may hold (the identity partition on the partition column when the spec has one, else the
 file's statistics of that column), which is what pyiceberg's planning with a filter on one partition keeps
-(tests/test_readback_plan.py compares the two on archived tables). When the snapshots since the planned one are
+(tests/readback/test_readback_plan.py compares the two on archived tables). When the snapshots since the planned one are
 all appends on top of it, only the data files they added are read (the manifests those snapshots wrote, entries
 whose snapshot is one of them): an append adds data files and nothing else, so the files planned before keep their
 delete files and the new ones have none. Anything else (compaction, an overwrite or delete, a rollback or an

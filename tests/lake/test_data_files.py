@@ -1,0 +1,117 @@
+"""Data files written by workers (lake/data_files.py) and committed by the driver describe themselves exactly as
+Spark's Iceberg writer describes the same rows: partition values of every transform and type an upsert table can
+have, record counts and column bounds; and every engine reads the rows back."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from icelog.archive.upsert import PassRows, write_data_files
+from icelog.config import Settings
+from icelog.lake import iceberg_java
+from icelog.lake.data_files import file_writer
+from icelog.table.layout import ARCHIVE_TABLE_PROPERTIES
+
+COLUMNS = ("id bigint, small bigint, region string, day date, at timestamp, blob binary, price decimal(10, 2), "
+           "flag boolean, n int")
+PARTITIONS = "small, region, day, at, blob, price, flag, bucket(4, n)"
+
+
+def rows() -> list[tuple[Any, ...]]:
+    start = dt.datetime(2026, 3, 1, 12, 30, tzinfo=dt.UTC)
+    return [
+        (i, i % 2, ["eu/west", "us east", None][i % 3], dt.date(2026, 1, 1 + i % 2),
+         start + dt.timedelta(microseconds=i % 2), [b"\x00\xff", b"a=b/c"][i % 2],
+         Decimal("12.50") if i % 2 else Decimal("-3.00"), bool(i % 2), i)
+        for i in range(12)
+    ]
+
+
+@pytest.mark.slow
+def test_worker_written_files_are_described_as_sparks_writer_describes_them(
+    lake_spark: Any, lake_settings: Settings
+) -> None:
+    catalog = lake_settings.archive.catalog_name
+    names = {kind: f"{catalog}.data_files.{kind}_{uuid.uuid4().hex[:8]}" for kind in ("ours", "spark")}
+    lake_spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {catalog}.data_files")
+    for name in names.values():
+        lake_spark.sql(f"CREATE TABLE {name} ({COLUMNS}) USING iceberg PARTITIONED BY ({PARTITIONS}) "
+                       "TBLPROPERTIES ('format-version'='3')")
+    lake_spark.createDataFrame(rows(), COLUMNS).writeTo(names["spark"]).append()
+
+    produced = rows()
+
+    def decode(tasks: Any) -> Any:
+        """Stands in for the archive's decoders (a closure: workers cannot import tests); task t: rows i % 2 == t."""
+        import pyarrow as pa
+
+        schema = pa.schema([("id", pa.int64()), ("small", pa.int64()), ("region", pa.string()),
+                            ("day", pa.date32()), ("at", pa.timestamp("us", tz="UTC")), ("blob", pa.binary()),
+                            ("price", pa.decimal128(10, 2)), ("flag", pa.bool_()), ("n", pa.int32())])
+        for task in tasks:
+            mine = [r for r in produced if r[0] % 2 == task]
+            yield pa.RecordBatch.from_pylist([dict(zip(schema.names, r, strict=True)) for r in mine], schema=schema)
+
+    table = iceberg_java.load_table(lake_spark, names["ours"])
+    files = iceberg_java.parquet_data_files(lake_spark, table, write_data_files(lake_spark, table,
+                                                                              PassRows(2, decode, {})))
+    iceberg_java.commit_row_delta(table, None, files, iceberg_java.WrittenDVs([], []), [], {})
+
+    def described(name: str) -> list[tuple[Any, ...]]:
+        """Each file's partition, row count and per-column counts and bounds (not its byte sizes: the Parquet
+        writers differ)."""
+        found = []
+        for partition, count, metrics in lake_spark.sql(
+                f"SELECT to_json(partition), record_count, to_json(readable_metrics) FROM {name}.files").collect():
+            columns = {c: {k: v for k, v in m.items() if k != "column_size"} for c, m in json.loads(metrics).items()}
+            found.append((partition, count, json.dumps(columns, sort_keys=True)))
+        return sorted(found)
+
+    assert described(names["ours"]) == described(names["spark"])
+    assert len(described(names["ours"])) >= 6  # rows spread over many partitions (some share one)
+    read = {kind: sorted(map(tuple, lake_spark.sql(f"SELECT * FROM {name} ORDER BY id").collect()))
+            for kind, name in names.items()}
+    assert read["ours"] == read["spark"] and [r[0] for r in read["ours"]] == list(range(12))
+
+
+def test_worker_written_files_have_the_tables_row_groups_and_no_writer_warning(tmp_path: Any) -> None:
+    """pyiceberg sizes row groups in rows and warns that it ignores write.parquet.row-group-size-bytes: an upsert
+    table's worker-written files held one row group of up to 1 M rows, where a read-back seek wants 2 MiB ones."""
+    import os
+    import warnings
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog("lake", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=f"file://{tmp_path}/warehouse")
+    catalog.create_namespace("db")
+    schema = pa.schema([pa.field("__key", pa.binary()), pa.field("__value", pa.binary()),
+                        pa.field("__offset", pa.int64(), nullable=False)])
+    # The archive's table properties (pyiceberg cannot create the v3 table an upsert topic gets; the worker's
+    # write is the same for both).
+    table = catalog.create_table("db.t", schema, properties=dict(ARCHIVE_TABLE_PROPERTIES))  # pyiceberg pops from it
+    limit = int(ARCHIVE_TABLE_PROPERTIES["write.parquet.row-group-size-bytes"])
+    produced = pa.table({"__key": [os.urandom(16) for _ in range(40_000)],
+                         "__value": [os.urandom(120) for _ in range(40_000)],
+                         "__offset": pa.array(range(40_000), pa.int64())}, schema=schema)
+
+    def decode(tasks: Any) -> Any:
+        for _task in tasks:
+            yield from produced.to_batches(max_chunksize=10_000)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # pyiceberg's "Parquet writer option(s) [...] not implemented"
+        written = list(file_writer(table.metadata_location, decode, {})([0]))
+    assert len(written) == 1 and written[0][2] == produced.num_rows
+    parquet = pq.ParquetFile(written[0][0].removeprefix("file://"))
+    groups = [parquet.metadata.row_group(i) for i in range(parquet.metadata.num_row_groups)]
+    assert len(groups) >= produced.nbytes // limit >= 2
+    assert all(group.total_byte_size <= 1.25 * limit for group in groups)
+    assert parquet.read().equals(produced.cast(parquet.schema_arrow))

@@ -1,0 +1,319 @@
+"""Unit tests of the record format code the broker validates produced batches with.
+
+* The compiled record walker (icelog.log._records) and its pure-Python twin give the same answer on the
+  same inputs: valid batches from kafka-python's builder and thousands of corrupted copies of them.
+* Decompression of every codec, refusing truncated payloads and decompression bombs.
+* The varint codec, and Kafka error codes generated from kafka-python.
+"""
+
+from __future__ import annotations
+
+import gzip
+import random
+import re
+import struct
+from pathlib import Path
+from typing import Any
+
+import kafka.codec
+import kafka.errors
+import pytest
+from kafka.record.default_records import DefaultRecordBatchBuilder
+
+from icelog.errors import ErrorCode, KafkaApiError, is_retriable
+from icelog.log import records
+from icelog.log.record_format import HEADER, HEADER_SIZE
+from icelog.log.varint import VarintError, encode_varint, read_uvarint, read_varint
+from tests.support.hand_records import record, zz
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+# -- the compiled walker and the pure-Python one agree -------------------------------------------------
+def built_batch(rng: random.Random, count: int) -> tuple[bytes, int, int, int]:
+    """(records section, count, base timestamp, max timestamp) of a random valid batch."""
+    builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 22)
+    base = rng.choice([0, 1_700_000_000_000, -1])
+    for i in range(count):
+        ts = base if base < 0 else base + rng.randrange(5000)  # out of order within a batch is fine
+        key = None if rng.random() < 0.3 else rng.randbytes(rng.randrange(0, 40))
+        value = None if rng.random() < 0.1 else rng.randbytes(rng.randrange(0, 300))
+        headers = [
+            (rng.choice(["h", "trace-id", "ünï", ""]), None if rng.random() < 0.2 else rng.randbytes(rng.randrange(9)))
+            for _ in range(rng.randrange(4))
+        ]
+        builder.append(i, timestamp=ts, key=key, value=value, headers=headers)
+    data = bytes(builder.build())
+    _, _, _, _, _, _, _, base_ts, max_ts, _, _, _, n = HEADER.unpack_from(data)
+    return data[HEADER_SIZE:], n, base_ts, max_ts
+
+
+def mutations(rng: random.Random, data: bytes) -> list[bytes]:
+    """Corrupted copies: flipped and set bytes, cuts, insertions, deletions."""
+    out = []
+    for _ in range(12):
+        copy = bytearray(data)
+        kind = rng.randrange(5)
+        at = rng.randrange(len(copy))
+        if kind == 0:
+            copy[at] ^= 1 << rng.randrange(8)
+        elif kind == 1:
+            copy[at] = rng.choice([0x00, 0x01, 0x7F, 0x80, 0xFF, 0xC3, 0xED, 0xF4])
+        elif kind == 2:
+            del copy[at:]
+        elif kind == 3:
+            copy[at:at] = rng.randbytes(rng.randrange(1, 4))
+        else:
+            del copy[at : at + rng.randrange(1, 4)]
+        out.append(bytes(copy))
+    return out
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    if not records.COMPILED:
+        pytest.fail("icelog.log._records is not built: run `pip install -e .` (needs gcc and Python headers)")
+    from icelog.log._records import validate_records
+
+    return validate_records
+
+
+def test_compiled_and_python_walkers_agree_on_valid_and_corrupt_batches(compiled) -> None:
+    rng = random.Random(20261123)
+    answers: dict[int, int] = {}
+    for round_ in range(300):
+        data, count, base_ts, max_ts = built_batch(rng, rng.randrange(1, 8))
+        assert compiled(data, count, base_ts, max_ts) is None
+        assert records.validate_records_py(data, count, base_ts, max_ts) is None
+        cases = [(m, count, base_ts, max_ts) for m in mutations(rng, data)]
+        cases += [(data, count + 1, base_ts, max_ts), (data, count - 1, base_ts, max_ts)]
+        cases += [(data, count, base_ts, max_ts - 1), (data, count, -(1 << 63), max_ts)]
+        for case in cases:
+            expected = records.validate_records_py(*case)
+            assert compiled(*case) == expected, (round_, case)
+            code = -1 if expected is None else expected[0]
+            answers[code] = answers.get(code, 0) + 1
+    # the corpus exercised every kind of answer
+    assert set(answers) == {-1, ErrorCode.CORRUPT_MESSAGE, ErrorCode.INVALID_TIMESTAMP, ErrorCode.INVALID_RECORD}
+
+
+def test_a_compacted_topic_refuses_the_first_keyless_record_in_both_walkers(compiled) -> None:
+    rng = random.Random(20261124)
+    refused = 0
+    for _ in range(200):
+        data, count, base_ts, max_ts = built_batch(rng, rng.randrange(1, 8))
+        builder_keys = [r.key for r in records_of(data, count, base_ts)]
+        keyless = next((i for i, key in enumerate(builder_keys) if key is None), None)
+        message = f"record {keyless}: a compacted topic cannot accept a record without a key"
+        expected = None if keyless is None else (ErrorCode.INVALID_RECORD, keyless, message)
+        assert records.validate_records_py(data, count, base_ts, max_ts, True) == expected
+        assert compiled(data, count, base_ts, max_ts, True) == expected
+        assert compiled(data, count, base_ts, max_ts) is None  # other topics take keyless records
+        refused += expected is not None
+        for case in mutations(rng, data)[:20]:  # broken bytes: the same answer from both, keys required
+            assert compiled(case, count, base_ts, max_ts, True) == records.validate_records_py(
+                case, count, base_ts, max_ts, True)
+    assert 0 < refused < 200
+
+
+def records_of(section: bytes, count: int, base_ts: int) -> list[Any]:
+    """The records of a records section, read by kafka-python (a batch header put back in front)."""
+    from kafka.record.default_records import DefaultRecordBatch
+
+    header = bytearray(HEADER_SIZE)
+    HEADER.pack_into(header, 0, 0, HEADER_SIZE - 12 + len(section), 0, 2, 0, 0, count - 1, base_ts, base_ts, -1, -1,
+                     -1, count)
+    return list(DefaultRecordBatch(bytes(header) + section))
+
+
+def test_compiled_utf8_check_of_header_keys_is_pythons(compiled) -> None:
+    rng = random.Random(7)
+    alphabet = [0x00, 0x41, 0x7F, 0x80, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xA0, 0x9F, 0xED, 0xEF, 0xF0, 0x90,
+                0x8F, 0xF4, 0xF5, 0xFF]
+    for _ in range(5000):
+        key = bytes(rng.choice(alphabet) for _ in range(rng.randrange(1, 6)))
+        data = record(0, headers=[(key, b"v")])
+        try:
+            key.decode("utf-8")
+            expected = None
+        except UnicodeDecodeError:
+            expected = (ErrorCode.INVALID_RECORD, 0, "record 0: header 0 key is not valid UTF-8")
+        assert compiled(data, 1, 0, 0) == expected, key
+        assert records.validate_records_py(data, 1, 0, 0) == expected, key
+
+
+HAND_MADE: dict[str, tuple[bytes, int, int, int, int]] = {  # records, count, base ts, max ts, expected code
+    "valid": (record(0) + record(1, headers=[(b"k", None)]), 2, 100, 100, 0),
+    "null key, value and header value": (record(0, value=None, headers=[(b"", None)]), 1, 5, 5, 0),
+    "length too long": (record(0, length_delta=+3) + b"\x00\x00", 1, 0, 0, ErrorCode.CORRUPT_MESSAGE),
+    "length too short": (record(0, length_delta=-1), 1, 0, 0, ErrorCode.CORRUPT_MESSAGE),
+    "length past the end": (record(0, length_delta=+3), 1, 0, 0, ErrorCode.CORRUPT_MESSAGE),
+    "negative length": (zz(-5) + b"\x00" * 8, 1, 0, 0, ErrorCode.CORRUPT_MESSAGE),
+    "truncated varint": (zz(7) + b"\x00\x00\x00\x01\x01v\x80", 1, 0, 0, ErrorCode.CORRUPT_MESSAGE),
+    "varint of 6 bytes": (zz(10) + b"\x00\x00" + b"\x80" * 5 + b"\x00\x01\x00\x00", 1, 0, 0,
+                          ErrorCode.CORRUPT_MESSAGE),
+    "varint past 32 bits": (zz(10) + b"\x00\x00" + b"\x80" * 4 + b"\x10\x01\x00\x00", 1, 0, 0,
+                            ErrorCode.CORRUPT_MESSAGE),
+    "fewer records than the count": (record(0) + record(1), 3, 0, 0, ErrorCode.CORRUPT_MESSAGE),
+    "more records than the count": (record(0) + record(1), 1, 0, 0, ErrorCode.CORRUPT_MESSAGE),
+    "offset deltas 0, 2": (record(0) + record(2), 2, 0, 0, ErrorCode.CORRUPT_MESSAGE),
+    "offset deltas 1, 0": (record(1) + record(0), 2, 0, 0, ErrorCode.CORRUPT_MESSAGE),
+    "key length -2": (record(0, key=b"ab").replace(zz(2) + b"ab", zz(-2) + b"ab", 1), 1, 0, 0,
+                      ErrorCode.CORRUPT_MESSAGE),
+    "null header key": (record(0, headers=[(b"k", b"v")]).replace(zz(1) + b"k", zz(-1) + b"k", 1), 1, 0, 0,
+                        ErrorCode.CORRUPT_MESSAGE),
+    "header key past the record": (record(0, headers=[(b"k", None)]).replace(zz(1) + b"k", zz(9) + b"k"),
+                                   1, 0, 0, ErrorCode.CORRUPT_MESSAGE),
+    "header key not UTF-8": (record(0, headers=[(b"\xff\xfe", b"v")]), 1, 0, 0, ErrorCode.INVALID_RECORD),
+    "header key a surrogate": (record(0, headers=[(b"\xed\xa0\x80", b"v")]), 1, 0, 0, ErrorCode.INVALID_RECORD),
+    "negative header count": (zz(6) + b"\x00" + zz(0) + zz(0) + zz(-1) + zz(-1) + zz(-3), 1, 0, 0,
+                              ErrorCode.CORRUPT_MESSAGE),
+    "negative timestamp": (record(0, ts_delta=-2000), 1, 1000, 1000, ErrorCode.INVALID_TIMESTAMP),
+    "no timestamp (-1)": (record(0, ts_delta=-1001), 1, 1000, 1000, 0),
+    "timestamp after the max": (record(0, ts_delta=5), 1, 1000, 1004, ErrorCode.INVALID_TIMESTAMP),
+    "empty": (b"", 1, 0, 0, ErrorCode.CORRUPT_MESSAGE),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HAND_MADE))
+def test_hand_made_records(compiled, case: str) -> None:
+    data, count, base_ts, max_ts, expected = HAND_MADE[case]
+    python = records.validate_records_py(data, count, base_ts, max_ts)
+    assert compiled(data, count, base_ts, max_ts) == python
+    assert (0 if python is None else python[0]) == expected, python
+
+
+# -- decompression ---------------------------------------------------------------------------------
+PLAIN = b"".join(record(i, value=bytes([i % 7]) * 300) for i in range(200))
+ENCODERS = {
+    1: kafka.codec.gzip_encode,
+    2: kafka.codec.snappy_encode,  # xerial framing, as kafka-python and the Java client write it
+    3: kafka.codec.lz4_encode,
+    4: kafka.codec.zstd_encode,
+}
+
+
+@pytest.mark.parametrize("codec", sorted(ENCODERS), ids=["gzip", "snappy", "lz4", "zstd"])
+def test_every_codec_decompresses_and_truncation_is_corrupt(codec: int) -> None:
+    payload = ENCODERS[codec](PLAIN)
+    assert bytes(records.decompress(codec, payload)) == PLAIN
+    for cut in (1, 7, len(payload) // 2):
+        with pytest.raises(KafkaApiError) as caught:
+            records.decompress(codec, payload[:-cut])
+        assert caught.value.code == ErrorCode.CORRUPT_MESSAGE, (cut, caught.value)
+    with pytest.raises(KafkaApiError) as caught:
+        records.decompress(codec, b"\x00" * 20 + payload)
+    assert caught.value.code == ErrorCode.CORRUPT_MESSAGE
+
+
+def test_raw_snappy_and_concatenated_gzip_members() -> None:
+    import snappy
+
+    assert records.decompress(2, snappy.compress(PLAIN)) == PLAIN  # librdkafka may send raw snappy
+    assert records.decompress(1, gzip.compress(PLAIN[:999]) + gzip.compress(PLAIN[999:])) == PLAIN
+
+
+def test_zstd_without_content_size_in_the_frame() -> None:
+    import zstandard
+
+    payload = zstandard.ZstdCompressor(write_content_size=False).compress(PLAIN)
+    assert records.decompress(4, payload) == PLAIN
+    with pytest.raises(KafkaApiError) as caught:
+        records.decompress(4, payload[:-3])
+    assert caught.value.code == ErrorCode.CORRUPT_MESSAGE
+
+
+def test_lz4_frames_without_content_size_and_concatenated() -> None:
+    import lz4.frame
+
+    unsized = lz4.frame.compress(PLAIN, store_size=False)
+    assert records.decompress(3, unsized) == PLAIN
+    assert records.decompress(3, unsized + lz4.frame.compress(PLAIN)) == PLAIN * 2
+    with pytest.raises(KafkaApiError) as caught:
+        records.decompress(3, unsized[:-5])
+    assert caught.value.code == ErrorCode.CORRUPT_MESSAGE
+
+
+@pytest.mark.parametrize("codec", sorted(ENCODERS), ids=["gzip", "snappy", "lz4", "zstd"])
+def test_decompression_bomb_is_refused(monkeypatch: pytest.MonkeyPatch, codec: int) -> None:
+    monkeypatch.setattr(records, "MAX_UNCOMPRESSED_BYTES", 1 << 20)
+    bomb = ENCODERS[codec](b"\x00" * (4 << 20))
+    with pytest.raises(KafkaApiError) as caught:
+        records.decompress(codec, bomb)
+    assert caught.value.code == ErrorCode.MESSAGE_TOO_LARGE
+
+
+def test_unknown_codec_is_corrupt() -> None:
+    for codec in (5, 6, 7):
+        with pytest.raises(KafkaApiError) as caught:
+            records.decompress(codec, b"abc")
+        assert caught.value.code == ErrorCode.CORRUPT_MESSAGE
+
+
+# -- the varint codec ------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", [0, 1, -1, 63, -64, 64, 300, -(2**31), 2**31 - 1, -(2**63), 2**63 - 1])
+def test_varint_round_trip_matches_kafka_python(value: int) -> None:
+    from kafka.record.util import decode_varint
+
+    encoded = encode_varint(value)
+    assert encoded == zz(value)
+    assert read_varint(encoded, 0) == (value, len(encoded))
+    assert decode_varint(bytearray(encoded), 0) == (value, len(encoded))
+
+
+@pytest.mark.parametrize(
+    ("data", "max_bytes", "why"),
+    [
+        (b"", 5, "truncated"),
+        (b"\x80\x80", 5, "truncated"),
+        (b"\x80\x80\x80\x80\x80\x00", 5, "longer than 5 bytes"),
+        (b"\x80\x80\x80\x80\x10", 5, "overflows 32 bits"),
+        (b"\x80" * 9 + b"\x02", 10, "overflows 64 bits"),
+        (b"\x80" * 10 + b"\x00", 10, "longer than 10 bytes"),
+    ],
+)
+def test_malformed_varints_are_refused(data: bytes, max_bytes: int, why: str) -> None:
+    with pytest.raises(VarintError, match=why):
+        read_uvarint(data, 0, max_bytes=max_bytes)
+
+
+def test_varint_reads_stop_at_end() -> None:
+    with pytest.raises(VarintError, match="truncated"):
+        read_varint(b"\x80\x01", 0, end=1)
+
+
+# -- Kafka error codes come from kafka-python ------------------------------------------------------
+def test_error_codes_equal_kafka_python() -> None:
+    for code, error in kafka.errors.kafka_errors.items():
+        if code is None:
+            continue
+        assert ErrorCode(code) == code
+        assert getattr(ErrorCode, error.message) == code, error  # kafka-python's name works too
+        assert is_retriable(code) == error.retriable
+        assert KafkaApiError(ErrorCode(code)).retriable == error.retriable
+    # icelog answers with the names of Kafka's own Errors.java where kafka-python's are older
+    assert ErrorCode(6).name == "NOT_LEADER_OR_FOLLOWER"
+    assert ErrorCode(10).name == "MESSAGE_TOO_LARGE"
+    assert ErrorCode(0).name == "NONE"
+    assert ErrorCode.CORRUPT_MESSAGE == 2 and ErrorCode.INVALID_RECORD == 87 and ErrorCode.INVALID_TIMESTAMP == 32
+    assert KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR).retriable
+    assert not KafkaApiError(ErrorCode.CORRUPT_MESSAGE).retriable
+
+
+def test_every_error_code_name_used_in_src_exists() -> None:
+    used = set()
+    for path in SRC.rglob("*.py"):
+        used |= set(re.findall(r"ErrorCode\.([A-Z][A-Z0-9_]*)", path.read_text()))
+    assert used, "no ErrorCode use found"
+    assert sorted(name for name in used if not hasattr(ErrorCode, name)) == []
+
+
+def test_compiled_walker_codes_are_kafka_codes() -> None:
+    source = (SRC / "icelog/log/_records.c").read_text()
+    for name in ("CORRUPT_MESSAGE", "INVALID_TIMESTAMP", "INVALID_RECORD"):
+        (value,) = re.findall(rf"#define {name} (\d+)", source)
+        assert int(value) == ErrorCode[name]
+
+
+def test_header_struct_is_61_bytes() -> None:
+    assert struct.calcsize(HEADER.format) == HEADER_SIZE == 61

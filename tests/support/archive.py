@@ -1,0 +1,176 @@
+"""Helpers of the Spark tests (archive, table, lake, readback); their fixtures (lake_*) are in tests/conftest.py.
+
+A real broker, confluent-kafka producers, a real Spark session and a real Iceberg JDBC catalog on SQLite.
+One broker and one Spark session serve every archive test (Spark start-up is ~5 s); each test uses its
+own topics, so its own tables. Fault tests run `icelog archive` in a child process so that it can die
+at a chosen stage, then reconcile with the in-process session.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from icelog.config import Settings
+from icelog.faults import FAULT_ENV
+from tests.support.broker import BrokerProcess
+
+ARCHIVE_ENV = {
+    "ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg",
+    "ICELOG_ARCHIVE__ENABLED": "false",
+    "ICELOG_RETENTION_CHECK_INTERVAL_MS": "200",
+}
+CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+
+Row = tuple[int, int, bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...], int]
+
+
+def create_topic(
+    broker: BrokerProcess, name: str, partitions: int = 3, configs: dict[str, str] | None = None
+) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(name, partitions, config=configs or {})])[name].result(30)
+
+
+def produce(broker: BrokerProcess, topic: str, count: int, partitions: int = 3, tag: str = "") -> list[Row]:
+    """`count` records spread over the codecs and partitions, with keys, headers, null keys and values."""
+    delivered: list[Row] = []
+    errors: list[Any] = []
+
+    def on_delivery(sent_headers: tuple[tuple[str, bytes | None], ...], err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+            return
+        # (Delivery reports carry no headers: compare with what was sent.)
+        delivered.append(
+            (msg.partition(), msg.offset(), msg.key(), msg.value(), sent_headers, msg.timestamp()[1] * 1000)
+        )
+
+    per_codec = -(-count // len(CODECS))
+    made = 0
+    for codec in CODECS:
+        producer = Producer(
+            {"bootstrap.servers": broker.bootstrap, "compression.type": codec, "linger.ms": 20}
+        )
+        for _ in range(min(per_codec, count - made)):
+            i = made
+            key = None if i % 7 == 0 else f"key-{tag}{i}".encode()
+            value = None if i % 11 == 0 else (f"value-{tag}{i}-" + codec).encode() * (1 + i % 5)
+            headers = [("h1", f"x{i}".encode()), ("empty", None)] if i % 4 == 0 else None
+            producer.produce(
+                topic,
+                key=key,
+                value=value,
+                partition=i % partitions,
+                headers=headers,
+                on_delivery=functools.partial(on_delivery, tuple(headers or ())),
+            )
+            made += 1
+            if i % 500 == 0:
+                producer.poll(0)
+        assert producer.flush(30) == 0
+    assert not errors, errors
+    assert len(delivered) == count
+    return sorted(delivered, key=lambda r: (r[0], r[1]))
+
+
+def table(topic: str) -> str:
+    return f"icelog.`{topic}`"
+
+
+def spark_rows(spark: Any, topic: str) -> list[dict[str, Any]]:
+    rows = spark.sql(
+        "SELECT key IS NULL AS key_null, key.__raw__ AS k, value.__raw__ AS v, headers, "
+        "kafka.partition AS p, kafka.offset AS o, unix_micros(kafka.event_timestamp) AS ev, "
+        "unix_micros(kafka.ingest_timestamp) AS ing, "
+        f"kafka.batch_start AS bs FROM {table(topic)} ORDER BY p, o"
+    ).collect()
+    return [r.asDict(recursive=True) for r in rows]
+
+
+def as_produced(rows: list[dict[str, Any]]) -> list[Row]:
+    def b(x: Any) -> bytes | None:
+        return None if x is None else bytes(x)
+
+    return [
+        (
+            r["p"],
+            r["o"],
+            b(r["k"]),
+            b(r["v"]),
+            tuple((h["key"], b(h["value"])) for h in r["headers"]),
+            r["ev"],
+        )
+        for r in rows
+    ]
+
+
+def check_offsets_contiguous(rows: list[dict[str, Any]], expected: dict[int, int]) -> None:
+    """Exactly offsets 0..n-1 of each partition, once each: no duplicate, no gap."""
+    by_partition: dict[int, list[int]] = {}
+    for r in rows:
+        by_partition.setdefault(r["p"], []).append(r["o"])
+    assert {p: sorted(o) for p, o in by_partition.items()} == {
+        p: list(range(n)) for p, n in expected.items() if n
+    }
+
+
+def run_archive_cli(
+    settings: Settings, topic: str, fault: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **ARCHIVE_ENV, "ICELOG_REGISTRY_LISTEN": settings.registry_listen}
+    if fault:
+        env[FAULT_ENV] = fault
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "icelog",
+            "archive",
+            "--once",
+            "--data-dir",
+            str(settings.data_dir),
+            "--topic",
+            topic,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def partition_counts(rows: list[Row]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for r in rows:
+        counts[r[0]] = counts.get(r[0], 0) + 1
+    return counts
+
+
+def duckdb_counts(metadata_location: str) -> list[tuple[int, int]]:
+    import duckdb
+    import duckdb_extension_avro
+    import duckdb_extension_iceberg
+
+    con = duckdb.connect(config={"autoinstall_known_extensions": False})
+    for module, name in ((duckdb_extension_avro, "avro"), (duckdb_extension_iceberg, "iceberg")):
+        [path] = Path(module.__file__).parent.glob(f"extensions/*/{name}.duckdb_extension")
+        con.execute(f"LOAD '{path}'")
+    query = f"SELECT kafka.partition, count(*) FROM iceberg_scan('{metadata_location}') GROUP BY 1 ORDER BY 1"
+    return [(int(p), int(n)) for p, n in con.execute(query).fetchall()]
+
+
+def wait_for(condition: Any, timeout: float = 60, what: Any = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s" + (f":\n{what()}" if what else ""))
+        time.sleep(0.1)

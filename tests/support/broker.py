@@ -1,0 +1,83 @@
+"""A real icelog broker process on a free port, with its own data directory (the tests' `broker` fixtures)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class BrokerProcess:
+    """`icelog serve` in a child process, so tests can SIGKILL and restart it."""
+
+    def __init__(self, data_dir: Path, port: int | None = None, env: dict[str, str] | None = None,
+                 extra_args: list[str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.registry_port = free_port()  # the embedded schema registry; 8081 would clash between brokers
+        self.env = env or {}
+        self.extra_args = extra_args or []
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir.parent / f"{data_dir.name}-broker.log"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def registry_url(self) -> str:
+        return f"http://127.0.0.1:{self.registry_port}"
+
+    def start(self, timeout: float = 20.0) -> BrokerProcess:
+        # Test brokers keep plain Kafka retention and run no Spark archiver unless a test asks for them
+        # (the Spark tests pass ICELOG_ARCHIVE__* in `env`: tests/support/archive.py ARCHIVE_ENV).
+        quiet = {"ICELOG_ARCHIVE__DEFAULT_KIND": "none", "ICELOG_ARCHIVE__ENABLED": "false",
+                 "ICELOG_REGISTRY_LISTEN": f"127.0.0.1:{self.registry_port}"}
+        env = {**os.environ, **quiet, **self.env}
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child process keeps writing after we return
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "icelog", "serve", "--listen", self.bootstrap, "--data-dir", str(self.data_dir),
+             *self.extra_args],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"broker did not listen within {timeout}s:\n{self.log()}")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def restart(self) -> BrokerProcess:
+        self.kill()
+        return self.start()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

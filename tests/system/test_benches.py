@@ -1,0 +1,37 @@
+"""The quick benchmarks still run on main: each bench/ script without Spark, at a small size, as a user runs it.
+
+(A benchmark that no longer runs is a broken promise: bench/startup_bench.py failed for a session before anyone
+ran it. The Spark benchmarks are exercised by their own code paths' tests and re-run before a figure is quoted.)
+Figures are not checked here: speed is measured by the benchmarks, never asserted by tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("script, args, key", [
+    ("startup_bench.py", ["--small", "200", "--large", "2000"], "ratio_2000_over_200"),
+    ("broker_bench.py", ["--replay-only", "--records", "20000"], "produce_replayed"),
+    ("groups_bench.py", ["--records", "5000", "--txns", "5", "--rounds", "1"], "transactions"),
+    ("registry_bench.py", ["--lookups", "50", "--records", "2000", "--out", "none"], "produce_records_per_s"),
+])
+def test_bench_script_runs(script: str, args: list[str], key: str, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    output = done.stdout.strip()
+    result = json.loads(output[output.index("{"):])  # the results, printed as JSON last
+    assert key in result, result
+
