@@ -388,5 +388,5 @@ def _rebuild(batch: RecordBatch, attributes: int, rows: list[tuple[int, int, Any
         batch.base_sequence, 1 << 30,
     )
     for offset_delta, timestamp, key, value, headers in rows:
-        builder.append(offset_delta, timestamp, key, value, headers)
+        builder.append(offset_delta, timestamp, key, value, list(headers))  # aiokafka's builder takes only a list
     return bytes(builder.build())
