@@ -8,7 +8,7 @@ handle every codec (gzip, snappy, lz4, zstd).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from icelog.log.record_format import (
     UINT32,
     batch_crc,
 )
-from icelog.log.records import COMPILED, read_batch
+from icelog.log.records import COMPILED, Record, read_batch
 
 ROWS_PER_ARROW_BATCH = 65536
 
@@ -49,6 +49,25 @@ class _Columns:
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+    def add(self, records: Sequence[Record], ingest_us: int, batch_start: int) -> None:
+        """Append records of one batch (at least one), a column at a time."""
+        offsets, timestamps, keys, values, headers = zip(*records, strict=True)
+        n = len(offsets)
+        self.offsets += offsets
+        self.keys += keys
+        self.values += values
+        self.event_us += [timestamp * 1000 for timestamp in timestamps]
+        self.ingest_us += [ingest_us] * n
+        self.batch_starts += [batch_start] * n
+        if any(headers):
+            for record_headers in headers:
+                for hkey, hvalue in record_headers:
+                    self.header_keys.append(hkey)
+                    self.header_values.append(hvalue)
+                self.header_offsets.append(len(self.header_keys))
+        else:
+            self.header_offsets += [len(self.header_keys)] * n
 
     def to_arrow(self, partition: int) -> Any:
         import pyarrow as pa
@@ -176,23 +195,19 @@ def decode_archive(
     """
     cols = _Columns()
     start, end = archive.start_offset, archive.end_offset
-    for data, base, _last, error, ingest_ms in _archive_batches(Path(intake_dir), archive):
+    for data, base, last, error, ingest_ms in _archive_batches(Path(intake_dir), archive):
         if error:
             raise UndecodableBatchError(f"partition {archive.partition} offset {base}: {error}")
         ingest_us = ingest_ms * 1000
-        for offset, timestamp, key, value, headers in read_batch(data, compiled).records:
-            if offset < start or offset >= end:
-                continue
-            cols.offsets.append(offset)
-            cols.keys.append(key)
-            cols.values.append(value)
-            for hkey, hvalue in headers:
-                cols.header_keys.append(hkey)
-                cols.header_values.append(hvalue)
-            cols.header_offsets.append(len(cols.header_keys))
-            cols.event_us.append(timestamp * 1000)
-            cols.ingest_us.append(ingest_us)
-            cols.batch_starts.append(base)
+        records = read_batch(data, compiled).records
+        if base < start or last >= end:  # a stored batch's records are offsets base..last (checked at produce)
+            records = [record for record in records if start <= record[0] < end]
+        taken = 0
+        while taken < len(records):  # Arrow batches of exactly ROWS_PER_ARROW_BATCH rows, the last one less
+            room = ROWS_PER_ARROW_BATCH - len(cols)
+            part = records if taken == 0 and len(records) <= room else records[taken : taken + room]
+            cols.add(part, ingest_us, base)
+            taken += len(part)
             if len(cols) >= ROWS_PER_ARROW_BATCH:
                 yield cols.to_arrow(archive.partition)
                 cols = _Columns()

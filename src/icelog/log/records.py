@@ -152,14 +152,14 @@ def validate_records_py(
     return None
 
 
-def _varint(data: memoryview, pos: int, end: int, max_bytes: int, index: int, field: str) -> tuple[int, int]:
+def _varint(data: bytes | memoryview, pos: int, end: int, max_bytes: int, index: int, field: str) -> tuple[int, int]:
     try:
         return read_varint(data, pos, end, max_bytes)
     except VarintError as exc:
         raise _Invalid(ErrorCode.CORRUPT_MESSAGE, f"record {index}: {field}: {exc}") from None
 
 
-def _length(data: memoryview, pos: int, end: int, index: int, field: str, nullable: bool) -> tuple[int, int]:
+def _length(data: bytes | memoryview, pos: int, end: int, index: int, field: str, nullable: bool) -> tuple[int, int]:
     """(length, position after its varint) of a length-prefixed field that must fit before `end`.
 
     -1 is a null field, allowed only if `nullable` (keys, values and header values; not header keys).
@@ -184,9 +184,9 @@ def read_records_py(
 
     The structural checks of `validate_records_py` with its messages (not the produce rules: offset deltas
     may have gaps, as after compaction, and timestamps are not compared with the batch's); raises
-    ValueError(message) for the first problem.
+    ValueError(message) for the first problem. One-byte varints (nearly all of them) are read inline.
     """
-    data = memoryview(buffer).cast("B")
+    data = buffer if isinstance(buffer, bytes) else bytes(buffer)
     end = len(data)
     pos = 0
     out: list[Record] = []
@@ -197,7 +197,11 @@ def read_records_py(
                 raise _Invalid(
                     ErrorCode.CORRUPT_MESSAGE, f"record {index} is missing: the batch declares {count} records"
                 )
-            length, pos = _varint(data, pos, end, VARINT_BYTES, index, "length")
+            b = data[pos]
+            if b < 0x80:
+                length, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                length, pos = _varint(data, pos, end, VARINT_BYTES, index, "length")
             if length < 0:
                 raise _Invalid(ErrorCode.CORRUPT_MESSAGE, f"record {index}: length {length} is negative")
             if length > end - pos:
@@ -210,7 +214,11 @@ def read_records_py(
                 raise _Invalid(ErrorCode.CORRUPT_MESSAGE, f"record {index}: attributes: truncated")
             pos += 1  # attributes: unused in v2 records
             ts_delta, pos = _varint(data, pos, rec_end, VARLONG_BYTES, index, "timestamp delta")
-            offset_delta, pos = _varint(data, pos, rec_end, VARINT_BYTES, index, "offset delta")
+            b = data[pos] if pos < rec_end else 0x80
+            if b < 0x80:
+                offset_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                offset_delta, pos = _varint(data, pos, rec_end, VARINT_BYTES, index, "offset delta")
             offset = base_offset + offset_delta
             if not _INT64_MIN <= offset <= _INT64_MAX:
                 raise _Invalid(
@@ -223,27 +231,35 @@ def read_records_py(
                     ErrorCode.INVALID_TIMESTAMP,
                     f"record {index}: base timestamp {base_timestamp} + delta {ts_delta} overflows",
                 )
-            key_length, pos = _length(data, pos, rec_end, index, "key length", nullable=True)
-            key = None if key_length < 0 else bytes(data[pos : pos + key_length])
+            b = data[pos] if pos < rec_end else 0x80
+            if b < 0x80 and -1 <= (key_length := (b >> 1) ^ -(b & 1)) <= rec_end - pos - 1:
+                pos += 1
+            else:
+                key_length, pos = _length(data, pos, rec_end, index, "key length", nullable=True)
+            key = None if key_length < 0 else data[pos : pos + key_length]
             pos += max(key_length, 0)
             value_length, pos = _length(data, pos, rec_end, index, "value length", nullable=True)
-            value = None if value_length < 0 else bytes(data[pos : pos + value_length])
+            value = None if value_length < 0 else data[pos : pos + value_length]
             pos += max(value_length, 0)
-            header_count, pos = _varint(data, pos, rec_end, VARINT_BYTES, index, "header count")
+            b = data[pos] if pos < rec_end else 0x80
+            if b < 0x80:
+                header_count, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                header_count, pos = _varint(data, pos, rec_end, VARINT_BYTES, index, "header count")
             if header_count < 0:
                 raise _Invalid(ErrorCode.CORRUPT_MESSAGE, f"record {index}: header count {header_count} is negative")
             headers: list[Header] = []
             for header in range(header_count):
                 key_length, pos = _length(data, pos, rec_end, index, f"header {header} key length", nullable=False)
                 try:
-                    hkey = bytes(data[pos : pos + key_length]).decode("utf-8")
+                    hkey = data[pos : pos + key_length].decode("utf-8")
                 except UnicodeDecodeError:
                     raise _Invalid(
                         ErrorCode.INVALID_RECORD, f"record {index}: header {header} key is not valid UTF-8"
                     ) from None
                 pos += key_length
                 value_length, pos = _length(data, pos, rec_end, index, f"header {header} value length", nullable=True)
-                headers.append((hkey, None if value_length < 0 else bytes(data[pos : pos + value_length])))
+                headers.append((hkey, None if value_length < 0 else data[pos : pos + value_length]))
                 pos += max(value_length, 0)
             if pos != rec_end:
                 raise _Invalid(
