@@ -92,7 +92,14 @@ def validate_records_py(
             if pos >= rec_end:
                 raise _Invalid(ErrorCode.CORRUPT_MESSAGE, f"record {index}: attributes: truncated")
             pos += 1  # attributes: unused in v2 records
-            ts_delta, pos = _varint(data, pos, rec_end, VARLONG_BYTES, index, "timestamp delta")
+            b = data[pos] if pos < rec_end else 0x80
+            if b < 0x80:
+                ts_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+            elif pos + 1 < rec_end and (c := data[pos + 1]) < 0x80:
+                raw = (b & 0x7F) | c << 7
+                ts_delta, pos = (raw >> 1) ^ -(raw & 1), pos + 2
+            else:
+                ts_delta, pos = _varint(data, pos, rec_end, VARLONG_BYTES, index, "timestamp delta")
             offset_delta, pos = _varint(data, pos, rec_end, VARINT_BYTES, index, "offset delta")
             if offset_delta != index:
                 raise _Invalid(
@@ -200,6 +207,9 @@ def read_records_py(
             b = data[pos]
             if b < 0x80:
                 length, pos = (b >> 1) ^ -(b & 1), pos + 1
+            elif pos + 1 < end and (c := data[pos + 1]) < 0x80:
+                raw = (b & 0x7F) | c << 7
+                length, pos = (raw >> 1) ^ -(raw & 1), pos + 2
             else:
                 length, pos = _varint(data, pos, end, VARINT_BYTES, index, "length")
             if length < 0:
@@ -213,10 +223,20 @@ def read_records_py(
             if pos >= rec_end:
                 raise _Invalid(ErrorCode.CORRUPT_MESSAGE, f"record {index}: attributes: truncated")
             pos += 1  # attributes: unused in v2 records
-            ts_delta, pos = _varint(data, pos, rec_end, VARLONG_BYTES, index, "timestamp delta")
+            b = data[pos] if pos < rec_end else 0x80
+            if b < 0x80:
+                ts_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+            elif pos + 1 < rec_end and (c := data[pos + 1]) < 0x80:
+                raw = (b & 0x7F) | c << 7
+                ts_delta, pos = (raw >> 1) ^ -(raw & 1), pos + 2
+            else:
+                ts_delta, pos = _varint(data, pos, rec_end, VARLONG_BYTES, index, "timestamp delta")
             b = data[pos] if pos < rec_end else 0x80
             if b < 0x80:
                 offset_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+            elif pos + 1 < rec_end and (c := data[pos + 1]) < 0x80:
+                raw = (b & 0x7F) | c << 7
+                offset_delta, pos = (raw >> 1) ^ -(raw & 1), pos + 2
             else:
                 offset_delta, pos = _varint(data, pos, rec_end, VARINT_BYTES, index, "offset delta")
             offset = base_offset + offset_delta
@@ -238,7 +258,16 @@ def read_records_py(
                 key_length, pos = _length(data, pos, rec_end, index, "key length", nullable=True)
             key = None if key_length < 0 else data[pos : pos + key_length]
             pos += max(key_length, 0)
-            value_length, pos = _length(data, pos, rec_end, index, "value length", nullable=True)
+            b = data[pos] if pos < rec_end else 0x80
+            if b < 0x80 and -1 <= (value_length := (b >> 1) ^ -(b & 1)) <= rec_end - pos - 1:
+                pos += 1
+            elif (
+                b >= 0x80 and pos + 1 < rec_end and (c := data[pos + 1]) < 0x80
+                and 0 <= (value_length := ((raw := (b & 0x7F) | c << 7) >> 1) ^ -(raw & 1)) <= rec_end - pos - 2
+            ):
+                pos += 2
+            else:
+                value_length, pos = _length(data, pos, rec_end, index, "value length", nullable=True)
             value = None if value_length < 0 else data[pos : pos + value_length]
             pos += max(value_length, 0)
             b = data[pos] if pos < rec_end else 0x80
