@@ -16,6 +16,7 @@ from icelog.archive.plan import ChunkRef, PlannedArchive
 from icelog.log import intake_file
 from icelog.log.batch import empty_batch
 from icelog.log.record_format import CRC, UINT32, batch_crc
+from icelog.log.records import CorruptRecordsError
 from icelog.log.transactions import encode_marker_batch
 
 INGEST_MS = 1_700_000_123_000
@@ -98,15 +99,19 @@ def test_decode_gives_the_records_kafka_python_reads_in_batches_of_the_row_limit
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "pure"])
-def test_a_batch_that_does_not_read_is_a_dead_letter_and_stops_decode(tmp_path: Path, compiled: bool) -> None:
+@pytest.mark.parametrize(("which", "why"), [(0, "record "), (2, "snappy records do not decompress")],
+                         ids=["plain", "snappy"])
+def test_a_batch_that_does_not_read_is_a_dead_letter_and_stops_decode(
+    tmp_path: Path, compiled: bool, which: int, why: str
+) -> None:
     batches = stored_batches(random.Random(7))
-    broken = bytearray(batches[2])
-    broken[-2:] = b"\x7f\x7f"  # the last record's last two bytes: a length of -64 / past its end
+    broken = bytearray(batches[which])
+    broken[-2:] = b"\x7f\x7f"  # the last two bytes: a plain record's fields run past it, snappy's block breaks
     UINT32.pack_into(broken, CRC, batch_crc(broken))  # a well-formed CRC: only the reader can tell
-    batches[2] = bytes(broken)
+    batches[which] = bytes(broken)
     archive = write_archive(tmp_path, batches, 0, 10**6)
     [dead] = decode.find_dead_letters(tmp_path, archive, compiled=compiled)
-    assert dead.base_offset == DefaultRecordBatch(batches[2]).base_offset and dead.batch == batches[2]
-    assert dead.error.startswith("KafkaApiError")
-    with pytest.raises(Exception, match="record"):
+    assert dead.base_offset == DefaultRecordBatch(batches[which]).base_offset and dead.batch == batches[which]
+    assert dead.error.startswith(f"CorruptRecordsError: CORRUPT_MESSAGE: {why}"), dead.error
+    with pytest.raises(CorruptRecordsError, match=why):
         list(decode.decode_archive(tmp_path, archive, compiled=compiled))

@@ -316,6 +316,13 @@ except ImportError:  # not built (a source tree without `pip install -e .`, or n
     COMPILED = False
 
 
+class CorruptRecordsError(KafkaApiError):
+    """A batch whose bytes are not one whole v2 batch holding the records its header declares."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.CORRUPT_MESSAGE, message)
+
+
 @dataclass(frozen=True, slots=True)
 class RecordBatch:
     """A v2 batch as read by `read_batch`: the header fields callers use and its records."""
@@ -345,28 +352,31 @@ class RecordBatch:
 def read_batch(batch: bytes | bytearray | memoryview, compiled: bool = COMPILED) -> RecordBatch:
     """The header fields and records of the one v2 batch `batch` holds (decompressed as its attributes say).
 
-    Raises KafkaApiError: CORRUPT_MESSAGE if the bytes are not one whole v2 batch, its records do not
-    decompress or are malformed; MESSAGE_TOO_LARGE for a decompression bomb (see `decompress`). The CRC is
+    Raises CorruptRecordsError (CORRUPT_MESSAGE) if the bytes are not one whole v2 batch, its records do not
+    decompress or are malformed; KafkaApiError (MESSAGE_TOO_LARGE) for a decompression bomb (`decompress`). The CRC is
     not checked here (`record_format.batch_crc`). `compiled=False` reads with the pure-Python walker.
     """
     view = memoryview(batch)
     if len(view) < HEADER_SIZE:
-        raise KafkaApiError(ErrorCode.CORRUPT_MESSAGE, f"a batch of {len(view)} bytes is shorter than its header")
+        raise CorruptRecordsError(f"a batch of {len(view)} bytes is shorter than its header")
     (base_offset, length, _, magic, _, attributes, _, base_ts, max_ts, pid, epoch, base_seq, count) = (
         HEADER.unpack_from(view)
     )
     if magic != 2:
-        raise KafkaApiError(ErrorCode.CORRUPT_MESSAGE, f"record batch magic {magic} is not supported (only 2)")
+        raise CorruptRecordsError(f"record batch magic {magic} is not supported (only 2)")
     if LOG_OVERHEAD + length != len(view):
-        raise KafkaApiError(
-            ErrorCode.CORRUPT_MESSAGE, f"batch length {length} does not match its {len(view)} bytes"
-        )
-    section = decompress(attributes & ATTR_COMPRESSION_MASK, view[HEADER_SIZE:])
+        raise CorruptRecordsError(f"batch length {length} does not match its {len(view)} bytes")
+    try:
+        section = decompress(attributes & ATTR_COMPRESSION_MASK, view[HEADER_SIZE:])
+    except KafkaApiError as exc:
+        if exc.code != ErrorCode.CORRUPT_MESSAGE:
+            raise
+        raise CorruptRecordsError(exc.message) from None
     reader = read_records if compiled else read_records_py
     try:
         records = reader(section, count, base_offset, base_ts, max_ts if attributes & ATTR_LOG_APPEND_TIME else None)
     except ValueError as exc:
-        raise KafkaApiError(ErrorCode.CORRUPT_MESSAGE, str(exc)) from None
+        raise CorruptRecordsError(str(exc)) from None
     return RecordBatch(base_offset, attributes, base_ts, max_ts, pid, epoch, base_seq, records)
 
 
