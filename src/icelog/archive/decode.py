@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from icelog.archive.plan import PlannedArchive
 from icelog.errors import IcelogError
@@ -29,6 +29,9 @@ from icelog.log.record_format import (
     batch_crc,
 )
 from icelog.log.records import COMPILED, Record, read_batch
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 ROWS_PER_ARROW_BATCH = 65536
 
@@ -69,7 +72,7 @@ class _Columns:
         else:
             self.header_offsets += [len(self.header_keys)] * n
 
-    def to_arrow(self, partition: int) -> Any:
+    def to_arrow(self, partition: int) -> pa.RecordBatch:
         import pyarrow as pa
 
         from icelog.table.layout import arrow_schema
@@ -77,7 +80,7 @@ class _Columns:
         schema = arrow_schema()
         n = len(self.offsets)
 
-        def raw_struct(items: list[bytes | None], field: Any) -> Any:
+        def raw_struct(items: list[bytes | None], field: pa.Field) -> pa.StructArray:
             raw = pa.array(items, pa.binary())
             return pa.StructArray.from_arrays([raw], fields=list(field.type), mask=raw.is_null())
 
@@ -186,7 +189,7 @@ def find_dead_letters(
 
 def decode_archive(
     intake_dir: str | Path, archive: PlannedArchive, compiled: bool = COMPILED
-) -> Iterator[Any]:
+) -> Iterator[pa.RecordBatch]:
     """Arrow record batches holding the records of one archive, in offset order.
 
     Control batches (transaction markers) are not records and are skipped; so are records outside

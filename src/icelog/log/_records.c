@@ -12,7 +12,7 @@
  * (offset, timestamp, key, value, headers) tuples; it raises ValueError(message) for the first problem.
  *
  * icelog/log/records.py holds the pure-Python twins of both functions: every check and message here
- * must match them (tests/test_records.py runs both on the same inputs).
+ * must match them (tests/log/test_records.py runs both on the same inputs).
  *
  * Record layout: length varint | attributes int8 | timestampDelta varlong | offsetDelta varint |
  *   keyLength varint | key | valueLength varint | value | headerCount varint |

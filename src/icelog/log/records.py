@@ -6,8 +6,8 @@ header fields and records (offset, timestamp, key, value, headers) for every cal
 the archiver's decode in Spark workers, produce-time enforcement, timestamp look-ups. Both walkers are the
 compiled `icelog.log._records` (built from `_records.c` by `pip install`) when that extension is
 importable, and the pure-Python `validate_records_py` / `read_records_py` below otherwise (chosen once,
-below); each pair gives the same answer for every input (tests/test_records.py checks it on generated and
-corrupt inputs, every codec).
+below); each pair gives the same answer for every input (tests/log/test_records.py checks it on generated
+and corrupt inputs, every codec).
 """
 
 from __future__ import annotations
@@ -307,7 +307,8 @@ def read_records_py(
 
 # The one place the compiled walkers or their pure-Python twins are chosen.
 try:
-    from icelog.log._records import read_records, validate_records
+    from icelog.log._records import read_records as read_records  # exported: the compiled ones
+    from icelog.log._records import validate_records as validate_records
 
     COMPILED = True
 except ImportError:  # not built (a source tree without `pip install -e .`, or no C compiler at install)

@@ -25,7 +25,8 @@ except ImportError:  # pragma: no cover - aiokafka without its extension
     from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.log.batch import ATTR_COMPRESSION_MASK, parse_produced_batches
+from icelog.log.batch import parse_produced_batches
+from icelog.log.record_format import ATTR_COMPRESSION_MASK
 from icelog.log.records import RecordBatch, read_batch
 from icelog.schema.enforce.buckets import BucketLocator
 from icelog.schema.protobuf_schema import (
