@@ -1,17 +1,17 @@
 """Decoding stored record batches into Arrow rows of the archive layout (runs in Spark's Python workers).
 
-aiokafka's compiled (Cython) record parser decodes about 5x faster than kafka-python's pure-Python
-DefaultRecordBatch (bench/archive_bench.py measures both); the pure one is the fallback. Both handle
-every codec (gzip, snappy, lz4, zstd).
+Records are read by icelog's one record-batch reader, `icelog.log.records.read_batch`: compiled
+(`_records.c`), with its pure-Python twin as the fallback (bench/archive_bench.py measures both). Both
+handle every codec (gzip, snappy, lz4, zstd).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from icelog.archive.plan import PlannedArchive
 from icelog.errors import IcelogError
@@ -28,24 +28,12 @@ from icelog.log.record_format import (
     UINT32,
     batch_crc,
 )
+from icelog.log.records import COMPILED, Record, read_batch
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-try:  # the compiled parser
-    from aiokafka.record._crecords import DefaultRecordBatch as _FastBatch
-except ImportError:  # pragma: no cover - aiokafka without its extension
-    _FastBatch = None
-
 ROWS_PER_ARROW_BATCH = 65536
-
-
-def _batch_class(prefer_fast: bool = True) -> Any:
-    if prefer_fast and _FastBatch is not None:
-        return _FastBatch
-    from kafka.record.default_records import DefaultRecordBatch
-
-    return DefaultRecordBatch
 
 
 class _Columns:
@@ -64,6 +52,25 @@ class _Columns:
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+    def add(self, records: Sequence[Record], ingest_us: int, batch_start: int) -> None:
+        """Append records of one batch (at least one), a column at a time."""
+        offsets, timestamps, keys, values, headers = zip(*records, strict=True)
+        n = len(offsets)
+        self.offsets += offsets
+        self.keys += keys
+        self.values += values
+        self.event_us += [timestamp * 1000 for timestamp in timestamps]
+        self.ingest_us += [ingest_us] * n
+        self.batch_starts += [batch_start] * n
+        if any(headers):
+            for record_headers in headers:
+                for hkey, hvalue in record_headers:
+                    self.header_keys.append(hkey)
+                    self.header_values.append(hvalue)
+                self.header_offsets.append(len(self.header_keys))
+        else:
+            self.header_offsets += [len(self.header_keys)] * n
 
     def to_arrow(self, partition: int) -> pa.RecordBatch:
         import pyarrow as pa
@@ -165,17 +172,14 @@ def _archive_batches(directory: Path, archive: PlannedArchive) -> Iterator[tuple
 
 
 def find_dead_letters(
-    intake_dir: str | Path, archive: PlannedArchive, prefer_fast: bool = True
+    intake_dir: str | Path, archive: PlannedArchive, compiled: bool = COMPILED
 ) -> list[DeadLetter]:
     """The batches of an archive that cannot be decoded (checked in the driver, after a write failed)."""
-    batch_class = _batch_class(prefer_fast)
     out: list[DeadLetter] = []
     for data, base, last, error, _ingest_ms in _archive_batches(Path(intake_dir), archive):
         if not error:
             try:
-                for record in batch_class(data):
-                    # Everything decode_archive reads, so that what passes here decodes there.
-                    (record.offset, record.key, record.value, record.timestamp, list(record.headers))
+                read_batch(data, compiled)  # what decode_archive reads, so that what passes here decodes there
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"[:2000]
         if error:
@@ -184,7 +188,7 @@ def find_dead_letters(
 
 
 def decode_archive(
-    intake_dir: str | Path, archive: PlannedArchive, prefer_fast: bool = True
+    intake_dir: str | Path, archive: PlannedArchive, compiled: bool = COMPILED
 ) -> Iterator[pa.RecordBatch]:
     """Arrow record batches holding the records of one archive, in offset order.
 
@@ -192,27 +196,21 @@ def decode_archive(
     [start_offset, end_offset) and the batches the plan sends to the dead-letter table. A batch that
     cannot be decoded raises (the driver then finds it with find_dead_letters).
     """
-    batch_class = _batch_class(prefer_fast)
     cols = _Columns()
     start, end = archive.start_offset, archive.end_offset
-    for data, base, _last, error, ingest_ms in _archive_batches(Path(intake_dir), archive):
+    for data, base, last, error, ingest_ms in _archive_batches(Path(intake_dir), archive):
         if error:
             raise UndecodableBatchError(f"partition {archive.partition} offset {base}: {error}")
         ingest_us = ingest_ms * 1000
-        for record in batch_class(data):
-            offset = record.offset
-            if offset < start or offset >= end:
-                continue
-            cols.offsets.append(offset)
-            cols.keys.append(record.key)
-            cols.values.append(record.value)
-            for hkey, hvalue in record.headers:
-                cols.header_keys.append(hkey)
-                cols.header_values.append(hvalue)
-            cols.header_offsets.append(len(cols.header_keys))
-            cols.event_us.append(record.timestamp * 1000)
-            cols.ingest_us.append(ingest_us)
-            cols.batch_starts.append(base)
+        records = read_batch(data, compiled).records
+        if base < start or last >= end:  # a stored batch's records are offsets base..last (checked at produce)
+            records = [record for record in records if start <= record[0] < end]
+        taken = 0
+        while taken < len(records):  # Arrow batches of exactly ROWS_PER_ARROW_BATCH rows, the last one less
+            room = ROWS_PER_ARROW_BATCH - len(cols)
+            part = records if taken == 0 and len(records) <= room else records[taken : taken + room]
+            cols.add(part, ingest_us, base)
+            taken += len(part)
             if len(cols) >= ROWS_PER_ARROW_BATCH:
                 yield cols.to_arrow(archive.partition)
                 cols = _Columns()

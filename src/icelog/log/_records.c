@@ -4,8 +4,15 @@
  * validate_records(buffer, count, base_timestamp, max_timestamp) checks that `buffer` (the batch's
  * records section, decompressed) holds exactly `count` well-formed records, as Kafka's broker does before
  * it appends a produced batch. It returns None, or (error_code, record_index, message) for the first
- * problem. icelog/log/records.py holds the pure-Python twin of this function: every check and message
- * here must match it (tests/log/test_records.py runs both on the same inputs).
+ * problem.
+ *
+ * read_records(buffer, count, base_offset, base_timestamp, log_append_time=None) walks the same bytes
+ * with the same structural checks (not the produce rules: offset deltas may have gaps, as after
+ * compaction, and timestamps are not compared with the batch's) and returns the records as
+ * (offset, timestamp, key, value, headers) tuples; it raises ValueError(message) for the first problem.
+ *
+ * icelog/log/records.py holds the pure-Python twins of both functions: every check and message here
+ * must match them (tests/log/test_records.py runs both on the same inputs).
  *
  * Record layout: length varint | attributes int8 | timestampDelta varlong | offsetDelta varint |
  *   keyLength varint | key | valueLength varint | value | headerCount varint |
@@ -30,6 +37,14 @@ typedef struct {
     long long index;
     char message[256];
 } failure;
+
+/* What read_records collects; NULL for validate_records (which runs without the GIL). */
+typedef struct {
+    PyObject *out; /* list of record tuples */
+    long long base_offset;
+    int append_time_set; /* LogAppendTime: every record's timestamp is the batch's maxTimestamp */
+    long long append_time;
+} reader;
 
 /* Reads a zigzag varint at *p (not past `limit`); 0 if fine, else writes why into `why`. */
 static int read_varint(const uint8_t **p, const uint8_t *limit, int max_bytes, int64_t *out,
@@ -123,8 +138,69 @@ static int valid_utf8(const uint8_t *s, Py_ssize_t n)
             p += (length);                                                                            \
     } while (0)
 
+static PyObject *bytes_or_none(const uint8_t *p, int64_t length)
+{
+    if (length < 0)
+        Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize((const char *)p, (Py_ssize_t)length);
+}
+
+/* Appends one record (already walked and found whole) to r->out; -1 with a Python error set on failure.
+ * `headers` points at the first header of its `header_count`, each known to be well formed. */
+static int emit(reader *r, long long offset, long long ts, const uint8_t *key, int64_t key_length,
+                const uint8_t *value, int64_t value_length, const uint8_t *headers, int64_t header_count,
+                const uint8_t *rec_end)
+{
+    char why[64];
+    PyObject *header_tuple = PyTuple_New((Py_ssize_t)header_count);
+    if (header_tuple == NULL)
+        return -1;
+    const uint8_t *p = headers;
+    for (int64_t h = 0; h < header_count; h++) {
+        int64_t hkey_length, hvalue_length;
+        read_varint(&p, rec_end, VARINT_BYTES, &hkey_length, why, sizeof why);
+        PyObject *hkey = PyUnicode_DecodeUTF8((const char *)p, (Py_ssize_t)hkey_length, "strict");
+        p += hkey_length;
+        read_varint(&p, rec_end, VARINT_BYTES, &hvalue_length, why, sizeof why);
+        PyObject *hvalue = bytes_or_none(p, hvalue_length);
+        if (hvalue_length > 0)
+            p += hvalue_length;
+        PyObject *pair = (hkey && hvalue) ? PyTuple_Pack(2, hkey, hvalue) : NULL;
+        Py_XDECREF(hkey);
+        Py_XDECREF(hvalue);
+        if (pair == NULL) {
+            Py_DECREF(header_tuple);
+            return -1;
+        }
+        PyTuple_SET_ITEM(header_tuple, (Py_ssize_t)h, pair);
+    }
+    PyObject *record = PyTuple_New(5);
+    if (record == NULL) {
+        Py_DECREF(header_tuple);
+        return -1;
+    }
+    PyObject *items[5] = {PyLong_FromLongLong(offset), PyLong_FromLongLong(ts), bytes_or_none(key, key_length),
+                          bytes_or_none(value, value_length), header_tuple};
+    int ok = 1;
+    for (int k = 0; k < 5; k++) {
+        if (items[k] == NULL) {
+            ok = 0;
+            items[k] = Py_NewRef(Py_None);
+        }
+        PyTuple_SET_ITEM(record, k, items[k]);
+    }
+    if (!ok || PyList_Append(r->out, record) < 0) {
+        Py_DECREF(record);
+        return -1;
+    }
+    Py_DECREF(record);
+    return 0;
+}
+
+/* Walks `count` records: validates them (r == NULL) or reads them into r->out. 0 if all is well, -1 with
+ * `f` filled for a problem in the bytes, -2 with a Python error set (reading only: out of memory). */
 static int walk(const uint8_t *data, Py_ssize_t size, long long count, long long base_ts, long long max_ts,
-                int require_keys, failure *f)
+                int require_keys, failure *f, reader *r)
 {
     const uint8_t *p = data;
     const uint8_t *end = data + size;
@@ -148,28 +224,35 @@ static int walk(const uint8_t *data, Py_ssize_t size, long long count, long long
         p++; /* attributes: unused in v2 records */
         VARINT("timestamp delta", VARLONG_BYTES, &ts_delta);
         VARINT("offset delta", VARINT_BYTES, &offset_delta);
-        if (offset_delta != i)
+        long long offset = 0;
+        if (r == NULL && offset_delta != i)
             FAIL(CORRUPT_MESSAGE, "record %lld: offset delta %lld, expected %lld (deltas run 0..count-1)", i,
                  (long long)offset_delta, i);
+        if (r != NULL && __builtin_add_overflow(r->base_offset, (long long)offset_delta, &offset))
+            FAIL(CORRUPT_MESSAGE, "record %lld: base offset %lld + delta %lld overflows", i, r->base_offset,
+                 (long long)offset_delta);
         long long ts;
         if (__builtin_add_overflow(base_ts, (long long)ts_delta, &ts))
             FAIL(INVALID_TIMESTAMP, "record %lld: base timestamp %lld + delta %lld overflows", i, base_ts,
                  (long long)ts_delta);
-        if (ts < NO_TIMESTAMP)
+        if (r == NULL && ts < NO_TIMESTAMP)
             FAIL(INVALID_TIMESTAMP, "record %lld: timestamp %lld is negative (only -1, no timestamp, is allowed)",
                  i, ts);
-        if (ts > max_ts)
+        if (r == NULL && ts > max_ts)
             FAIL(INVALID_TIMESTAMP, "record %lld: timestamp %lld is after the batch's max timestamp %lld", i, ts,
                  max_ts);
         VARINT("key length", VARINT_BYTES, &key_length);
+        const uint8_t *key = p;
         FIELD_BYTES("key length", key_length, 1);
         if (require_keys && key_length < 0)
             FAIL(INVALID_RECORD, "record %lld: a compacted topic cannot accept a record without a key", i);
         VARINT("value length", VARINT_BYTES, &value_length);
+        const uint8_t *value = p;
         FIELD_BYTES("value length", value_length, 1);
         VARINT("header count", VARINT_BYTES, &header_count);
         if (header_count < 0)
             FAIL(CORRUPT_MESSAGE, "record %lld: header count %lld is negative", i, (long long)header_count);
+        const uint8_t *headers = p;
         for (int64_t h = 0; h < header_count; h++) {
             int64_t hkey_length, hvalue_length;
             snprintf(field, sizeof field, "header %lld key length", (long long)h);
@@ -184,6 +267,9 @@ static int walk(const uint8_t *data, Py_ssize_t size, long long count, long long
         if (p != rec_end)
             FAIL(CORRUPT_MESSAGE, "record %lld: its fields end %lld bytes before the end its length gives", i,
                  (long long)(rec_end - p));
+        if (r != NULL && emit(r, offset, r->append_time_set ? r->append_time : ts, key, key_length, value,
+                              value_length, headers, header_count, rec_end) < 0)
+            return -2;
     }
     i = -1;
     if (p != end)
@@ -202,7 +288,7 @@ static PyObject *validate_records(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*LLL|p:validate_records", &buffer, &count, &base_ts, &max_ts, &require_keys))
         return NULL;
     Py_BEGIN_ALLOW_THREADS
-    result = walk((const uint8_t *)buffer.buf, buffer.len, count, base_ts, max_ts, require_keys, &f);
+    result = walk((const uint8_t *)buffer.buf, buffer.len, count, base_ts, max_ts, require_keys, &f, NULL);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&buffer);
     if (result == 0)
@@ -210,11 +296,52 @@ static PyObject *validate_records(PyObject *self, PyObject *args)
     return Py_BuildValue("(iLs)", f.code, f.index, f.message);
 }
 
+static PyObject *read_records(PyObject *self, PyObject *args)
+{
+    Py_buffer buffer;
+    long long count, base_offset, base_ts;
+    PyObject *append_time = Py_None;
+    reader r;
+    failure f;
+    int result;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*LLL|O:read_records", &buffer, &count, &base_offset, &base_ts, &append_time))
+        return NULL;
+    r.base_offset = base_offset;
+    r.append_time_set = append_time != Py_None;
+    r.append_time = 0;
+    if (r.append_time_set) {
+        r.append_time = PyLong_AsLongLong(append_time);
+        if (r.append_time == -1 && PyErr_Occurred()) {
+            PyBuffer_Release(&buffer);
+            return NULL;
+        }
+    }
+    r.out = PyList_New(0);
+    if (r.out == NULL) {
+        PyBuffer_Release(&buffer);
+        return NULL;
+    }
+    result = walk((const uint8_t *)buffer.buf, buffer.len, count, base_ts, 0, 0, &f, &r);
+    PyBuffer_Release(&buffer);
+    if (result == 0)
+        return r.out;
+    Py_DECREF(r.out);
+    if (result == -1)
+        PyErr_SetString(PyExc_ValueError, f.message);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"validate_records", validate_records, METH_VARARGS,
      "validate_records(buffer, count, base_timestamp, max_timestamp, require_keys=False) -> None | (error_code, "
      "record_index, message)\n\nCheck that a v2 batch's (decompressed) records section holds exactly `count` "
      "well-formed records (each with a key when require_keys: a compacted topic)."},
+    {"read_records", read_records, METH_VARARGS,
+     "read_records(buffer, count, base_offset, base_timestamp, log_append_time=None) -> list[(offset, "
+     "timestamp, key, value, headers)]\n\nThe records of a v2 batch's (decompressed) records section, which must "
+     "hold exactly `count` well-formed records; ValueError(message) for the first problem. Every timestamp is "
+     "log_append_time when it is given (a LogAppendTime batch's maxTimestamp)."},
     {NULL, NULL, 0, NULL},
 };
 

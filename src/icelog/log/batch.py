@@ -31,7 +31,7 @@ from icelog.log.record_format import (
     UINT32,
     batch_crc,
 )
-from icelog.log.records import decompress, validate_records
+from icelog.log.records import decompress, read_batch, validate_records
 
 
 class BatchAttributes:
@@ -172,14 +172,11 @@ def batch_max_timestamp(data: bytes | memoryview, position: int) -> int:
     return int(INT64.unpack_from(data, position + MAX_TIMESTAMP)[0])
 
 
-def first_record_at_or_after(batch: bytes, timestamp_ms: int) -> tuple[int, int] | None:
+def first_record_at_or_after(batch: bytes | memoryview, timestamp_ms: int) -> tuple[int, int] | None:
     """(offset, timestamp) of the first record in a stored batch whose timestamp is >= timestamp_ms."""
-    from kafka.record.default_records import DefaultRecordBatch
-
-    parsed = DefaultRecordBatch(batch)
-    for record in parsed:
-        if record.timestamp >= timestamp_ms:
-            return record.offset, record.timestamp
+    for offset, timestamp, _key, _value, _headers in read_batch(batch).records:
+        if timestamp >= timestamp_ms:
+            return offset, timestamp
     return None
 
 

@@ -1,9 +1,13 @@
-"""The records inside a produced v2 batch: decompress them and check that they are what the header says.
+"""The records inside a v2 batch: decompress them, check that they are what the header says, read them.
 
-`validate_records` walks the records without building Python objects. It is the compiled
-`icelog.log._records` (built from `_records.c` by `pip install`) when that extension is importable, and the
-pure-Python `validate_records_py` below otherwise; the two give the same answer for every input
-(tests/log/test_records.py checks it on corrupt inputs).
+This is icelog's one record-batch reader. `validate_records` walks a produced batch's records without
+building Python objects (the broker's checks before an append); `read_batch` returns a stored batch's
+header fields and records (offset, timestamp, key, value, headers) for every caller that reads records:
+the archiver's decode in Spark workers, produce-time enforcement, timestamp look-ups. Both walkers are the
+compiled `icelog.log._records` (built from `_records.c` by `pip install`) when that extension is
+importable, and the pure-Python `validate_records_py` / `read_records_py` below otherwise (chosen once,
+below); each pair gives the same answer for every input (tests/log/test_records.py checks it on generated
+and corrupt inputs, every codec).
 """
 
 from __future__ import annotations
@@ -11,13 +15,28 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import lz4.frame
 import snappy
 import zstandard
 
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.log.record_format import CODEC_GZIP, CODEC_LZ4, CODEC_NAMES, CODEC_NONE, CODEC_SNAPPY, CODEC_ZSTD
+from icelog.log.record_format import (
+    ATTR_COMPRESSION_MASK,
+    ATTR_CONTROL,
+    ATTR_LOG_APPEND_TIME,
+    ATTR_TRANSACTIONAL,
+    CODEC_GZIP,
+    CODEC_LZ4,
+    CODEC_NAMES,
+    CODEC_NONE,
+    CODEC_SNAPPY,
+    CODEC_ZSTD,
+    HEADER,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+)
 from icelog.log.varint import VARINT_BYTES, VARLONG_BYTES, VarintError, read_uvarint, read_varint
 
 # A batch whose records decompress to more than this is refused (MESSAGE_TOO_LARGE) before it is all in
@@ -29,6 +48,10 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 # (error code, record index or -1, message): what both implementations answer for a bad batch.
 RecordsProblem = tuple[int, int, str]
+# A record header: (key, value or None).
+Header = tuple[str, bytes | None]
+# A record as read_records gives it: (offset, timestamp ms, key, value, headers).
+Record = tuple[int, int, bytes | None, bytes | None, tuple[Header, ...]]
 
 
 class _Invalid(Exception):
@@ -69,7 +92,14 @@ def validate_records_py(
             if pos >= rec_end:
                 raise _Invalid(ErrorCode.CORRUPT_MESSAGE, f"record {index}: attributes: truncated")
             pos += 1  # attributes: unused in v2 records
-            ts_delta, pos = _varint(data, pos, rec_end, VARLONG_BYTES, index, "timestamp delta")
+            b = data[pos] if pos < rec_end else 0x80
+            if b < 0x80:
+                ts_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+            elif pos + 1 < rec_end and (c := data[pos + 1]) < 0x80:
+                raw = (b & 0x7F) | c << 7
+                ts_delta, pos = (raw >> 1) ^ -(raw & 1), pos + 2
+            else:
+                ts_delta, pos = _varint(data, pos, rec_end, VARLONG_BYTES, index, "timestamp delta")
             offset_delta, pos = _varint(data, pos, rec_end, VARINT_BYTES, index, "offset delta")
             if offset_delta != index:
                 raise _Invalid(
@@ -129,14 +159,14 @@ def validate_records_py(
     return None
 
 
-def _varint(data: memoryview, pos: int, end: int, max_bytes: int, index: int, field: str) -> tuple[int, int]:
+def _varint(data: bytes | memoryview, pos: int, end: int, max_bytes: int, index: int, field: str) -> tuple[int, int]:
     try:
         return read_varint(data, pos, end, max_bytes)
     except VarintError as exc:
         raise _Invalid(ErrorCode.CORRUPT_MESSAGE, f"record {index}: {field}: {exc}") from None
 
 
-def _length(data: memoryview, pos: int, end: int, index: int, field: str, nullable: bool) -> tuple[int, int]:
+def _length(data: bytes | memoryview, pos: int, end: int, index: int, field: str, nullable: bool) -> tuple[int, int]:
     """(length, position after its varint) of a length-prefixed field that must fit before `end`.
 
     -1 is a null field, allowed only if `nullable` (keys, values and header values; not header keys).
@@ -152,13 +182,203 @@ def _length(data: memoryview, pos: int, end: int, index: int, field: str, nullab
     return length, pos
 
 
+def read_records_py(
+    buffer: bytes | bytearray | memoryview, count: int, base_offset: int, base_timestamp: int,
+    log_append_time: int | None = None,
+) -> list[Record]:
+    """The `count` records of a batch's (decompressed) records section, as (offset, timestamp, key, value,
+    headers); every timestamp is `log_append_time` when given (a LogAppendTime batch's maxTimestamp).
+
+    The structural checks of `validate_records_py` with its messages (not the produce rules: offset deltas
+    may have gaps, as after compaction, and timestamps are not compared with the batch's); raises
+    ValueError(message) for the first problem. One-byte varints (nearly all of them) are read inline.
+    """
+    data = buffer if isinstance(buffer, bytes) else bytes(buffer)
+    end = len(data)
+    pos = 0
+    out: list[Record] = []
+    append = out.append
+    try:
+        for index in range(count):
+            if pos >= end:
+                raise _Invalid(
+                    ErrorCode.CORRUPT_MESSAGE, f"record {index} is missing: the batch declares {count} records"
+                )
+            b = data[pos]
+            if b < 0x80:
+                length, pos = (b >> 1) ^ -(b & 1), pos + 1
+            elif pos + 1 < end and (c := data[pos + 1]) < 0x80:
+                raw = (b & 0x7F) | c << 7
+                length, pos = (raw >> 1) ^ -(raw & 1), pos + 2
+            else:
+                length, pos = _varint(data, pos, end, VARINT_BYTES, index, "length")
+            if length < 0:
+                raise _Invalid(ErrorCode.CORRUPT_MESSAGE, f"record {index}: length {length} is negative")
+            if length > end - pos:
+                raise _Invalid(
+                    ErrorCode.CORRUPT_MESSAGE,
+                    f"record {index}: length {length} runs past the end of the batch ({end - pos} bytes left)",
+                )
+            rec_end = pos + length
+            if pos >= rec_end:
+                raise _Invalid(ErrorCode.CORRUPT_MESSAGE, f"record {index}: attributes: truncated")
+            pos += 1  # attributes: unused in v2 records
+            b = data[pos] if pos < rec_end else 0x80
+            if b < 0x80:
+                ts_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+            elif pos + 1 < rec_end and (c := data[pos + 1]) < 0x80:
+                raw = (b & 0x7F) | c << 7
+                ts_delta, pos = (raw >> 1) ^ -(raw & 1), pos + 2
+            else:
+                ts_delta, pos = _varint(data, pos, rec_end, VARLONG_BYTES, index, "timestamp delta")
+            b = data[pos] if pos < rec_end else 0x80
+            if b < 0x80:
+                offset_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+            elif pos + 1 < rec_end and (c := data[pos + 1]) < 0x80:
+                raw = (b & 0x7F) | c << 7
+                offset_delta, pos = (raw >> 1) ^ -(raw & 1), pos + 2
+            else:
+                offset_delta, pos = _varint(data, pos, rec_end, VARINT_BYTES, index, "offset delta")
+            offset = base_offset + offset_delta
+            if not _INT64_MIN <= offset <= _INT64_MAX:
+                raise _Invalid(
+                    ErrorCode.CORRUPT_MESSAGE,
+                    f"record {index}: base offset {base_offset} + delta {offset_delta} overflows",
+                )
+            timestamp = base_timestamp + ts_delta
+            if not _INT64_MIN <= timestamp <= _INT64_MAX:
+                raise _Invalid(
+                    ErrorCode.INVALID_TIMESTAMP,
+                    f"record {index}: base timestamp {base_timestamp} + delta {ts_delta} overflows",
+                )
+            b = data[pos] if pos < rec_end else 0x80
+            if b < 0x80 and -1 <= (key_length := (b >> 1) ^ -(b & 1)) <= rec_end - pos - 1:
+                pos += 1
+            else:
+                key_length, pos = _length(data, pos, rec_end, index, "key length", nullable=True)
+            key = None if key_length < 0 else data[pos : pos + key_length]
+            pos += max(key_length, 0)
+            b = data[pos] if pos < rec_end else 0x80
+            if b < 0x80 and -1 <= (value_length := (b >> 1) ^ -(b & 1)) <= rec_end - pos - 1:
+                pos += 1
+            elif (
+                b >= 0x80 and pos + 1 < rec_end and (c := data[pos + 1]) < 0x80
+                and 0 <= (value_length := ((raw := (b & 0x7F) | c << 7) >> 1) ^ -(raw & 1)) <= rec_end - pos - 2
+            ):
+                pos += 2
+            else:
+                value_length, pos = _length(data, pos, rec_end, index, "value length", nullable=True)
+            value = None if value_length < 0 else data[pos : pos + value_length]
+            pos += max(value_length, 0)
+            b = data[pos] if pos < rec_end else 0x80
+            if b < 0x80:
+                header_count, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                header_count, pos = _varint(data, pos, rec_end, VARINT_BYTES, index, "header count")
+            if header_count < 0:
+                raise _Invalid(ErrorCode.CORRUPT_MESSAGE, f"record {index}: header count {header_count} is negative")
+            headers: list[Header] = []
+            for header in range(header_count):
+                key_length, pos = _length(data, pos, rec_end, index, f"header {header} key length", nullable=False)
+                try:
+                    hkey = data[pos : pos + key_length].decode("utf-8")
+                except UnicodeDecodeError:
+                    raise _Invalid(
+                        ErrorCode.INVALID_RECORD, f"record {index}: header {header} key is not valid UTF-8"
+                    ) from None
+                pos += key_length
+                value_length, pos = _length(data, pos, rec_end, index, f"header {header} value length", nullable=True)
+                headers.append((hkey, None if value_length < 0 else data[pos : pos + value_length]))
+                pos += max(value_length, 0)
+            if pos != rec_end:
+                raise _Invalid(
+                    ErrorCode.CORRUPT_MESSAGE,
+                    f"record {index}: its fields end {rec_end - pos} bytes before the end its length gives",
+                )
+            append((offset, timestamp if log_append_time is None else log_append_time, key, value, tuple(headers)))
+        if pos != end:
+            raise _Invalid(
+                ErrorCode.CORRUPT_MESSAGE, f"{end - pos} bytes follow the {count} records the batch declares"
+            )
+    except _Invalid as problem:
+        raise ValueError(problem.message) from None
+    return out
+
+
+# The one place the compiled walkers or their pure-Python twins are chosen.
 try:
-    from icelog.log._records import validate_records as validate_records  # exported: the compiled one
+    from icelog.log._records import read_records as read_records  # exported: the compiled ones
+    from icelog.log._records import validate_records as validate_records
 
     COMPILED = True
 except ImportError:  # not built (a source tree without `pip install -e .`, or no C compiler at install)
+    read_records = read_records_py
     validate_records = validate_records_py
     COMPILED = False
+
+
+class CorruptRecordsError(KafkaApiError):
+    """A batch whose bytes are not one whole v2 batch holding the records its header declares."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.CORRUPT_MESSAGE, message)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordBatch:
+    """A v2 batch as read by `read_batch`: the header fields callers use and its records."""
+
+    base_offset: int
+    attributes: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records: list[Record]
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & ATTR_COMPRESSION_MASK
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & ATTR_TRANSACTIONAL)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & ATTR_CONTROL)
+
+
+def read_batch(batch: bytes | bytearray | memoryview, compiled: bool = COMPILED) -> RecordBatch:
+    """The header fields and records of the one v2 batch `batch` holds (decompressed as its attributes say).
+
+    Raises CorruptRecordsError (CORRUPT_MESSAGE) if the bytes are not one whole v2 batch, its records do not
+    decompress or are malformed; KafkaApiError (MESSAGE_TOO_LARGE) for a decompression bomb (`decompress`). The CRC is
+    not checked here (`record_format.batch_crc`). `compiled=False` reads with the pure-Python walker.
+    """
+    view = memoryview(batch)
+    if len(view) < HEADER_SIZE:
+        raise CorruptRecordsError(f"a batch of {len(view)} bytes is shorter than its header")
+    (base_offset, length, _, magic, _, attributes, _, base_ts, max_ts, pid, epoch, base_seq, count) = (
+        HEADER.unpack_from(view)
+    )
+    if magic != 2:
+        raise CorruptRecordsError(f"record batch magic {magic} is not supported (only 2)")
+    if LOG_OVERHEAD + length != len(view):
+        raise CorruptRecordsError(f"batch length {length} does not match its {len(view)} bytes")
+    try:
+        section = decompress(attributes & ATTR_COMPRESSION_MASK, view[HEADER_SIZE:])
+    except KafkaApiError as exc:
+        if exc.code != ErrorCode.CORRUPT_MESSAGE:
+            raise
+        raise CorruptRecordsError(exc.message) from None
+    reader = read_records if compiled else read_records_py
+    try:
+        records = reader(section, count, base_offset, base_ts, max_ts if attributes & ATTR_LOG_APPEND_TIME else None)
+    except ValueError as exc:
+        raise CorruptRecordsError(str(exc)) from None
+    return RecordBatch(base_offset, attributes, base_ts, max_ts, pid, epoch, base_seq, records)
 
 
 # -- decompression -----------------------------------------------------------------------------------

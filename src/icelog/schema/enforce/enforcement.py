@@ -19,14 +19,15 @@ from typing import Any, Protocol
 from google.protobuf import descriptor_pb2, message_factory
 from google.protobuf.message import DecodeError
 
-try:  # aiokafka's compiled (Cython) record reader and builder: several times kafka-python's pure ones
-    from aiokafka.record._crecords import DefaultRecordBatch, DefaultRecordBatchBuilder
+try:  # aiokafka's compiled (Cython) record builder: several times kafka-python's pure one
+    from aiokafka.record._crecords import DefaultRecordBatchBuilder
 except ImportError:  # pragma: no cover - aiokafka without its extension
-    from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+    from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from icelog.errors import ErrorCode, KafkaApiError
 from icelog.log.batch import parse_produced_batches
 from icelog.log.record_format import ATTR_COMPRESSION_MASK
+from icelog.log.records import RecordBatch, read_batch
 from icelog.schema.enforce.buckets import BucketLocator
 from icelog.schema.protobuf_schema import (
     InvalidSchemaError,
@@ -205,11 +206,10 @@ class Enforcer:
                     latest[s.side] = await self._latest_id(s.subject)
         for header in parse_produced_batches(records, max_batch_bytes):
             raw = bytes(view[header.position : header.position + header.size])
-            batch = DefaultRecordBatch(raw)
+            batch = read_batch(raw)
             rows = []
             batch_changed = False
-            for record in batch:
-                key, value = record.key, record.value
+            for offset, timestamp, key, value, headers in batch.records:
                 for side in sides:
                     payload = key if side.side == "key" else value
                     if payload is None:
@@ -230,7 +230,7 @@ class Enforcer:
                     problem = await self._misplaced(plan, key, value, latest, partition, buckets)
                     if problem is not None:
                         misplaced.append((index, problem))
-                rows.append((record.offset - batch.base_offset, record.timestamp, key, value, record.headers))
+                rows.append((offset - batch.base_offset, timestamp, key, value, headers))
                 index += 1
             if batch_changed:
                 changed = True
@@ -407,7 +407,7 @@ class Enforcer:
         return parser
 
 
-def _rebuild(batch: Any, attributes: int, rows: list[tuple[int, int, Any, Any, Any]]) -> bytes:
+def _rebuild(batch: RecordBatch, attributes: int, rows: list[tuple[int, int, Any, Any, Any]]) -> bytes:
     """Re-encode a batch with new payloads, keeping offsets deltas, timestamps, headers, producer state
     and compression (the CRC is recomputed)."""
     builder = DefaultRecordBatchBuilder(
@@ -415,5 +415,5 @@ def _rebuild(batch: Any, attributes: int, rows: list[tuple[int, int, Any, Any, A
         batch.base_sequence, 1 << 30,
     )
     for offset_delta, timestamp, key, value, headers in rows:
-        builder.append(offset_delta, timestamp, key, value, headers)
+        builder.append(offset_delta, timestamp, key, value, list(headers))  # aiokafka's builder takes only a list
     return bytes(builder.build())

@@ -1,0 +1,117 @@
+"""The archiver's decode (archive/decode.py) without Spark: stored batches to Arrow rows, read by icelog's one
+record-batch reader, compiled and pure alike, against what kafka-python's reader reads from the same bytes."""
+
+from __future__ import annotations
+
+import random
+import struct
+import uuid
+from pathlib import Path
+
+import pytest
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+
+from icelog.archive import decode
+from icelog.archive.plan import ChunkRef, PlannedArchive
+from icelog.log import intake_file
+from icelog.log.batch import empty_batch
+from icelog.log.record_format import CRC, UINT32, batch_crc
+from icelog.log.records import CorruptRecordsError
+from icelog.log.transactions import encode_marker_batch
+
+INGEST_MS = 1_700_000_123_000
+
+
+def stored_batches(rng: random.Random) -> list[bytes]:
+    """Batches of every codec with offsets assigned from 0, an empty (compacted) batch and a commit marker."""
+    out: list[bytes] = []
+    offset = 0
+    for i in range(12):
+        if i == 5:
+            out.append(empty_batch(offset, offset + 2))
+            offset += 3
+            continue
+        if i == 8:
+            marker = bytearray(encode_marker_batch(7, 0, True, 0, INGEST_MS))
+            struct.pack_into(">q", marker, 0, offset)
+            out.append(bytes(marker))
+            offset += 1
+            continue
+        builder = DefaultRecordBatchBuilder(2, i % 5, 0, -1, -1, -1, 1 << 22)
+        for j in range(rng.randrange(1, 12)):
+            headers = [("h", None if rng.random() < 0.3 else rng.randbytes(3))] * rng.randrange(3) if i % 3 else []
+            value = None if rng.random() < 0.1 else rng.randbytes(20) + bytes(rng.randrange(80))
+            key = None if rng.random() < 0.3 else rng.randbytes(rng.randrange(9))
+            builder.append(j, timestamp=1_700_000_000_000 + rng.randrange(9999), key=key, value=value, headers=headers)
+        data = bytearray(builder.build())
+        struct.pack_into(">q", data, 0, offset)  # the base offset is outside the CRC
+        offset += len(list(DefaultRecordBatch(bytes(data))))
+        out.append(bytes(data))
+    return out
+
+
+def write_archive(tmp_path: Path, batches: list[bytes], start: int, end: int) -> PlannedArchive:
+    data = b"".join(batches)
+    intake_file.file_path(tmp_path, 1).write_bytes(data)
+    last = DefaultRecordBatch(batches[-1])
+    chunk = ChunkRef(1, 0, len(data), 0, last.base_offset + last.last_offset_delta + 1, INGEST_MS)
+    return PlannedArchive(uuid.uuid4(), 3, start, end, (chunk,), "forced")
+
+
+def expected_rows(batches: list[bytes], start: int, end: int) -> list[tuple[object, ...]]:
+    rows = []
+    for data in batches:
+        parsed = DefaultRecordBatch(data)
+        if parsed.is_control_batch:
+            continue
+        for r in parsed:
+            if start <= r.offset < end:
+                headers = [{"key": k, "value": v} for k, v in r.headers]
+                key = None if r.key is None else {"__raw__": r.key}  # a null key is a null struct
+                value = None if r.value is None else {"__raw__": r.value}
+                rows.append((key, value, headers, r.offset, r.timestamp * 1000, parsed.base_offset))
+    return rows
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "pure"])
+def test_decode_gives_the_records_kafka_python_reads_in_batches_of_the_row_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiled: bool
+) -> None:
+    monkeypatch.setattr(decode, "ROWS_PER_ARROW_BATCH", 7)
+    rng = random.Random(42)
+    batches = stored_batches(rng)
+    total = sum(len(list(DefaultRecordBatch(b))) for b in batches if not DefaultRecordBatch(b).is_control_batch)
+    for start, end in [(0, 10**6), (3, 40), (rng.randrange(5), rng.randrange(20, 60))]:
+        archive = write_archive(tmp_path, batches, start, end)
+        arrow = list(decode.decode_archive(tmp_path, archive, compiled=compiled))
+        assert [b.num_rows for b in arrow[:-1]] == [7] * (len(arrow) - 1) and 0 < arrow[-1].num_rows <= 7
+        rows = []
+        for b in arrow:
+            for row in b.to_pylist():
+                kafka = row["kafka"]
+                assert kafka["partition"] == 3
+                assert kafka["ingest_timestamp"].timestamp() == INGEST_MS / 1000
+                event_us = round(kafka["event_timestamp"].timestamp() * 1_000_000)
+                rows.append((row["key"], row["value"], row["headers"], kafka["offset"], event_us, kafka["batch_start"]))
+        assert rows == expected_rows(batches, start, end)
+        assert start > 0 or end < 10**6 or len(rows) == total
+        assert decode.find_dead_letters(tmp_path, archive, compiled=compiled) == []
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "pure"])
+@pytest.mark.parametrize(("which", "why"), [(0, "record "), (2, "snappy records do not decompress")],
+                         ids=["plain", "snappy"])
+def test_a_batch_that_does_not_read_is_a_dead_letter_and_stops_decode(
+    tmp_path: Path, compiled: bool, which: int, why: str
+) -> None:
+    batches = stored_batches(random.Random(7))
+    broken = bytearray(batches[which])
+    broken[-2:] = b"\x7f\x7f"  # the last two bytes: a plain record's fields run past it, snappy's block breaks
+    UINT32.pack_into(broken, CRC, batch_crc(broken))  # a well-formed CRC: only the reader can tell
+    batches[which] = bytes(broken)
+    archive = write_archive(tmp_path, batches, 0, 10**6)
+    [dead] = decode.find_dead_letters(tmp_path, archive, compiled=compiled)
+    assert dead.base_offset == DefaultRecordBatch(batches[which]).base_offset and dead.batch == batches[which]
+    assert dead.error.startswith(f"CorruptRecordsError: CORRUPT_MESSAGE: {why}"), dead.error
+    with pytest.raises(CorruptRecordsError, match=why):
+        list(decode.decode_archive(tmp_path, archive, compiled=compiled))
