@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml setup.py src/icelog/log/_records.c scripts/setup.sh
 	touch $(STAMP)
 
 lint: setup
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench scripts
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
