@@ -111,8 +111,9 @@ class TableMismatchError(IcelogError):
     key, content icelog does not write): not retried until a config or the table changes."""
 
 
-def first_line(exc: BaseException) -> str:
-    """The first line of an error's message, at most 500 characters: for logs and `icelog status`, never a decision.
+def first_line(exc: BaseException | str) -> str:
+    """The first line of an error's message (or of a text), at most 500 characters: for logs and `icelog status`,
+    never a decision.
 
     (A JVM failure converted at the boundary, icelog.lake.jvm_errors, has the Java exception's own line as its
     message, not py4j's "An error occurred while calling o438.execute.".)

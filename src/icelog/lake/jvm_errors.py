@@ -24,7 +24,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Protocol, TypeVar
 
-from icelog.errors import CommitConflictError, IcelogError
+from icelog.errors import CommitConflictError, IcelogError, first_line
 
 I = TypeVar("I")  # noqa: E741 - the item type of a task's input
 T = TypeVar("T")
@@ -115,14 +115,14 @@ def from_jvm(exc: BaseException) -> BaseException:
     elif isinstance(exc, CapturedException):
         throwable = exc._origin  # the Java exception pyspark converted (pyspark has no public accessor)
     if throwable is None:  # the JVM did not answer (Py4JNetworkError), or a pyspark error of Python's own
-        return JvmError(_first_line(str(exc)))
+        return JvmError(first_line(exc))
     for cause in causes(throwable):
         names = class_names(cause)
         if CONFLICT_CLASSES.intersection(names):
-            return CommitConflictError(_first_line(str(cause.toString())))
+            return CommitConflictError(first_line(cause.toString()))
         if PYTHON_WORKER_CLASS in names:  # a job of Python workers (an RDD job) failed in one
             return _worker_error(str(cause.getMessage() or ""))
-    return JvmError(_first_line(str(throwable.toString())), str(throwable.getClass().getName()))
+    return JvmError(first_line(throwable.toString()), str(throwable.getClass().getName()))
 
 
 @contextlib.contextmanager
@@ -178,8 +178,3 @@ def _worker_error(text: str) -> WorkerError:
     # Failed outside icelog's task code (pyspark's own worker code, the worker process died): no report. The last
     # line of a Python traceback names the exception; it is only shown, not decided on.
     return WorkerError("", lines[-1][:500] if lines else "a Python worker failed", retriable=False)
-
-
-def _first_line(text: str) -> str:
-    lines = text.strip().splitlines()
-    return lines[0][:500] if lines else ""
