@@ -35,7 +35,7 @@ from google.protobuf import message_factory
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
 from icelog.archive.archiver import Archiver  # noqa: E402
 from icelog.archive.decode import decode_archive  # noqa: E402
-from icelog.archive.decode_protobuf import decode_archive_protobuf  # noqa: E402
+from icelog.archive.decode_schema import decode_archive_schema  # noqa: E402
 from icelog.archive.plan import ChunkRef, PlannedArchive  # noqa: E402
 from icelog.config import load_settings  # noqa: E402
 from icelog.meta.backends import open_store  # noqa: E402
@@ -119,7 +119,7 @@ def decode_rates(archiver: Archiver, store: Any, pb_topic: str, intake: Path) ->
     rows = sum(b.num_rows for b in decode_archive(intake, archive))
     out["raw_decode_records_per_s"] = rows / (time.perf_counter() - started)
     started = time.perf_counter()
-    rows = sum(b.num_rows for b in decode_archive_protobuf(intake, archive, schema.key, schema.value,
+    rows = sum(b.num_rows for b in decode_archive_schema(intake, archive, schema.key, schema.value,
                                                            schema.arrow_schema()))
     out["protobuf_decode_records_per_s"] = rows / (time.perf_counter() - started)
     return out

@@ -28,7 +28,7 @@ from icelog.meta.store import MetadataStore
 from icelog.schema.codec.rebuild import Rebuilder
 from icelog.schema.codec.registry_source import StoreSchemaSource
 from icelog.schema.protobuf_schema import build_pool, compile_schema, encode_envelope
-from icelog.table.iceberg_types import WRAPPERS, is_map
+from icelog.table.protobuf_types import WRAPPERS, is_map
 from tests.support.archive import create_topic, table
 from tests.support.broker import BrokerProcess
 

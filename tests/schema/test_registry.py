@@ -73,7 +73,7 @@ def test_register_lookup_versions_and_ids(client: SchemaRegistryClient, registry
     found = client.lookup_schema("orders-value", proto(V1))
     assert (found.schema_id, found.version) == (schema_id, 1)
     url = registry_broker.registry_url
-    assert requests.get(f"{url}/schemas/types").json() == ["PROTOBUF"]
+    assert requests.get(f"{url}/schemas/types").json() == ["AVRO", "JSON", "PROTOBUF"]
     versions = requests.get(f"{url}/schemas/ids/{schema_id}/versions").json()
     assert {"subject": "orders-copy", "version": 1} in versions
     assert {"subject": "orders-value", "version": 1} in versions
@@ -219,8 +219,11 @@ def test_error_codes(client: SchemaRegistryClient, registry_broker: BrokerProces
     assert requests.get(f"{url}/subjects/errors/versions/x").json()["error_code"] == 42202
     assert requests.post(f"{url}/subjects/errors", json={"schema": BASE_AND_N, "schemaType": "PROTOBUF"}).json()[
         "error_code"] == 40403
-    bad_type = requests.post(f"{url}/subjects/errors/versions", json={"schema": "{}", "schemaType": "AVRO"})
+    bad_avro = requests.post(f"{url}/subjects/errors/versions", json={"schema": "{}", "schemaType": "AVRO"})
+    assert (bad_avro.status_code, bad_avro.json()["error_code"]) == (422, 42201)
+    bad_type = requests.post(f"{url}/subjects/errors/versions", json={"schema": "{}", "schemaType": "XML"})
     assert (bad_type.status_code, bad_type.json()["error_code"]) == (422, 42201)
+    assert "AVRO, JSON, PROTOBUF" in bad_type.json()["message"]
 
 
 def test_soft_and_hard_deletes(client: SchemaRegistryClient, registry_broker: BrokerProcess) -> None:

@@ -8,10 +8,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from google.protobuf import message_factory
+from google.protobuf.descriptor import Descriptor
 
 from icelog.schema.codec.proto_decode import SideDecoder, SideDecoding
 from icelog.schema.protobuf_schema import compile_schema, encode_envelope, message_descriptor
-from icelog.table.field_ids import TableColumn, evolve
+from icelog.table.field_ids import Column, TableColumn, evolve
 from icelog.table.iceberg_types import (
     arrow_schema,
     column_tree,
@@ -20,6 +21,13 @@ from icelog.table.iceberg_types import (
     spark_ddl,
     table_columns,
 )
+from icelog.table.protobuf_types import fields_of
+
+
+def proto_table_columns(key: Descriptor | None, value: Descriptor | None) -> tuple[Column, ...]:
+    """The table_columns of Protobuf messages."""
+    return table_columns(fields_of(key), fields_of(value))
+
 
 EVERYTHING = (Path(__file__).parents[1] / "support" / "protos" / "everything.proto").read_text()
 
@@ -35,7 +43,7 @@ def value_types(records: list[TableColumn]) -> dict[str, str]:
 
 
 def test_every_protobuf_type_maps_to_its_iceberg_type() -> None:
-    records = evolve(table_columns(None, descriptor(EVERYTHING, "icelog.test.Everything")), [])
+    records = evolve(proto_table_columns(None, descriptor(EVERYTHING, "icelog.test.Everything")), [])
     types = value_types(records)
     assert types == {
         "i32": "int", "s32": "int", "sf32": "int", "u32": "long", "f32": "long",
@@ -78,9 +86,9 @@ def ids(records: list[TableColumn]) -> dict[str, tuple[int, str, bool]]:
 
 
 def test_evolution_keeps_ids_adds_deletes_and_renames() -> None:
-    v1 = evolve(table_columns(None, descriptor(V1, "ev.M")), [])
-    v2 = evolve(table_columns(None, descriptor(V2, "ev.M")), v1)
-    v3 = evolve(table_columns(None, descriptor(V3, "ev.M")), v2)
+    v1 = evolve(proto_table_columns(None, descriptor(V1, "ev.M")), [])
+    v2 = evolve(proto_table_columns(None, descriptor(V2, "ev.M")), v1)
+    v3 = evolve(proto_table_columns(None, descriptor(V3, "ev.M")), v2)
     one, two, three = ids(v1), ids(v2), ids(v3)
     # v2 adds `flag` with a new id above every id; every other column keeps its id.
     assert {p: two[p] for p in one} == one
@@ -96,7 +104,7 @@ def test_evolution_keeps_ids_adds_deletes_and_renames() -> None:
     for path in ("key", "key.__raw__", "value", "value.id", "value.flag", "kafka.offset", "headers.element.key"):
         assert three[path][0] == two[path][0]
     # int → long is a safe promotion: same id, new type. A removed field that comes back keeps its id.
-    v4 = evolve(table_columns(None, descriptor(V3.replace("string amount", "int64 amount").replace(
+    v4 = evolve(proto_table_columns(None, descriptor(V3.replace("string amount", "int64 amount").replace(
         "int64 big = 6;", "int64 big = 6; string note = 3;"), "ev.M")), v3)
     four = ids(v4)
     assert four["value.note"] == (one["value.note"][0], "string", False)
@@ -106,14 +114,14 @@ def test_evolution_keeps_ids_adds_deletes_and_renames() -> None:
 
 
 def test_new_ids_stay_above_the_tables_last_column_id() -> None:
-    v1 = evolve(table_columns(None, descriptor(V1, "ev.M")), [], floor_id=500)
+    v1 = evolve(proto_table_columns(None, descriptor(V1, "ev.M")), [], floor_id=500)
     assert min(r.field_id for r in v1) == 501
 
 
 def test_decoder_envelope_plain_error_and_key_raw() -> None:
     fds = compile_schema(EVERYTHING, {})
     d = message_descriptor(fds, None, "icelog.test.Everything")
-    records = evolve(table_columns(d, d), [])
+    records = evolve(proto_table_columns(d, d), [])
     cls = message_factory.GetMessageClass(d)
     message = cls(i32=-5, u64=2**64 - 1, color=2, number=9, colors=[1, 7])
     message.ts.seconds, message.ts.nanos = 1_700_000_000, 123_456_789
@@ -163,7 +171,7 @@ def test_decoder_envelope_plain_error_and_key_raw() -> None:
 def test_unknown_schema_id_without_registry_is_a_row_error(unknown_id: int) -> None:
     fds = compile_schema(V1, {})
     d = message_descriptor(fds, None, "ev.M")
-    records = evolve(table_columns(None, d), [])
+    records = evolve(proto_table_columns(None, d), [])
     dec = SideDecoder(SideDecoding("value", column_tree(records, "value"), 1, {1: fds.SerializeToString()}))
     row = dec.decode(encode_envelope(unknown_id, [0]) + b"\x0a\x01x")
     assert row is not None and row["__err__"].startswith("LookupError")
@@ -196,7 +204,7 @@ def test_lossless_rows_drop_raw_and_rebuild_byte_identical() -> None:
 
     fds = compile_schema(LOSSLESS, {})
     d = message_descriptor(fds, None, "ll.Order")
-    records = evolve(table_columns(d, d), [])
+    records = evolve(proto_table_columns(d, d), [])
     dec = SideDecoder(SideDecoding("value", column_tree(records, "value"), 3, {3: fds.SerializeToString()}, "ll.Order"))
     cls = message_factory.GetMessageClass(d)
     envelope = encode_envelope(3, [1])
@@ -228,7 +236,7 @@ def test_registry_outage_in_a_worker_fails_the_task_not_the_row() -> None:
 
     fds = compile_schema(V1, {})
     d = message_descriptor(fds, None, "ev.M")
-    records = evolve(table_columns(None, d), [])
+    records = evolve(proto_table_columns(None, d), [])
     spec = SourceSpec("http", f"http://127.0.0.1:{free_port()}")
     dec = SideDecoder(SideDecoding("value", column_tree(records, "value"), 1, {1: fds.SerializeToString()}, "ev.M",
                                    spec))

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import pytest
 from google.protobuf import descriptor_pb2
+from google.protobuf.descriptor import Descriptor
 
 from icelog.errors import KafkaApiError
 from icelog.schema.protobuf_schema import build_pool, compile_schema
 from icelog.table.config import forwarded_properties, table_config
-from icelog.table.field_ids import evolve
+from icelog.table.field_ids import Column, evolve
 from icelog.table.iceberg_types import iceberg_schema, table_layout_columns
 from icelog.table.layout import archive_table_ddl, table_spec
+from icelog.table.protobuf_types import fields_of
 from icelog.table.rules import check_spec_columns
 from icelog.topics import validate_config_change, validate_table_configs, validate_together, validate_topic_configs
+
+
+def proto_table_layout_columns(key: Descriptor | None, value: Descriptor | None) -> tuple[Column, ...]:
+    """The table_layout_columns of Protobuf messages."""
+    return table_layout_columns(fields_of(key), fields_of(value))
+
 
 V1 = 'syntax = "proto3"; package t; message M { int64 id = 1; double score = 2; repeated string tags = 3; }'
 V2 = V1.replace("repeated string tags = 3;", "repeated string tags = 3; string region = 4;")
@@ -98,8 +106,8 @@ def test_specs_follow_fluss_rules() -> None:
 
 
 def test_system_columns_stay_last_after_evolution() -> None:
-    v1 = evolve(table_layout_columns(None, message(V1)), [])
-    v2 = evolve(table_layout_columns(None, message(V2)), v1)
+    v1 = evolve(proto_table_layout_columns(None, message(V1)), [])
+    v2 = evolve(proto_table_layout_columns(None, message(V2)), v1)
     names = [f.name for f in iceberg_schema(v2).fields]
     assert names == ["id", "score", "tags", "region", "__key", "__value", "__value_prefix", "__value_err",
                      "__headers", "__batch_start", "__bucket", "__offset", "__timestamp"]
@@ -109,7 +117,7 @@ def test_system_columns_stay_last_after_evolution() -> None:
 
 
 def test_partition_and_bucket_columns_are_checked() -> None:
-    columns = table_layout_columns(None, message(V1))
+    columns = proto_table_layout_columns(None, message(V1))
     check_spec_columns(columns, ["id"], "__key")
     for partition_by, bucket, why in (
         (["nope"], None, "not a top-level column"),

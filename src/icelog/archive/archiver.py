@@ -74,7 +74,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
-    from icelog.schema.codec.proto_decode import SideDecoder
+    from icelog.schema.codec.sides import SideDecoder
 
 log = logging.getLogger(__name__)
 
@@ -525,12 +525,12 @@ class Archiver:
             key, value, arrow = schema.key, schema.value, schema.arrow_schema()
             ddl = schema.spark_ddl
 
-            def decode(tasks: Iterable[int]) -> Iterator[pa.RecordBatch]:  # noqa: F811 - the Protobuf variant
-                from icelog.archive.decode_protobuf import decode_archive_protobuf
+            def decode(tasks: Iterable[int]) -> Iterator[pa.RecordBatch]:  # noqa: F811 - the typed variant
+                from icelog.archive.decode_schema import decode_archive_schema
 
                 decoders: dict[str, SideDecoder] = {}
                 for archive in task_archives(tasks):
-                    yield from decode_archive_protobuf(intake_dir, archive, key, value, arrow, decoders)
+                    yield from decode_archive_schema(intake_dir, archive, key, value, arrow, decoders)
 
         summary = {
             OFFSETS_PROPERTY: encode_offsets(new_offsets),

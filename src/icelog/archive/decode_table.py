@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from icelog.archive.decode import decode_archive
 from icelog.archive.plan import PlannedArchive
-from icelog.schema.codec.proto_decode import SideDecoder, SideDecoding
+from icelog.schema.codec.sides import SideDecoder, SideDecoding, side_decoder
 from icelog.table.config import (
     BATCH_START,
     BUCKET,
@@ -64,7 +64,7 @@ def decode_archive_table(
 
     cache = decoders if decoders is not None else {}
     sides = [
-        (name, column, decoding, cache.setdefault(name, SideDecoder(decoding)), _side_type(decoding, schema))
+        (name, column, decoding, cache.setdefault(name, side_decoder(decoding)), _side_type(decoding, schema))
         for name, column, decoding in (("key", 0, key), ("value", 1, value))
         if decoding is not None
     ]

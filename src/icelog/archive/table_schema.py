@@ -1,15 +1,18 @@
-"""Archive tables of topics with a Protobuf schema: resolve schemas, choose the message, evolve field ids.
+"""Archive tables of topics with a schema (Avro, JSON Schema, Protobuf): resolve schemas, choose the
+Protobuf message, evolve field ids.
 
 At the start of a pass the archiver asks, per topic with due archives, for the latest schema of each
 side's subject (icelog.schema.<side>, cached for the pass) from the schema source: the metadata store
 for the embedded registry (no broker needed), else `registry_url` over HTTP. With none, the topic keeps
-the raw layout and nothing here runs. With one, the table's message is, in this order: the topic's
+the raw layout and nothing here runs. An Avro or JSON schema has one top-level type: its fields are the
+side's columns (table/avro_types.py, table/json_types.py). For a Protobuf schema the table's message is,
+in this order: the topic's
 `icelog.schema.<side>.message`; the one remembered in the table property `icelog.archive.<side>.message`;
 the one the envelope (Confluent message indexes) of the first due payloads names, then remembered so
 the table does not flip; else, when due payloads carry no envelope, the schema's first message. When no
 payload says anything (nothing due, the table is left alone: MessageUndecided; only null payloads due, e.g.
 tombstones, the side is archived as bytes until a payload names its message). The Iceberg schema is computed
-(table/iceberg_types.py), evolved against the column state kept in the metadata store
+(table/iceberg_types.py with the type's own mapping), evolved against the column state kept in the metadata store
 (table/field_ids.py), and written to the catalog only when it changed:
   - no table yet: CREATE TABLE through Spark (schema id 0, the archive partition spec and sort order);
     the ids the catalog assigned are adopted into the store;
@@ -30,7 +33,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from google.protobuf import descriptor_pb2
-from google.protobuf.descriptor import Descriptor
 
 from icelog.archive.plan import PlannedArchive
 from icelog.config import Settings
@@ -38,12 +40,13 @@ from icelog.errors import ConfigError, IcelogError
 from icelog.lake import iceberg_java
 from icelog.meta.registry import RegistryStore
 from icelog.meta.store import ArchiveLedger, TopicRecord
-from icelog.schema.codec.proto_decode import SideDecoding
+from icelog.schema.codec.sides import SideDecoding
 from icelog.schema.codec.registry_source import (
     SchemaSource,
     SourceSpec,
     StoreSchemaSource,
 )
+from icelog.schema.compiled import CompiledSchema, record_fields, schema_type_of
 from icelog.schema.protobuf_schema import build_pool, main_file_of, message_name_at, parse_envelope
 from icelog.schema.registry_client import (
     LatestSchema,
@@ -75,6 +78,7 @@ from icelog.table.iceberg_types import (
     table_columns,
     table_layout_columns,
 )
+from icelog.table.protobuf_types import message_columns
 from icelog.table.layout import RECORD_SPEC, TableSpec, archive_table_ddl
 from icelog.table.rules import check_spec_columns
 from icelog.topic_configs.archive import ArchiveTopicConfig
@@ -141,47 +145,47 @@ def source_spec(settings: Settings) -> SourceSpec | None:
     return SourceSpec("store", url)
 
 
-def check_field_names(side: str, descriptor: Descriptor, top: bool = True, seen: set[str] | None = None) -> None:
-    """Refuse messages whose field names the archive cannot hold next to its own columns."""
-    seen = set() if seen is None else seen
-    seen.add(descriptor.full_name)
-    for field in descriptor.fields:
-        if (top and field.name in _RESERVED) or _EVOLUTION_NAME.search(field.name):
+def check_field_names(what: str, side: str, columns: Sequence[Column], top: bool = True) -> None:
+    """Refuse schemas whose field names the archive cannot hold next to its own columns (`what`: the schema)."""
+    for column in columns:
+        if (top and column.name in _RESERVED) or _EVOLUTION_NAME.search(column.name):
             raise ReservedFieldNameError(
-                f"{side} message {descriptor.full_name} has a field named {field.name!r}, which the archive "
-                f"table reserves ({', '.join(_RESERVED)} and <name>__v<N> for evolved fields); rename the field "
-                f"in a new schema version, or set {key_of(side)}=none to archive the {side} as raw bytes"
+                f"{what} has a field named {column.name!r}, which the archive table reserves "
+                f"({', '.join(_RESERVED)} and <name>__v<N> for evolved fields); rename the field in a new schema "
+                f"version, or set {key_of(side)}=none to archive the {side} as raw bytes"
             )
-        nested = field.message_type
-        if nested is not None and nested.full_name not in seen and not nested.full_name.startswith("google.protobuf."):
-            check_field_names(side, nested, top=False, seen=seen)
+        check_field_names(what, side, column.children, top=False)
 
 
-def check_table_names(key: Descriptor | None, value: Descriptor | None) -> None:
-    """Refuse key and value messages whose top-level fields the table layout cannot hold side by side."""
+def check_table_names(fields: dict[str, tuple[str, tuple[Column, ...]] | None]) -> None:
+    """Refuse key and value schemas whose top-level fields the table layout cannot hold side by side.
+
+    `fields`: per side, (what the schema is, its field columns), or None without a schema.
+    """
     seen: dict[str, str] = {}
-    for side, descriptor in (("key", key), ("value", value)):
-        if descriptor is None:
+    for side, found in fields.items():
+        if found is None:
             continue
-        check_field_names(side, descriptor)
-        for field in descriptor.fields:
-            if field.name in SYSTEM_COLUMNS:
+        what, columns = found
+        check_field_names(what, side, columns)
+        for column in columns:
+            if column.name in SYSTEM_COLUMNS:
                 raise ReservedFieldNameError(
-                    f"{side} message {descriptor.full_name} has a field named {field.name!r}, a column of the table "
-                    f"layout itself ({', '.join(SYSTEM_COLUMNS)}); rename the field in a new schema version"
+                    f"{what} has a field named {column.name!r}, a column of the table layout itself "
+                    f"({', '.join(SYSTEM_COLUMNS)}); rename the field in a new schema version"
                 )
-            if field.name in seen:
+            if column.name in seen:
                 raise ReservedFieldNameError(
-                    f"the key and value messages both have a field named {field.name!r}, and the table layout makes "
+                    f"the key and value schemas both have a field named {column.name!r}, and the table layout makes "
                     f"both top-level columns; rename one, or set {key_of('key')}=none to keep the key as bytes"
                 )
-            seen[field.name] = side
+            seen[column.name] = side
 
 
-def side_struct(records: Sequence[TableColumn], side: str, descriptor: Descriptor) -> Column:
-    """A table-layout side as the SideDecoder fills it: its message's columns, then __prefix__, __err__, __raw__."""
+def side_struct(records: Sequence[TableColumn], side: str, fields: Sequence[Column]) -> Column:
+    """A table-layout side as the SideDecoder fills it: its schema's columns, then __prefix__, __err__, __raw__."""
     current = {c.path for c in records if not c.deleted}
-    children = [column_tree(records, f.name) for f in descriptor.fields if f.name in current]
+    children = [column_tree(records, f.name) for f in fields if f.name in current]
     extra = (Column(PREFIX, "binary"), Column(ERR, "string"), Column(RAW, "binary"))
     return Column(side, "struct", (*children, *extra))
 
@@ -243,7 +247,7 @@ class TableSchemas:
         self.spec = source_spec(settings)
         self.intake_dir = str(Path(settings.data_dir).resolve() / "intake")
         self._source: SchemaSource | None = None
-        self._compiled: dict[int, descriptor_pb2.FileDescriptorSet] = {}  # schema id → compiled, across passes
+        self._compiled: dict[int, CompiledSchema] = {}  # schema id → compiled, across passes
         self._version_ids: dict[tuple[str, int], int] = {}  # (subject, version) → schema id, across passes
         self._latest: dict[str, LatestSchema | None] = {}
 
@@ -309,13 +313,20 @@ class TableSchemas:
         # (A table that had a schema and lost it keeps its columns, now deleted, and gets __raw__ again.)
         exists = self.spark.catalog.tableExists(table_name)
         remembered = iceberg_java.table_properties(iceberg_java.load_table(self.spark, table_name)) if exists else {}
-        descriptors: dict[str, Descriptor | None] = {}
+        fields: dict[str, tuple[str, tuple[Column, ...]] | None] = {}  # per side: (what, its field columns)
+        messages: dict[str, str | None] = {}  # per side: the Protobuf message's full name
         learned: dict[str, str] = {}
         for side, found in latest.items():
+            messages[side] = None
             if found is None:
-                descriptors[side] = None
+                fields[side] = None
                 continue
-            name, source = self._message(topic, side, found, remembered, due)
+            if not isinstance(found.schema, descriptor_pb2.FileDescriptorSet):
+                what = f"{side} schema {found.subject} version {found.version}"
+                fields[side] = (what, record_fields(found.schema, side))
+                continue
+            fds = found.schema
+            name, source = self._message(topic, side, found, fds, remembered, due)
             if source == "undecided":
                 # No due payload names the message: a guess would create (or evolve) the table with the file's
                 # first message, often a helper of the one produced.
@@ -327,23 +338,28 @@ class TableSchemas:
                 if not side_was_decoded(known, side, is_table):
                     # Every due payload of the side is null (tombstones): archive it as bytes (nothing to lose);
                     # the side gains its message's columns with the first payload that names it.
-                    descriptors[side] = None
+                    fields[side] = None
                     continue
-                name = message_name_at(main_file_of(found.fds), [0])  # the table's columns stay as they were
+                name = message_name_at(main_file_of(fds), [0])  # the table's columns stay as they were
             if source == "envelope" and remembered.get(message_property(side)) != name:
                 learned[message_property(side)] = name
             try:
-                descriptor = build_pool(found.fds).FindMessageTypeByName(name)
+                descriptor = build_pool(fds).FindMessageTypeByName(name)
             except KeyError:
                 raise ConfigError(
                     f"message {name!r} ({side} of {topic.name}) is not in {found.subject} version {found.version}; "
                     f"set {key_of(side, 'message')} to a message of the schema"
                 ) from None
-            check_field_names(side, descriptor)
-            descriptors[side] = descriptor
+            fields[side] = (f"{side} message {descriptor.full_name}", message_columns(descriptor))
+            messages[side] = descriptor.full_name
+        for side, found_fields in fields.items():
+            if found_fields is not None:
+                check_field_names(found_fields[0], side, found_fields[1])
+        key_fields = None if fields["key"] is None else fields["key"][1]
+        value_fields = None if fields["value"] is None else fields["value"][1]
         if is_table:
-            check_table_names(descriptors["key"], descriptors["value"])
-            computed = table_layout_columns(descriptors["key"], descriptors["value"])
+            check_table_names(fields)
+            computed = table_layout_columns(key_fields, value_fields)
             # (identity(__bucket) is the layout's own, not a configured partition column)
             partition_by = [f.column for f in spec.partition_fields if f.transform == "identity" and f.column != BUCKET]
             try:
@@ -354,23 +370,24 @@ class TableSchemas:
                     f"or recreate the topic with another {PARTITION_BY} / {BUCKET_KEY}"
                 ) from None
         else:
-            computed = table_columns(descriptors["key"], descriptors["value"])
+            computed = table_columns(key_fields, value_fields)
         columns = self._evolve_table(config, table_name, computed, spec, properties)
         if learned:
             iceberg_java.set_table_properties(iceberg_java.load_table(self.spark, table_name), learned)
         sides: dict[str, SideDecoding | None] = {}
         for side, found in latest.items():
-            descriptor = descriptors[side]
-            if found is None or descriptor is None:
+            side_fields = fields[side]
+            if found is None or side_fields is None:
                 sides[side] = None
                 continue
             sides[side] = SideDecoding(
                 side=side,
-                column=side_struct(columns, side, descriptor) if is_table else column_tree(columns, side),
+                column=side_struct(columns, side, side_fields[1]) if is_table else column_tree(columns, side),
                 latest_id=found.schema_id,
                 schemas=self._shipped(found),
-                message_name=descriptor.full_name,
+                message_name=messages[side],
                 source=self.spec,
+                schema_type=schema_type_of(found.schema),
             )
         return ArchiveSchema(tuple(columns), sides["key"], sides["value"], spec.layout)
 
@@ -379,6 +396,7 @@ class TableSchemas:
         topic: TopicRecord,
         side: str,
         found: LatestSchema,
+        fds: descriptor_pb2.FileDescriptorSet,
         remembered: dict[str, str],
         due: Sequence[PlannedArchive],
     ) -> tuple[str, str]:
@@ -394,22 +412,23 @@ class TableSchemas:
         peek = peek_envelopes(self.intake_dir, due, side)
         for schema_id, indexes in peek.envelopes:
             try:
-                fds = found.fds if schema_id == found.schema_id else self.source().by_id(schema_id)
-                return message_name_at(main_file_of(fds), indexes), "envelope"
+                named = fds if schema_id == found.schema_id else self.source().by_id(schema_id)
+                if isinstance(named, descriptor_pb2.FileDescriptorSet):
+                    return message_name_at(main_file_of(named), indexes), "envelope"
             except SchemaNotFoundError:
                 continue  # not a registry envelope after all: its row will say so
         if not peek.payloads:
             return "", "undecided"
-        return message_name_at(main_file_of(found.fds), [0]), "first"
+        return message_name_at(main_file_of(fds), [0]), "first"
 
-    def _shipped(self, found: LatestSchema) -> dict[int, bytes]:
+    def _shipped(self, found: LatestSchema) -> dict[int, CompiledSchema]:
         """Every version of the subject, compiled here once, so workers rarely need the registry."""
-        shipped = {found.schema_id: found.fds.SerializeToString()}
+        shipped = {found.schema_id: found.schema}
         for schema_id in self.source().versions(found.subject):
             if schema_id in shipped:
                 continue
             try:
-                shipped[schema_id] = self.source().by_id(schema_id).SerializeToString()
+                shipped[schema_id] = self.source().by_id(schema_id)
             except SchemaNotFoundError:
                 continue
             except IcelogError as exc:  # an old version that does not compile: its payloads become __err__ rows

@@ -42,7 +42,7 @@ PRELOADED = (
     "pyiceberg.io.pyarrow",
     "icelog.archive.decode",
     "icelog.archive.decode_table",
-    "icelog.archive.decode_protobuf",
+    "icelog.archive.decode_schema",
     "icelog.lake.data_files",
 )
 

@@ -1,7 +1,7 @@
 """A Confluent-compatible schema registry over HTTP: the one client the archive and produce-time enforcement use.
 
 Sync, stdlib urllib (Spark workers need no extra client; the broker calls it from a thread). What it reads
-is compiled with protoc and cached by schema id (ids never change what they name).
+is compiled (schema/compiled.py: protoc, fastavro or jsonschema) and cached by schema id (ids never change what they name).
 
 Two kinds of failure are kept apart, because they end differently:
   - `RegistryUnavailableError`: the registry could not answer (connection refused, timeout, 5xx). An
@@ -21,10 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from google.protobuf import descriptor_pb2
-
 from icelog.errors import IcelogError
-from icelog.schema.protobuf_schema import compile_schema
+from icelog.schema.compiled import AVRO, CompiledSchema, compile_any
 
 log = logging.getLogger(__name__)
 
@@ -48,23 +46,22 @@ class LatestSchema:
     subject: str
     schema_id: int
     version: int
-    fds: descriptor_pb2.FileDescriptorSet
+    schema: CompiledSchema
 
 
 class CompiledCache:
     """A compile cache by schema id (shared by every schema source)."""
 
-    def __init__(self, compiled: dict[int, descriptor_pb2.FileDescriptorSet] | None) -> None:
+    def __init__(self, compiled: dict[int, CompiledSchema] | None) -> None:
         self._by_id = compiled if compiled is not None else {}
 
-    def _cached(
-        self, schema_id: int, text: Callable[[], tuple[str, dict[str, str]]]
-    ) -> descriptor_pb2.FileDescriptorSet:
-        fds = self._by_id.get(schema_id)
-        if fds is None:
-            schema, references = text()
-            fds = self._by_id[schema_id] = compile_schema(schema, references)
-        return fds
+    def _cached(self, schema_id: int, text: Callable[[], tuple[str, str, dict[str, str]]]) -> CompiledSchema:
+        """The compiled schema of an id; `text` gives (schema type, schema text, references) when not cached."""
+        found = self._by_id.get(schema_id)
+        if found is None:
+            schema_type, schema, references = text()
+            found = self._by_id[schema_id] = compile_any(schema_type, schema, references)
+        return found
 
 
 class RegistryClient(CompiledCache):
@@ -73,7 +70,7 @@ class RegistryClient(CompiledCache):
     def __init__(
         self,
         url: str,
-        compiled: dict[int, descriptor_pb2.FileDescriptorSet] | None = None,
+        compiled: dict[int, CompiledSchema] | None = None,
         version_ids: dict[tuple[str, int], int] | None = None,
     ) -> None:
         super().__init__(compiled)
@@ -97,12 +94,11 @@ class RegistryClient(CompiledCache):
         body = self._get(f"/subjects/{quote(subject, safe='')}/versions/latest")
         if body is None:
             return None
-        if str(body.get("schemaType") or "AVRO").upper() != "PROTOBUF":
-            log.warning("subject %s holds a %s schema; only Protobuf is decoded", subject, body.get("schemaType"))
-            return None
         schema_id = int(body["id"])
-        fds = self._cached(schema_id, lambda: (body["schema"], self._references(body.get("references"))))
-        return LatestSchema(subject, schema_id, int(body["version"]), fds)
+        compiled = self._cached(
+            schema_id, lambda: (_schema_type(body), body["schema"], self._references(body.get("references")))
+        )
+        return LatestSchema(subject, schema_id, int(body["version"]), compiled)
 
     def latest_id(self, subject: str) -> int | None:
         """The schema id of the subject's latest version (any schema type), or None if it has none."""
@@ -122,12 +118,12 @@ class RegistryClient(CompiledCache):
             ids.append(known)
         return ids
 
-    def by_id(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet:
-        def text() -> tuple[str, dict[str, str]]:
+    def by_id(self, schema_id: int) -> CompiledSchema:
+        def text() -> tuple[str, str, dict[str, str]]:
             body = self._get(f"/schemas/ids/{schema_id}")
             if body is None:
                 raise SchemaNotFoundError(f"schema id {schema_id} is not in the registry at {self.url}")
-            return body["schema"], self._references(body.get("references"))
+            return _schema_type(body), body["schema"], self._references(body.get("references"))
 
         return self._cached(schema_id, text)
 
@@ -144,3 +140,8 @@ class RegistryClient(CompiledCache):
             out[ref["name"]] = body["schema"]
             pending.extend(body.get("references") or [])
         return out
+
+
+def _schema_type(body: Any) -> str:
+    """A schema's type in a registry answer: absent means AVRO (Confluent omits it for Avro)."""
+    return str(body.get("schemaType") or AVRO).upper()

@@ -1,24 +1,18 @@
-"""Protobuf message descriptors → Iceberg column trees, and column records → pyiceberg / Arrow / Spark types.
+"""The archive table's column tree (a side's schema fields plus the archive's own columns), and column records →
+pyiceberg / Arrow / Spark types.
 
-Pure functions: no registry, no catalog, no Spark. The mapping (docs/protobuf.md, "Type mapping"):
-  int32, sint32, sfixed32 → int;  uint32, int64, sint64, sfixed64, fixed32 → long;
-  uint64, fixed64 → decimal(20,0) (exact: a long would wrap above 2^63-1);
-  float → float; double → double; bool → boolean; string → string; bytes → binary;
-  enum → string (the value's name; the number as text when the schema does not know it);
-  message → struct; repeated → list; map<K,V> → map; oneof members → ordinary nullable columns;
-  google.protobuf.Timestamp → timestamptz; Duration → long (microseconds);
-  wrappers (Int32Value, StringValue, ...) → the nullable scalar; Struct, Value, ListValue, Any → string (JSON);
-  a recursive message field (its type is already among the enclosing messages), or one nested deeper
-  than MAX_DEPTH, → string (the message as JSON), so recursive schemas give finite tables.
-Every column is optional: Iceberg can only add optional columns, and proto3 absence is null.
+Pure functions: no registry, no catalog, no Spark. Each schema type maps its fields to `Column`s in its own
+module: protobuf_types.py, avro_types.py, json_types.py; here a side is only a tuple of columns.
+Primitive signatures: int, long, float, double, boolean, string, binary, date, timestamptz, timestamp (no
+zone) and decimal(P,S); containers: struct, list, map. Every column is optional: Iceberg can only add
+optional columns, and absence is null.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
-
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from icelog.table.config import (
     BATCH_START,
@@ -41,95 +35,27 @@ if TYPE_CHECKING:
     from pyiceberg.schema import Schema
     from pyiceberg.types import IcebergType
 
-MAX_DEPTH = 10  # message nesting kept as structs; deeper message fields become JSON strings
-
 # Column names the archive adds next to a message's fields (Bufstream's).
 PREFIX, ERR, RAW = "__prefix__", "__err__", "__raw__"
 
-_SCALARS: dict[int, str] = {
-    FieldDescriptor.TYPE_INT32: "int",
-    FieldDescriptor.TYPE_SINT32: "int",
-    FieldDescriptor.TYPE_SFIXED32: "int",
-    FieldDescriptor.TYPE_UINT32: "long",
-    FieldDescriptor.TYPE_FIXED32: "long",
-    FieldDescriptor.TYPE_INT64: "long",
-    FieldDescriptor.TYPE_SINT64: "long",
-    FieldDescriptor.TYPE_SFIXED64: "long",
-    FieldDescriptor.TYPE_UINT64: "decimal(20,0)",
-    FieldDescriptor.TYPE_FIXED64: "decimal(20,0)",
-    FieldDescriptor.TYPE_FLOAT: "float",
-    FieldDescriptor.TYPE_DOUBLE: "double",
-    FieldDescriptor.TYPE_BOOL: "boolean",
-    FieldDescriptor.TYPE_STRING: "string",
-    FieldDescriptor.TYPE_BYTES: "binary",
-    FieldDescriptor.TYPE_ENUM: "string",
-}
 
-WRAPPERS: dict[str, str] = {
-    "google.protobuf.DoubleValue": "double",
-    "google.protobuf.FloatValue": "float",
-    "google.protobuf.Int64Value": "long",
-    "google.protobuf.UInt64Value": "decimal(20,0)",
-    "google.protobuf.Int32Value": "int",
-    "google.protobuf.UInt32Value": "long",
-    "google.protobuf.BoolValue": "boolean",
-    "google.protobuf.StringValue": "string",
-    "google.protobuf.BytesValue": "binary",
-}
-WELL_KNOWN: dict[str, str] = {
-    "google.protobuf.Timestamp": "timestamptz",
-    "google.protobuf.Duration": "long",
-    "google.protobuf.Struct": "string",
-    "google.protobuf.Value": "string",
-    "google.protobuf.ListValue": "string",
-    "google.protobuf.Any": "string",
-    **WRAPPERS,
-}
+Fields = tuple[Column, ...] | None  # a side's schema fields as columns (None: the side has no schema)
 
 
-def is_map(field: FieldDescriptor) -> bool:
-    return bool(field.message_type is not None and field.message_type.GetOptions().map_entry)
+_DECIMAL = re.compile(r"^decimal\((\d+),(\d+)\)$")
 
 
-def field_signature(field: FieldDescriptor, ancestors: tuple[str, ...]) -> Column:
-    """The column of one field; `ancestors`: full names of the enclosing messages, outermost first."""
-    if is_map(field):
-        entry = field.message_type
-        key = _element(entry.fields_by_name["key"], "key", ancestors)
-        value = _element(entry.fields_by_name["value"], "value", ancestors)
-        return Column(field.name, "map", (key, value))
-    if field.is_repeated:
-        return Column(field.name, "list", (_element(field, "element", ancestors),))
-    return _element(field, field.name, ancestors)
+def decimal_of(signature: str) -> tuple[int, int] | None:
+    """(precision, scale) of a decimal(P,S) signature, else None."""
+    match = _DECIMAL.match(signature)
+    return None if match is None else (int(match[1]), int(match[2]))
 
 
-def nested_as_json(full_name: str, ancestors: tuple[str, ...]) -> bool:
-    """Whether a message field is kept as JSON text: recursive, or past MAX_DEPTH."""
-    return full_name in ancestors or len(ancestors) >= MAX_DEPTH
-
-
-def _element(field: FieldDescriptor, name: str, ancestors: tuple[str, ...]) -> Column:
-    if field.type in (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP):
-        full_name = field.message_type.full_name
-        if full_name in WELL_KNOWN:
-            return Column(name, WELL_KNOWN[full_name])
-        if nested_as_json(full_name, ancestors):
-            return Column(name, "string")
-        return Column(name, "struct", message_columns(field.message_type, ancestors))
-    return Column(name, _SCALARS[field.type])
-
-
-def message_columns(descriptor: Descriptor, ancestors: tuple[str, ...] = ()) -> tuple[Column, ...]:
-    """The columns of a message's fields, in field order (oneof members are plain nullable columns)."""
-    inside = (*ancestors, descriptor.full_name)
-    return tuple(field_signature(field, inside) for field in descriptor.fields)
-
-
-def side_column(side: str, descriptor: Descriptor | None) -> Column:
-    """The `key` or `value` struct: the message's fields plus __prefix__ and __err__, and always __raw__."""
+def side_column(side: str, fields: Fields) -> Column:
+    """The `key` or `value` struct: the schema's fields plus __prefix__ and __err__, and always __raw__."""
     extra: tuple[Column, ...] = ()
-    if descriptor is not None:
-        extra = (*message_columns(descriptor), Column(PREFIX, "binary"), Column(ERR, "string"))
+    if fields is not None:
+        extra = (*fields, Column(PREFIX, "binary"), Column(ERR, "string"))
     return Column(side, "struct", (*extra, Column(RAW, "binary")))
 
 
@@ -149,16 +75,16 @@ FIXED_COLUMNS: tuple[Column, ...] = (
 )
 
 
-def table_columns(key: Descriptor | None, value: Descriptor | None) -> tuple[Column, ...]:
-    """Every column of an archive table whose key and/or value has a Protobuf schema."""
+def table_columns(key: Fields, value: Fields) -> tuple[Column, ...]:
+    """Every column of an archive table whose key and/or value has a schema."""
     return (side_column("key", key), side_column("value", value), *FIXED_COLUMNS)
 
 
 _HEADER_ELEMENT = Column("element", "struct", (Column("key", "string"), Column("value", "binary")))
 
 
-def table_layout_columns(key: Descriptor | None, value: Descriptor | None) -> tuple[Column, ...]:
-    """Every column of a `table` layout table (Fluss's): the messages' fields, then the layout's own columns.
+def table_layout_columns(key: Fields, value: Fields) -> tuple[Column, ...]:
+    """Every column of a `table` layout table (Fluss's): the schemas' fields, then the layout's own columns.
 
     The key's fields come first when it has a schema (its bytes always stay in __key: Kafka keys are compared
     byte for byte); the value's __value / __value_prefix / __value_err play the record layout's
@@ -166,9 +92,9 @@ def table_layout_columns(key: Descriptor | None, value: Descriptor | None) -> tu
     """
     columns: list[Column] = []
     if key is not None:
-        columns += message_columns(key)
+        columns += key
     if value is not None:
-        columns += message_columns(value)
+        columns += value
     columns.append(Column(KEY_BYTES, "binary"))
     if key is not None:
         columns.append(Column(KEY_ERR, "string"))
@@ -242,6 +168,9 @@ def _iceberg_type(tree: _Tree, record: FieldIdRecord) -> IcebergType:
         return t.MapType(
             key.field_id, _iceberg_type(tree, key), value.field_id, _iceberg_type(tree, value), value_required=False
         )
+    decimal = decimal_of(sig)
+    if decimal is not None:
+        return t.DecimalType(*decimal)
     primitives: Mapping[str, IcebergType] = {
         "int": t.IntegerType(),
         "long": t.LongType(),
@@ -250,8 +179,9 @@ def _iceberg_type(tree: _Tree, record: FieldIdRecord) -> IcebergType:
         "boolean": t.BooleanType(),
         "string": t.StringType(),
         "binary": t.BinaryType(),
+        "date": t.DateType(),
         "timestamptz": t.TimestamptzType(),
-        "decimal(20,0)": t.DecimalType(20, 0),
+        "timestamp": t.TimestampType(),
     }
     return primitives[sig]
 
@@ -276,6 +206,9 @@ def _arrow_type(tree: _Tree, record: FieldIdRecord) -> pa.DataType:
     if sig == "map":
         by_name = {k.path.rsplit(".", 1)[-1]: k for k in kids}
         return pa.map_(_arrow_type(tree, by_name["key"]), _arrow_type(tree, by_name["value"]))
+    decimal = decimal_of(sig)
+    if decimal is not None:
+        return pa.decimal128(*decimal)
     primitives = {
         "int": pa.int32(),
         "long": pa.int64(),
@@ -284,8 +217,9 @@ def _arrow_type(tree: _Tree, record: FieldIdRecord) -> pa.DataType:
         "boolean": pa.bool_(),
         "string": pa.string(),
         "binary": pa.binary(),
+        "date": pa.date32(),
         "timestamptz": pa.timestamp("us", tz="UTC"),
-        "decimal(20,0)": pa.decimal128(20, 0),
+        "timestamp": pa.timestamp("us"),
     }
     return primitives[sig]
 
@@ -310,6 +244,8 @@ def _spark_type(tree: _Tree, record: FieldIdRecord) -> str:
     if sig == "map":
         by_name = {k.path.rsplit(".", 1)[-1]: k for k in kids}
         return f"MAP<{_spark_type(tree, by_name['key'])}, {_spark_type(tree, by_name['value'])}>"
+    if decimal_of(sig) is not None:
+        return sig.upper()
     return {
         "int": "INT",
         "long": "BIGINT",
@@ -318,8 +254,9 @@ def _spark_type(tree: _Tree, record: FieldIdRecord) -> str:
         "boolean": "BOOLEAN",
         "string": "STRING",
         "binary": "BINARY",
+        "date": "DATE",
         "timestamptz": "TIMESTAMP",
-        "decimal(20,0)": "DECIMAL(20,0)",
+        "timestamp": "TIMESTAMP_NTZ",
     }[sig]
 
 

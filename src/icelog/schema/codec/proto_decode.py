@@ -1,6 +1,6 @@
 """Decoding one side (key or value) of archived records with its Protobuf schema, in Spark's Python workers.
 
-The driver ships a `SideDecoding` (serialized FileDescriptorSets by schema id, the target column, the
+The driver ships a `SideDecoding` (sides.py: FileDescriptorSets by schema id, the target column, the
 table's message); each worker builds message classes from it once (message_factory.GetMessageClass)
 and turns payloads into dicts shaped like the side's struct column:
   - a payload with Confluent's envelope is decoded with its schema id and message indexes; a schema id
@@ -25,27 +25,16 @@ from google.protobuf import descriptor_pb2, message_factory
 
 from icelog.schema.codec.proto_values import FieldPart, column_values, struct_converter, struct_parts
 from icelog.schema.codec.rebuild import invertible
-from icelog.schema.codec.registry_source import SchemaSource, SourceSpec, open_source
+from icelog.schema.codec.registry_source import SchemaSource, open_source
+from icelog.schema.codec.sides import SideDecoding, error_row
 from icelog.schema.protobuf_schema import build_pool, main_file_of, message_name_at, parse_envelope
 from icelog.schema.registry_client import RegistryUnavailableError
-from icelog.table.iceberg_types import ERR, PREFIX, RAW, Column
+from icelog.table.iceberg_types import PREFIX, RAW
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from google.protobuf.descriptor_pool import DescriptorPool
     from google.protobuf.message import Message
-
-
-@dataclass(frozen=True)
-class SideDecoding:
-    """What a worker needs to decode one side of a topic (picklable)."""
-
-    side: str
-    column: Column  # the side's struct column (current, non-deleted columns)
-    latest_id: int
-    schemas: dict[int, bytes]  # schema id → serialized FileDescriptorSet (main file last)
-    message_name: str | None = None  # the table's message (payloads of another message are __err__ rows)
-    source: SourceSpec | None = None  # where schema ids not shipped are read (None: nowhere)
 
 
 class OtherMessageError(ValueError):
@@ -65,8 +54,8 @@ class Decoded:
 DecoderKey = tuple[int, tuple[int, ...] | None]
 
 
-class SideDecoder:
-    """Decodes payloads of one side into row dicts; caches a message class per (schema id, indexes)."""
+class ProtoSideDecoder:
+    """Decodes Protobuf payloads of one side into row dicts; caches a message class per (schema id, indexes)."""
 
     def __init__(self, decoding: SideDecoding) -> None:
         self.decoding = decoding
@@ -78,12 +67,10 @@ class SideDecoder:
 
     def _fds(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet:
         if schema_id not in self._sets:
-            data = self.decoding.schemas.get(schema_id)
-            fds = descriptor_pb2.FileDescriptorSet()
-            if data is not None:
-                fds.ParseFromString(data)
-            else:
-                fds = self._fetch(schema_id)
+            shipped = self.decoding.schemas.get(schema_id)
+            fds = shipped if shipped is not None else self._fetch(schema_id)
+            if not isinstance(fds, descriptor_pb2.FileDescriptorSet):
+                raise OtherMessageError(f"schema id {schema_id} is not a Protobuf schema")
             self._sets[schema_id] = fds
             self._pools[schema_id] = build_pool(fds)
         return self._sets[schema_id]
@@ -94,7 +81,10 @@ class SideDecoder:
             raise LookupError(f"schema id {schema_id} is unknown and no registry is configured")
         if self._source is None:
             self._source = open_source(self.decoding.source)
-        return self._source.by_id(schema_id)
+        fds = self._source.by_id(schema_id)
+        if not isinstance(fds, descriptor_pb2.FileDescriptorSet):
+            raise OtherMessageError(f"schema id {schema_id} is not a Protobuf schema")
+        return fds
 
     def _decoder(self, schema_id: int, indexes: tuple[int, ...] | None) -> Decoded:
         key = (schema_id, indexes)
@@ -213,7 +203,3 @@ class SideDecoder:
         mask = pa.array([p is None for p in payloads], type=pa.bool_())
         return pa.StructArray.from_arrays(arrays, fields=list(struct_type), mask=mask)
 
-
-def error_row(exc: Exception, payload: bytes) -> dict[str, Any]:
-    """The row of a payload that does not decode: only __err__ and __raw__."""
-    return {ERR: f"{type(exc).__name__}: {exc}"[:1000] or type(exc).__name__, RAW: payload}

@@ -16,7 +16,8 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from icelog.table.field_ids import compatible, shape
-from icelog.table.iceberg_types import WRAPPERS, Column, field_signature, is_map
+from icelog.table.iceberg_types import Column
+from icelog.table.protobuf_types import WRAPPERS, field_signature, is_map
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message

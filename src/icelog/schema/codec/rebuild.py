@@ -1,8 +1,9 @@
 """The inverse of the archive's decoding: the key, value and headers bytes a consumer read, from a table row.
 
 A side's bytes come back from its `__raw__` when the row kept it; otherwise from `__prefix__` (the
-Confluent envelope, naming the schema id and message) followed by the message rebuilt from the columns
-and serialized. The decoder (proto_decode.py) leaves `__raw__` null only when this is exact: the payload
+Confluent envelope, naming the schema id and, for Protobuf, the message) followed by the message rebuilt
+from the columns and serialized (Avro: the datum re-encoded with its writer schema, record_decode.py; JSON
+rows always keep `__raw__`). The decoder (proto_decode.py) leaves `__raw__` null only when this is exact: the payload
 had an envelope, `invertible` holds for its message and the column tree, and the parsed message
 re-serialized to the very same bytes. Rows read back with Spark (`Row.asDict(recursive=True)`) or pyiceberg
 (`to_pylist()`) both work. Reused by serving Kafka Fetch from the Iceberg table.
@@ -21,10 +22,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 from google.protobuf import descriptor_pb2, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
+from icelog.schema.avro_schema import AvroSchema
+from icelog.schema.codec.avro_codec import AvroRows
+from icelog.schema.codec.record_decode import ENVELOPE_BYTES, split_envelope
+from icelog.schema.compiled import CompiledSchema, record_fields
 from icelog.schema.protobuf_schema import build_pool, main_file_of, message_name_at, parse_envelope
 from icelog.table.config import HEADERS, KEY_BYTES, VALUE_BYTES, VALUE_ERR, VALUE_PREFIX
 from icelog.table.field_ids import compatible, shape
-from icelog.table.iceberg_types import ERR, PREFIX, RAW, WRAPPERS, Column, field_signature, is_map
+from icelog.table.iceberg_types import ERR, PREFIX, RAW, Column
+from icelog.table.protobuf_types import WRAPPERS, field_signature, is_map
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
@@ -49,7 +55,7 @@ class Schemas(Protocol):
     """Compiled schemas by id: registry_source.StoreSchemaSource (the embedded registry's metadata store) or
     registry_client.RegistryClient (a registry's REST API)."""
 
-    def by_id(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet: ...
+    def by_id(self, schema_id: int) -> CompiledSchema: ...
 
 
 def _child(column: Column, name: str) -> Column | None:
@@ -139,11 +145,14 @@ class Rebuilder:
     def __init__(self, schemas: Schemas) -> None:
         self.schemas = schemas
         self._classes: dict[tuple[int, tuple[int, ...]], type[Message]] = {}
+        self._avro: dict[int, AvroRows] = {}
 
     def _class(self, schema_id: int, indexes: Sequence[int]) -> type[Message]:
         key = (schema_id, tuple(indexes))
         if key not in self._classes:
             fds = self.schemas.by_id(schema_id)
+            if not isinstance(fds, descriptor_pb2.FileDescriptorSet):
+                raise ValueError(f"schema id {schema_id} is not a Protobuf schema")
             pool = build_pool(fds)
             descriptor = pool.FindMessageTypeByName(message_name_at(main_file_of(fds), list(indexes)))
             self._classes[key] = message_factory.GetMessageClass(descriptor)
@@ -160,6 +169,8 @@ class Rebuilder:
         prefix = row.get(PREFIX)
         if prefix is None:
             raise ValueError(f"row has neither {RAW} nor {PREFIX}: it cannot be rebuilt ({row.get(ERR)})")
+        if len(prefix) == ENVELOPE_BYTES:  # Avro's envelope has no message indexes (JSON rows always keep __raw__)
+            return bytes(prefix) + self._avro_rows(bytes(prefix)).encode(row)
         envelope = parse_envelope(bytes(prefix))
         if envelope is None:
             raise ValueError(f"{PREFIX} {bytes(prefix)!r} is not a Confluent envelope")
@@ -168,6 +179,18 @@ class Rebuilder:
         fill_message(message, row)
         body: bytes = message.SerializeToString()
         return bytes(prefix) + body
+
+
+    def _avro_rows(self, prefix: bytes) -> AvroRows:
+        envelope = split_envelope(prefix)
+        assert envelope is not None
+        schema_id = envelope[0]
+        if schema_id not in self._avro:
+            schema = self.schemas.by_id(schema_id)
+            if not isinstance(schema, AvroSchema):
+                raise ValueError(f"schema id {schema_id} is not an Avro schema")
+            self._avro[schema_id] = AvroRows(schema, Column("value", "struct", record_fields(schema, "value")))
+        return self._avro[schema_id]
 
 
 def rebuild_payload(side_row: Mapping[str, Any] | None, schemas: Schemas) -> bytes | None:

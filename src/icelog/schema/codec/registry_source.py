@@ -1,4 +1,4 @@
-"""Where the archive reads Protobuf schemas: the metadata store (embedded registry) or an external registry.
+"""Where the archive reads schemas (Avro, JSON Schema, Protobuf): the metadata store (embedded registry) or an external registry.
 
 With the embedded registry the archiver reads the registry's state from the metadata store directly, so
 archiving needs no running broker. With `registry_url` it asks that registry over HTTP through the one
@@ -13,9 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from google.protobuf import descriptor_pb2
-
 from icelog.meta.registry import RegistryStore
+from icelog.schema.compiled import CompiledSchema
 from icelog.schema.registry_client import (
     CompiledCache,
     LatestSchema,
@@ -37,12 +36,12 @@ class SchemaSource(Protocol):
     """What the archive needs from a registry."""
 
     def latest(self, subject: str) -> LatestSchema | None:
-        """The subject's latest Protobuf schema, or None if the subject has no live version."""
+        """The subject's latest schema, or None if the subject has no live version."""
 
     def versions(self, subject: str) -> list[int]:
         """Schema ids of every version of the subject (soft-deleted included), oldest first."""
 
-    def by_id(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet:
+    def by_id(self, schema_id: int) -> CompiledSchema:
         """The compiled schema with this id (SchemaNotFoundError, RegistryUnavailableError)."""
 
 
@@ -50,7 +49,7 @@ class StoreSchemaSource(CompiledCache):
     """The embedded registry's state, read from the metadata store (no HTTP, no broker process)."""
 
     def __init__(
-        self, store: RegistryStore, compiled: dict[int, descriptor_pb2.FileDescriptorSet] | None = None
+        self, store: RegistryStore, compiled: dict[int, CompiledSchema] | None = None
     ) -> None:
         super().__init__(compiled)
         from icelog.schema.registry.service import RegistryService
@@ -61,26 +60,23 @@ class StoreSchemaSource(CompiledCache):
         version = self.service.latest(subject)
         if version is None:
             return None
-        record = self.service.store.registry_schema(version.schema_id)
-        if record is None or record.schema_type.upper() != "PROTOBUF":
-            return None
         return LatestSchema(subject, version.schema_id, version.version, self.by_id(version.schema_id))
 
     def versions(self, subject: str) -> list[int]:
         return [v.schema_id for v in self.service.store.registry_versions(subject)]
 
-    def by_id(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet:
+    def by_id(self, schema_id: int) -> CompiledSchema:
         from icelog.schema.registry.service import RegistryError
 
-        fds = self._by_id.get(schema_id)
-        if fds is None:
+        found = self._by_id.get(schema_id)
+        if found is None:
             try:  # the registry's own look-up: the stored text, its references, compiled
-                fds = self._by_id[schema_id] = self.service.compiled(schema_id)
+                found = self._by_id[schema_id] = self.service.compiled(schema_id)
             except RegistryError as exc:
                 if exc.status == 404:
                     raise SchemaNotFoundError(f"schema id {schema_id} is not in the registry") from None
                 raise
-        return fds
+        return found
 
 
 def open_source(spec: SourceSpec, store: RegistryStore | None = None) -> SchemaSource:

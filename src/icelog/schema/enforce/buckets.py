@@ -17,8 +17,11 @@ from typing import cast
 from google.protobuf import descriptor_pb2, message_factory
 
 from icelog.schema.codec.proto_values import struct_parts
+from icelog.schema.codec.record_decode import rows_codec
+from icelog.schema.compiled import CompiledSchema, record_fields
 from icelog.schema.protobuf_schema import message_descriptor
-from icelog.table.iceberg_types import Column, field_signature
+from icelog.table.iceberg_types import Column
+from icelog.table.protobuf_types import field_signature
 from icelog.table.rules import BUCKETABLE, BucketFunction, bucket_function
 
 _CACHE_SIZE = 4096
@@ -40,15 +43,20 @@ class BucketLocator:
         self._functions: dict[tuple[str, int], BucketFunction] = {}
 
     def reader(
-        self, fds: descriptor_pb2.FileDescriptorSet, schema_id: int, which: tuple[int, ...] | str, column: str
+        self, compiled: CompiledSchema, schema_id: int, which: tuple[int, ...] | str, column: str
     ) -> ColumnReader | None:
         """How to read `column` from bodies of this schema's message (None: the message has no such field).
 
-        `which`: the envelope's message indexes, or the configured message name ("" or (): the first message).
+        `which`: the envelope's message indexes, or the configured message name ("" or (): the first message);
+        an Avro or JSON schema has one top-level type and ignores it.
         """
         key = (schema_id, which, column)
         if key in self._readers:
             return self._readers[key]
+        if not isinstance(compiled, descriptor_pb2.FileDescriptorSet):
+            self._readers[key] = _record_reader(compiled, column)
+            return self._readers[key]
+        fds = compiled
         if isinstance(which, str):
             descriptor = message_descriptor(fds, None, message_name=which or None)
         else:
@@ -81,3 +89,16 @@ class BucketLocator:
         if function is None:
             function = self._functions[(signature, buckets)] = bucket_function(signature, buckets)
         return int(cast(int, function(value)))  # a non-null value has a bucket
+
+
+def _record_reader(compiled: CompiledSchema, column: str) -> ColumnReader | None:
+    """Reads a top-level column of an Avro or JSON body (decoded as the archive decodes it)."""
+    target = next((c for c in record_fields(compiled, "value") if c.name == column), None)
+    if target is None:
+        return None
+    codec = rows_codec(compiled, Column("row", "struct", (target,)))
+
+    def read(body: bytes) -> object:
+        return codec.decode(body).get(column)
+
+    return ColumnReader(target.signature, read)

@@ -11,6 +11,7 @@ external one over HTTP). Compiled schemas are cached by id (immutable); a subjec
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 from collections.abc import Callable, Mapping, Sized
 from dataclasses import dataclass, field
@@ -28,6 +29,10 @@ from icelog.errors import ErrorCode, KafkaApiError
 from icelog.log.batch import parse_produced_batches
 from icelog.log.record_format import ATTR_COMPRESSION_MASK
 from icelog.log.records import RecordBatch, read_batch
+from icelog.schema.codec.record_decode import ENVELOPE_BYTES, split_envelope
+from icelog.schema.avro_schema import AvroSchema
+from icelog.schema.codec import avro_codec, json_codec
+from icelog.schema.compiled import CompiledSchema, record_fields
 from icelog.schema.enforce.buckets import BucketLocator
 from icelog.schema.protobuf_schema import (
     InvalidSchemaError,
@@ -39,7 +44,8 @@ from icelog.schema.protobuf_schema import (
 )
 from icelog.schema.registry_client import RegistryClient, SchemaNotFoundError
 from icelog.table.config import BUCKET_KEY, KEY_BYTES, table_config
-from icelog.table.iceberg_types import Column, message_columns
+from icelog.table.iceberg_types import Column
+from icelog.table.protobuf_types import message_columns
 from icelog.table.rules import BUCKETABLE, check_spec_columns
 from icelog.topic_configs.schema import SIDES, SideSchemaConfig, side_config
 
@@ -52,7 +58,7 @@ class SchemaSource(Protocol):
     async def latest_id(self, subject: str) -> int | None:
         """The schema id of the subject's latest version, or None if the subject has none."""
 
-    async def descriptor_set(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet:
+    async def compiled(self, schema_id: int) -> CompiledSchema:
         """The compiled schema with this id (InvalidSchemaError if there is none)."""
 
 
@@ -61,7 +67,7 @@ class EmbeddedRegistry(Protocol):
     keep this module free of aiohttp)."""
 
     def latest_schema_id(self, subject: str) -> int | None: ...
-    def compiled(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet: ...
+    def compiled(self, schema_id: int) -> CompiledSchema: ...
 
 
 class LocalSchemaSource:
@@ -74,16 +80,16 @@ class LocalSchemaSource:
         schema_id: int | None = self.service.latest_schema_id(subject)
         return schema_id
 
-    async def descriptor_set(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet:
+    async def compiled(self, schema_id: int) -> CompiledSchema:
         from icelog.schema.registry.service import RegistryError
 
         try:
-            fds: descriptor_pb2.FileDescriptorSet = await asyncio.get_running_loop().run_in_executor(
+            compiled: CompiledSchema = await asyncio.get_running_loop().run_in_executor(
                 None, self.service.compiled, schema_id
             )
         except RegistryError as exc:
             raise InvalidSchemaError(exc.message) from None
-        return fds
+        return compiled
 
 
 class HttpSchemaSource:
@@ -95,7 +101,7 @@ class HttpSchemaSource:
     async def latest_id(self, subject: str) -> int | None:
         return await asyncio.to_thread(self.client.latest_id, subject)
 
-    async def descriptor_set(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet:
+    async def compiled(self, schema_id: int) -> CompiledSchema:
         try:
             return await asyncio.to_thread(self.client.by_id, schema_id)
         except SchemaNotFoundError as exc:
@@ -158,7 +164,7 @@ class Enforcer:
         self.latest_ttl_s = latest_ttl_ms / 1000
         self._plans: dict[str, TopicPlan] = {}
         self._latest: dict[str, tuple[int | None, float]] = {}
-        self._fds: dict[int, descriptor_pb2.FileDescriptorSet] = {}
+        self._compiled: dict[int, CompiledSchema] = {}
         self._parsers: dict[tuple[int, tuple[int, ...] | str], _Parser] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self.buckets = BucketLocator()
@@ -259,21 +265,24 @@ class Enforcer:
             payload = bytes(payload)
             envelope = parse_envelope(payload)
             which: tuple[int, ...] | str
-            if envelope is not None:
+            known = latest.get(side.side)
+            if known is not None and not isinstance(await self._compiled_schema(known), descriptor_pb2.FileDescriptorSet):
+                framed = await self._record_envelope(payload)  # Avro / JSON: no message indexes
+                schema_id, which, body = (known, "", payload) if framed is None else (framed, "", payload[ENVELOPE_BYTES:])
+            elif envelope is not None:
                 schema_id, indexes, start = envelope
                 which, body = tuple(indexes), payload[start:]
             else:
-                known = latest.get(side.side)
                 if known is None:
                     continue
                 schema_id, which, body = known, side.message or "", payload
             try:
-                fds = await self._descriptor_set(schema_id)
-                reader = self.buckets.reader(fds, schema_id, which, column)
+                compiled = await self._compiled_schema(schema_id)
+                reader = self.buckets.reader(compiled, schema_id, which, column)
                 if reader is None:
                     continue
                 found = (reader.signature, reader.read(body))
-            except (InvalidSchemaError, DecodeError, RuntimeError, ValueError) as exc:
+            except Exception as exc:  # protobuf, fastavro and json raise their own types for a bad body
                 return f"cannot read {column} from the {side.side} to find its bucket ({BUCKET_KEY}): {exc}"
             break
         if found is None:
@@ -315,10 +324,16 @@ class Enforcer:
                 schema_id = await self.source.latest_id(config.subject)
                 if schema_id is None:
                     continue
-                fds = await self._descriptor_set(schema_id)
+                compiled = await self._compiled_schema(schema_id)
             except InvalidSchemaError:
                 continue
             found_schema = True
+            if not isinstance(compiled, descriptor_pb2.FileDescriptorSet):
+                for column in record_fields(compiled, side):
+                    if column.name not in columns or column.signature in BUCKETABLE:
+                        columns[column.name] = column
+                continue
+            fds = compiled
             main = main_file_of(fds)
             names = [config.message] if config.message else [
                 (f"{main.package}." if main.package else "") + m.name for m in main.message_type
@@ -335,22 +350,45 @@ class Enforcer:
         except ValueError as exc:
             raise KafkaApiError(ErrorCode.INVALID_CONFIG, str(exc)) from None
 
-    async def _descriptor_set(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet:
-        fds = self._fds.get(schema_id)
-        if fds is None:
+    async def _compiled_schema(self, schema_id: int) -> CompiledSchema:
+        found = self._compiled.get(schema_id)
+        if found is None:
             try:
-                fds = self._fds[schema_id] = await self.source.descriptor_set(schema_id)
+                found = self._compiled[schema_id] = await self.source.compiled(schema_id)
             except InvalidSchemaError:
                 raise
             except Exception as exc:
                 raise KafkaApiError(ErrorCode.UNKNOWN_SERVER_ERROR, f"schema registry: {exc}") from exc
-        return fds
+        return found
+
+    async def _descriptor_set(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet:
+        compiled = await self._compiled_schema(schema_id)
+        if not isinstance(compiled, descriptor_pb2.FileDescriptorSet):
+            raise InvalidSchemaError(f"schema id {schema_id} is not a Protobuf schema")
+        return compiled
+
+    async def _record_envelope(self, payload: bytes) -> int | None:
+        """The schema id of an Avro/JSON payload's envelope, or None when the payload has none.
+
+        An Avro body may itself start with byte 0 (a null union branch, an int 0): the bytes are an envelope
+        only when they name a registered Avro or JSON schema.
+        """
+        envelope = split_envelope(payload)
+        if envelope is None:
+            return None
+        try:
+            compiled = await self._compiled_schema(envelope[0])
+        except InvalidSchemaError:
+            return None
+        return None if isinstance(compiled, descriptor_pb2.FileDescriptorSet) else envelope[0]
 
     async def _check(self, side: SideSchemaConfig, payload: bytes, latest: int | None) -> bytes | None:
         """Validate one payload; return the payload with an envelope added (coerce), or None if unchanged.
 
         `latest` is the subject's latest schema id (None: the subject has no schema).
         """
+        if latest is not None and not isinstance(await self._compiled_schema(latest), descriptor_pb2.FileDescriptorSet):
+            return await self._check_record(side, payload, latest)
         envelope = parse_envelope(payload)
         if envelope is not None:
             schema_id, indexes, offset = envelope
@@ -366,6 +404,23 @@ class Enforcer:
         if side.reject_on_parse_error:
             parser.parse(payload)
         return encode_envelope(latest, parser.indexes) + payload if side.coerce else None
+
+    async def _check_record(self, side: SideSchemaConfig, payload: bytes, latest: int) -> bytes | None:
+        """`_check` for a side whose subject holds Avro or JSON schemas (envelope: magic byte and schema id)."""
+        schema_id = await self._record_envelope(payload)
+        body = payload if schema_id is None else payload[ENVELOPE_BYTES:]
+        if side.reject_on_parse_error:
+            compiled = await self._compiled_schema(latest if schema_id is None else schema_id)
+            if isinstance(compiled, AvroSchema):
+                problem = avro_codec.payload_problem(compiled, body)
+            else:
+                assert not isinstance(compiled, descriptor_pb2.FileDescriptorSet)
+                problem = json_codec.payload_problem(compiled, body)
+            if problem is not None:
+                raise InvalidSchemaError(problem)
+        if schema_id is None and side.coerce:
+            return struct.pack(">bI", 0, latest) + payload
+        return None
 
     async def _latest_id(self, subject: str) -> int | None:
         cached = self._latest.get(subject)

@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from icelog.meta.registry import RegistrySchema
+from icelog.schema.compiled import SCHEMA_TYPES
 from icelog.schema.registry.service import (
-    SCHEMA_TYPES,
     RegistryError,
     RegistryService,
     SchemaInput,

@@ -17,11 +17,9 @@ from google.protobuf import descriptor_pb2
 
 from icelog.errors import IcelogError
 from icelog.meta.registry import RegistryConflictError, RegistrySchema, RegistryStore, SchemaReference, SubjectVersion
-from icelog.schema.protobuf_schema import InvalidSchemaError, compile_schema, main_file_of, serialized_main
+from icelog.schema.compiled import AVRO, PROTOBUF, SCHEMA_TYPES, CompiledSchema, canonical, compile_any
+from icelog.schema.protobuf_schema import InvalidSchemaError, serialized_main
 from icelog.schema.registry import compat
-
-PROTOBUF = "PROTOBUF"
-SCHEMA_TYPES = (PROTOBUF,)
 _MAX_VERSION = 2**31 - 1
 _COMPILED_CACHE_SIZE = 1024
 _REGISTER_ATTEMPTS = 5
@@ -56,7 +54,7 @@ class SchemaInput:
     """A schema as a client submits it."""
 
     schema: str
-    schema_type: str = PROTOBUF
+    schema_type: str = AVRO  # Confluent's default: AvroSerializer's requests name no type
     references: tuple[SchemaReference, ...] = ()
 
     @classmethod
@@ -70,28 +68,13 @@ class SchemaInput:
                 refs.append(SchemaReference(str(ref["name"]), str(ref["subject"]), int(ref["version"])))
             except (KeyError, TypeError, ValueError) as exc:
                 raise invalid_schema(f"bad reference {ref!r}") from exc
-        return cls(body["schema"], str(body.get("schemaType") or "AVRO").upper(), tuple(refs))
+        return cls(body["schema"], str(body.get("schemaType") or AVRO).upper(), tuple(refs))
 
 
-def _canonical(fds: descriptor_pb2.FileDescriptorSet) -> bytes:
-    main = descriptor_pb2.FileDescriptorProto()
-    main.CopyFrom(main_file_of(fds))
-    main.ClearField("name")
-    main.ClearField("source_code_info")
-    stack = list(main.message_type)
-    while stack:  # protoc fills json_name, serialized descriptors often do not: not part of the schema
-        message = stack.pop()
-        for field in message.field:
-            field.ClearField("json_name")
-        stack.extend(message.nested_type)
-    canonical: bytes = main.SerializeToString(deterministic=True)
-    return canonical
-
-
-def fingerprint(schema_type: str, fds: descriptor_pb2.FileDescriptorSet, refs: Sequence[SchemaReference]) -> str:
-    """Identity of a schema: equal .proto text, its serialized form and formatting variants share it."""
+def fingerprint(schema_type: str, compiled: CompiledSchema, refs: Sequence[SchemaReference]) -> str:
+    """Identity of a schema: equal texts, their serialized forms and formatting variants share it."""
     digest = hashlib.sha256(schema_type.encode())
-    digest.update(_canonical(fds))
+    digest.update(canonical(compiled))
     digest.update(json.dumps(sorted((r.name, r.subject, r.version) for r in refs)).encode())
     return digest.hexdigest()
 
@@ -115,7 +98,7 @@ class RegistryService:
 
     def __init__(self, store: RegistryStore) -> None:
         self.store = store
-        self._compiled: OrderedDict[int, descriptor_pb2.FileDescriptorSet] = OrderedDict()
+        self._compiled: OrderedDict[int, CompiledSchema] = OrderedDict()
         self._lock = threading.Lock()
 
     # -- schemas -------------------------------------------------------------------------------
@@ -143,29 +126,29 @@ class RegistryService:
             pending.extend(record.references)
         return out
 
-    def compile(self, schema: str, refs: Sequence[SchemaReference]) -> descriptor_pb2.FileDescriptorSet:
-        """Compile a schema with its references (42201 when it does not compile)."""
+    def compile(self, schema_type: str, schema: str, refs: Sequence[SchemaReference]) -> CompiledSchema:
+        """Compile a schema with its references (42201 with the parser's message when it does not compile)."""
         try:
-            return compile_schema(schema, self.resolve_references(refs))
+            return compile_any(schema_type, schema, self.resolve_references(refs))
         except InvalidSchemaError as exc:
             raise invalid_schema(str(exc)) from None
 
-    def compiled(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet:
-        """The compiled descriptor set of a registered schema (cached: ids are immutable)."""
+    def compiled(self, schema_id: int) -> CompiledSchema:
+        """A registered schema, compiled (cached: ids are immutable)."""
         with self._lock:
-            fds = self._compiled.get(schema_id)
-            if fds is not None:
+            found = self._compiled.get(schema_id)
+            if found is not None:
                 self._compiled.move_to_end(schema_id)
-                return fds
+                return found
         record = self.store.registry_schema(schema_id)
         if record is None:
             raise schema_not_found(f"Schema {schema_id} not found")
-        fds = self.compile(record.schema, record.references)
+        compiled = self.compile(record.schema_type.upper(), record.schema, record.references)
         with self._lock:
-            self._compiled[schema_id] = fds
+            self._compiled[schema_id] = compiled
             while len(self._compiled) > _COMPILED_CACHE_SIZE:
                 self._compiled.popitem(last=False)
-        return fds
+        return compiled
 
     def is_compiled(self, schema_id: int) -> bool:
         """Whether the compiled form of a schema is cached (then serving it costs no protoc run)."""
@@ -173,9 +156,11 @@ class RegistryService:
             return schema_id in self._compiled
 
     def schema_text(self, record: RegistrySchema, fmt: str | None) -> str:
-        """The schema as stored, or with fmt=serialized as a base64 FileDescriptorProto."""
-        if fmt == "serialized":
-            return serialized_main(self.compiled(record.schema_id))
+        """The schema as stored, or for Protobuf with fmt=serialized as a base64 FileDescriptorProto."""
+        if fmt == "serialized" and record.schema_type.upper() == PROTOBUF:
+            compiled = self.compiled(record.schema_id)
+            assert isinstance(compiled, descriptor_pb2.FileDescriptorSet)
+            return serialized_main(compiled)
         return record.schema
 
     # -- subjects and versions -----------------------------------------------------------------
@@ -213,13 +198,15 @@ class RegistryService:
     # -- register, look up, check --------------------------------------------------------------
     def _check_type(self, given: SchemaInput) -> None:
         if given.schema_type not in SCHEMA_TYPES:
-            raise invalid_schema(f"schemaType {given.schema_type} is not supported; icelog holds PROTOBUF schemas")
+            raise RegistryError(
+                422, 42201, f"Invalid schema: unknown schemaType {given.schema_type}; one of {', '.join(SCHEMA_TYPES)}"
+            )
 
     def register(self, subject: str, given: SchemaInput) -> SubjectVersion:
         """Register a schema under a subject after the compatibility check (409 if incompatible)."""
         self._check_type(given)
-        fds = self.compile(given.schema, given.references)
-        print_ = fingerprint(given.schema_type, fds, given.references)
+        compiled = self.compile(given.schema_type, given.schema, given.references)
+        print_ = fingerprint(given.schema_type, compiled, given.references)
         for _ in range(_REGISTER_ATTEMPTS):
             live = self.versions_or_empty(subject)
             same = self.store.registry_schema_by_fingerprint(print_)
@@ -227,7 +214,7 @@ class RegistryService:
                 for v in live:
                     if v.schema_id == same.schema_id:
                         return v
-            problems = compat.check(self.compatibility(subject), fds, [self.compiled(v.schema_id) for v in live])
+            problems = compat.check(self.compatibility(subject), compiled, [self.compiled(v.schema_id) for v in live])
             if problems:
                 raise RegistryError(
                     409, 409,
@@ -253,8 +240,8 @@ class RegistryService:
         everything = [v for v in self.store.registry_versions(subject) if deleted or not v.deleted]
         if not everything:
             raise subject_not_found(subject)
-        fds = self.compile(given.schema, given.references)
-        record = self.store.registry_schema_by_fingerprint(fingerprint(given.schema_type, fds, given.references))
+        compiled = self.compile(given.schema_type, given.schema, given.references)
+        record = self.store.registry_schema_by_fingerprint(fingerprint(given.schema_type, compiled, given.references))
         if record is not None:
             for v in everything:
                 if v.schema_id == record.schema_id:
@@ -264,13 +251,13 @@ class RegistryService:
     def test_compatibility(self, subject: str, version: str, given: SchemaInput) -> list[str]:
         """Why the schema could not be registered against `version` (or all, for transitive levels)."""
         self._check_type(given)
-        fds = self.compile(given.schema, given.references)
+        compiled = self.compile(given.schema_type, given.schema, given.references)
         level = self.compatibility(subject)
         if parse_version(version) is None and level.endswith("_TRANSITIVE"):
             against = self.versions_or_empty(subject)
         else:
             against = [self.version(subject, version)] if self.versions_or_empty(subject) else []
-        return compat.check(level, fds, [self.compiled(v.schema_id) for v in against])
+        return compat.check(level, compiled, [self.compiled(v.schema_id) for v in against])
 
     # -- deletes -------------------------------------------------------------------------------
     def delete_subject(self, subject: str, permanent: bool) -> list[int]:

@@ -1,8 +1,8 @@
-"""Decoding archives of topics with a Protobuf schema (runs in Spark's Python workers).
+"""Decoding archives of topics with a schema, Avro, JSON or Protobuf (runs in Spark's Python workers).
 
 The raw decoder (decode.py) turns stored batches into Arrow rows of the raw layout; this module replaces
-their `key` and `value` structs by the decoded messages (schema/proto_decode.py) and keeps `headers` and
-`kafka` as they are. Topics without a schema never come here, so the raw path keeps its speed.
+their `key` and `value` structs by the decoded payloads (schema/codec/sides.py picks the decoder of the
+side's schema type) and keeps `headers` and `kafka` as they are. Topics without a schema never come here, so the raw path keeps its speed.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from icelog.archive.decode import decode_archive
 from icelog.archive.plan import PlannedArchive
-from icelog.schema.codec.proto_decode import SideDecoder, SideDecoding
+from icelog.schema.codec.sides import SideDecoder, SideDecoding, side_decoder
 from icelog.table.iceberg_types import RAW
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ def _side_array(raw_struct: pa.StructArray, decoder: SideDecoder | None, target:
     return decoder.decode_many(payloads.to_pylist(), target)
 
 
-def decode_archive_protobuf(
+def decode_archive_schema(
     intake_dir: str | Path,
     archive: PlannedArchive,
     key: SideDecoding | None,
@@ -52,7 +52,9 @@ def decode_archive_protobuf(
         if decoding is None:
             sides[name] = None
         else:
-            sides[name] = cache.setdefault(name, SideDecoder(decoding))
+            if name not in cache:
+                cache[name] = side_decoder(decoding)
+            sides[name] = cache[name]
     for batch in decode_archive(intake_dir, archive):
         arrays = [
             _side_array(batch.column(0), sides["key"], schema.field("key").type),

@@ -1,0 +1,173 @@
+"""Decoding one side of archived records with its Avro or JSON schema, in Spark's Python workers.
+
+Confluent's envelope for Avro and JSON Schema is the magic byte 0 and the schema id (4 bytes, big-endian);
+the body follows (no message indexes: such a schema has one top-level type). A payload with an envelope is
+decoded with the schema its id names (shipped by the driver, else read from the schema source once per
+task); one without, with the subject's latest schema. Rows are built by avro_codec.AvroRows /
+json_codec.JSONRows, column by column for the batch's most common schema id.
+
+What keeps the produced bytes (`__raw__`):
+  - Avro: binary Avro is canonical, so a value row whose payload had an envelope and whose columns hold
+    every field of its writer schema (`invertible`) is re-encoded from the row on read-back; `__raw__` is
+    kept null only when that re-encoding was checked to give the very same bytes.
+  - JSON: the text's spelling (whitespace, key order, number forms, escapes) is not in the row, so `__raw__`
+    is always kept.
+  - keys: always kept (Kafka compares keys byte for byte).
+A registry that cannot be reached raises RegistryUnavailableError: the task and the pass fail (retried).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from icelog.schema.avro_schema import AvroSchema
+from icelog.schema.codec.avro_codec import AvroRows
+from icelog.schema.codec.json_codec import JSONRows
+from icelog.schema.codec.registry_source import SchemaSource, open_source
+from icelog.schema.codec.sides import SideDecoding, error_row
+from icelog.schema.compiled import AVRO, CompiledSchema
+from icelog.schema.json_schema import JSONSchema
+from icelog.schema.registry_client import RegistryUnavailableError
+from icelog.table.iceberg_types import ERR, PREFIX, RAW, Column
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+ENVELOPE_BYTES = 5  # magic byte 0 + schema id
+
+
+class Rows(Protocol):
+    """A schema's rows codec (AvroRows, JSONRows)."""
+
+    def decode(self, body: bytes) -> dict[str, object]: ...
+
+    def decode_many(self, bodies: Sequence[bytes]) -> dict[str, list[object]]: ...
+
+
+def split_envelope(payload: bytes) -> tuple[int, bytes, bytes] | None:
+    """(schema id, envelope bytes, body) of a payload in Confluent's Avro/JSON framing, or None without one."""
+    if len(payload) < ENVELOPE_BYTES or payload[0] != 0:
+        return None
+    return struct.unpack_from(">I", payload, 1)[0], payload[:ENVELOPE_BYTES], payload[ENVELOPE_BYTES:]
+
+
+def rows_codec(schema: CompiledSchema, column: Column) -> AvroRows | JSONRows:
+    """The rows codec of an Avro or JSON schema for a side's struct column."""
+    if isinstance(schema, AvroSchema):
+        return AvroRows(schema, column)
+    if isinstance(schema, JSONSchema):
+        return JSONRows(schema, column)
+    raise TypeError("a Protobuf schema in an Avro/JSON side (the subject changed type)")
+
+
+class RecordSideDecoder:
+    """Decodes Avro or JSON payloads of one side; caches a rows codec per schema id."""
+
+    def __init__(self, decoding: SideDecoding) -> None:
+        self.decoding = decoding
+        self._codecs: dict[int, AvroRows | JSONRows] = {}
+        self._source: SchemaSource | None = None
+        self._may_drop_raw = decoding.side == "value" and decoding.schema_type == AVRO
+
+    def _codec(self, schema_id: int) -> AvroRows | JSONRows:
+        found = self._codecs.get(schema_id)
+        if found is None:
+            schema = self.decoding.schemas.get(schema_id)
+            if schema is None:
+                if self.decoding.source is None:
+                    raise LookupError(f"schema id {schema_id} is unknown and no registry is configured")
+                if self._source is None:
+                    self._source = open_source(self.decoding.source)
+                schema = self._source.by_id(schema_id)  # RegistryUnavailableError propagates: the pass fails
+            found = self._codecs[schema_id] = rows_codec(schema, self.decoding.column)
+        return found
+
+    def _split(self, payload: bytes) -> tuple[int, bytes | None, bytes]:
+        envelope = split_envelope(payload)
+        if envelope is None:
+            return self.decoding.latest_id, None, payload
+        return envelope
+
+    def _keeps_raw(self, codec: AvroRows | JSONRows, row: Mapping[str, object], prefix: bytes | None,
+                   body: bytes) -> bool:
+        if not self._may_drop_raw or prefix is None or not isinstance(codec, AvroRows) or not codec.invertible:
+            return True
+        try:
+            return codec.encode(row) != body
+        except Exception:  # a row that does not encode back: keep the bytes
+            return True
+
+    def decode(self, payload: bytes | None) -> dict[str, object] | None:
+        """The side's struct value for one payload (None for a null payload)."""
+        if payload is None:
+            return None
+        try:
+            schema_id, prefix, body = self._split(payload)
+            codec = self._codec(schema_id)
+            row = codec.decode(body)
+        except RegistryUnavailableError:
+            raise  # an outage is not a property of the payload: fail the task, retry the pass
+        except Exception as exc:  # a payload that does not decode is data, not a failed pass
+            return error_row(exc, payload)
+        row[PREFIX] = prefix
+        row[RAW] = payload if self._keeps_raw(codec, row, prefix, body) else None
+        return row
+
+    def decode_many(self, payloads: list[bytes | None], struct_type: pa.StructType) -> pa.StructArray:
+        """An Arrow struct array of many payloads: the most common schema id's rows column by column."""
+        import pyarrow as pa
+
+        n = len(payloads)
+        main: int | None = None
+        rows: list[int] = []
+        bodies: list[bytes] = []
+        prefixes: list[bytes | None] = [None] * n
+        others: dict[int, dict[str, object] | None] = {}
+        for i, payload in enumerate(payloads):
+            if payload is None:
+                continue
+            schema_id, prefix, body = self._split(payload)
+            if main is None:
+                main = schema_id
+            if schema_id == main:
+                rows.append(i)
+                bodies.append(body)
+                prefixes[i] = prefix
+            else:
+                others[i] = self.decode(payload)
+        try:
+            filled = self._codec(main).decode_many(bodies) if main is not None else {}
+        except RegistryUnavailableError:
+            raise
+        except Exception:  # some payload does not decode (or the schema id is unknown): row by row
+            return pa.array([self.decode(p) for p in payloads], type=struct_type)
+        raws: list[bytes | None] = [None] * n
+        names = [f.name for f in struct_type if f.name not in (PREFIX, ERR, RAW)]
+        codec = self._codec(main) if main is not None else None
+        for j, i in enumerate(rows):
+            payload = payloads[i]
+            assert payload is not None
+            keep = True
+            if codec is not None and self._may_drop_raw and prefixes[i] is not None and isinstance(codec, AvroRows) \
+                    and codec.invertible:
+                row = {name: filled[name][j] for name in names if name in filled}
+                keep = self._keeps_raw(codec, row, prefixes[i], bodies[j])
+            raws[i] = payload if keep else None
+        arrays = []
+        for field in struct_type:
+            name = field.name
+            if name == PREFIX:
+                column: list[object] = list(prefixes)
+            elif name == RAW:
+                column = list(raws)
+            else:
+                column = [None] * n
+                for i, value in zip(rows, filled.get(name, ()), strict=False):
+                    column[i] = value
+            for i, row_or_none in others.items():
+                column[i] = None if row_or_none is None else row_or_none.get(name)
+            arrays.append(pa.array(column, type=field.type))
+        mask = pa.array([p is None for p in payloads], type=pa.bool_())
+        return pa.StructArray.from_arrays(arrays, fields=list(struct_type), mask=mask)

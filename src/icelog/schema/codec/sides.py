@@ -1,0 +1,60 @@
+"""What a Spark worker needs to decode one side (key or value) of a topic, and the decoder for its schema type.
+
+The driver ships a `SideDecoding` (the compiled schemas by id, the side's struct column, the latest schema
+id, for Protobuf the table's message); `side_decoder` gives the decoder of its schema type:
+proto_decode.ProtoSideDecoder (Protobuf: message indexes, message classes) or
+record_decode.RecordSideDecoder (Avro and JSON Schema: one top-level type per schema). Both fill the side's
+struct: the schema's field columns plus `__prefix__` (the envelope bytes), `__err__` (why a payload did not
+decode) and `__raw__` (the payload, kept unless the row provably rebuilds it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from icelog.schema.codec.registry_source import SourceSpec
+from icelog.schema.compiled import PROTOBUF, CompiledSchema
+from icelog.table.iceberg_types import ERR, RAW, Column
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class SideDecoding:
+    """What a worker needs to decode one side of a topic (picklable)."""
+
+    side: str
+    column: Column  # the side's struct column (current, non-deleted columns)
+    latest_id: int
+    schemas: dict[int, CompiledSchema]  # schema id → compiled schema (every version of the subject the driver had)
+    message_name: str | None = None  # Protobuf: the table's message (payloads of another message are __err__ rows)
+    source: SourceSpec | None = None  # where schema ids not shipped are read (None: nowhere)
+    schema_type: str = PROTOBUF
+
+
+class SideDecoder(Protocol):
+    """Payloads of one side → the side's struct values."""
+
+    def decode(self, payload: bytes | None) -> dict[str, object] | None:
+        """The side's struct value for one payload (None for a null payload)."""
+
+    def decode_many(self, payloads: list[bytes | None], struct_type: pa.StructType) -> pa.StructArray:
+        """An Arrow struct array of many payloads."""
+
+
+def side_decoder(decoding: SideDecoding) -> SideDecoder:
+    """The decoder of the side's schema type."""
+    if decoding.schema_type == PROTOBUF:
+        from icelog.schema.codec.proto_decode import ProtoSideDecoder
+
+        return ProtoSideDecoder(decoding)
+    from icelog.schema.codec.record_decode import RecordSideDecoder
+
+    return RecordSideDecoder(decoding)
+
+
+def error_row(exc: Exception, payload: bytes) -> dict[str, object]:
+    """The row of a payload that does not decode: only __err__ and __raw__."""
+    return {ERR: f"{type(exc).__name__}: {exc}"[:1000] or type(exc).__name__, RAW: payload}
