@@ -165,9 +165,20 @@ def canonical(schema: AvroSchema) -> bytes:
     return to_parsing_canonical_form(schema.document).encode()
 
 
+def without_logical_types(schema: Any) -> Any:
+    """A schema's JSON with every logicalType removed (the underlying types are what resolution compares)."""
+    if isinstance(schema, dict):
+        return {k: without_logical_types(v) for k, v in schema.items() if k != "logicalType"}
+    if isinstance(schema, list):
+        return [without_logical_types(v) for v in schema]
+    return schema
+
+
 @lru_cache(maxsize=256)
 def _checker_schema(schema: AvroSchema) -> avro.schema.Schema:
-    return avro.schema.parse(json.dumps(schema.document))
+    # Avro's resolution rules compare the underlying types, as Java's SchemaCompatibility does; Apache avro would
+    # only warn about the logical types it does not know (local-timestamp-*), and warnings are not for a registry
+    return avro.schema.parse(json.dumps(without_logical_types(schema.document)))
 
 
 def incompatibilities(writer: AvroSchema, reader: AvroSchema) -> list[str]:

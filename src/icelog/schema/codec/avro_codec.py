@@ -24,7 +24,7 @@ from typing import Any
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.types import Schema
 
-from icelog.schema.avro_schema import AvroSchema
+from icelog.schema.avro_schema import AvroSchema, without_logical_types
 from icelog.table.avro_types import RECURSION, AvroTypes, Node, decimal_of, leaf_signature
 from icelog.table.field_ids import PROMOTIONS, Column
 
@@ -40,15 +40,6 @@ _MILLIS = {"timestamp-millis", "local-timestamp-millis", "time-millis"}
 
 def _null(_value: Any) -> None:
     return None
-
-
-def _without_logical_types(schema: Any) -> Any:
-    """The schema's JSON with every logicalType removed: fastavro then reads the underlying values."""
-    if isinstance(schema, dict):
-        return {k: _without_logical_types(v) for k, v in schema.items() if k != "logicalType"}
-    if isinstance(schema, list):
-        return [_without_logical_types(v) for v in schema]
-    return schema
 
 
 def _decimal_reader(scale: int) -> Convert:
@@ -330,7 +321,7 @@ def payload_problem(schema: AvroSchema, body: bytes) -> str | None:
 
 @lru_cache(maxsize=256)
 def _raw_schema(schema: AvroSchema) -> Schema:
-    raw: Schema = parse_schema(_without_logical_types(schema.document))
+    raw: Schema = parse_schema(without_logical_types(schema.document))
     return raw
 
 
