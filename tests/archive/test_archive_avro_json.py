@@ -170,8 +170,8 @@ def test_avro_topic_typed_tables_evolution_and_read_back(
     assert key_row["key"] == "order-4"  # a primitive schema: one column named after the side
 
     # Typed in pyiceberg and DuckDB.
-    from pyiceberg.catalog.sql import SqlCatalog
     from pyiceberg import types as t
+    from pyiceberg.catalog.sql import SqlCatalog
 
     catalog = SqlCatalog("lake", uri=f"sqlite:///{lake_settings.data_dir / 'catalog.db'}",
                          warehouse=lake_settings.warehouse)
@@ -321,7 +321,7 @@ def test_bad_schemas_and_payloads(lake_broker: BrokerProcess, lake_archiver: Arc
         producer = Producer({"bootstrap.servers": lake_broker.bootstrap, "linger.ms": 50, "retries": 0})
         results: list[Any] = []
         for payload in (sample, sample[5:], bad):
-            producer.produce(strict, value=payload, partition=0, on_delivery=lambda err, msg: results.append(err))
+            producer.produce(strict, value=payload, partition=0, on_delivery=lambda err, _msg, r=results: r.append(err))
         producer.flush(30)
         # One batch: Kafka refuses the whole batch with INVALID_RECORD (the record's index is in the message).
         assert {e.name() if e else None for e in results} == {"INVALID_RECORD"}, results

@@ -73,14 +73,20 @@ def test_references_may_use_each_other_in_any_order_and_a_missing_one_is_refused
 
 
 def test_canonical_form_is_equal_for_spelling_variants() -> None:
-    a = compiled({"type": "record", "name": "R", "namespace": "com.acme", "doc": "one",
-                  "fields": [{"name": "a", "type": {"type": "int"}, "doc": "x"}, {"name": "b", "type": "string"}]})
+    a = compiled({"type": "record", "name": "R", "namespace": "com.acme",
+                  "fields": [{"name": "a", "type": {"type": "int"}}, {"name": "b", "type": "string"}]})
     text = '{ "fields" : [ {"type":"int","name":"a"}, {"name":"b","type":{"type":"string"}} ], "name":"com.acme.R",' \
            ' "type" : "record" }'
     b = compile_avro(text, {})
-    assert canonical(a) == canonical(b) == b'{"name":"com.acme.R","type":"record","fields":' \
-        b'[{"name":"a","type":"int"},{"name":"b","type":"string"}]}'
+    assert canonical(a) == canonical(b) == b'{"fields":[{"name":"a","type":"int"},{"name":"b","type":"string"}],' \
+        b'"name":"com.acme.R","type":"record"}'
     assert canonical(a) != canonical(compiled(record("com.acme.R", ("a", "long"), ("b", "string"))))
+    # Defaults and logical types change what a schema reads (Parsing Canonical Form would drop them): other schemas.
+    with_default = compiled({"type": "record", "name": "com.acme.R", "fields": [
+        {"name": "a", "type": "int", "default": 0}, {"name": "b", "type": "string"}]})
+    as_date = compiled({"type": "record", "name": "com.acme.R", "fields": [
+        {"name": "a", "type": {"type": "int", "logicalType": "date"}}, {"name": "b", "type": "string"}]})
+    assert len({canonical(a), canonical(with_default), canonical(as_date)}) == 3
 
 
 # --- compatibility (BACKWARD = incompatibilities(old, new), FORWARD = incompatibilities(new, old)) ----------------

@@ -10,7 +10,8 @@ import pytest
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor
 
-from icelog.schema.codec.proto_decode import SideDecoder, SideDecoding
+from icelog.schema.codec.proto_decode import ProtoSideDecoder as SideDecoder
+from icelog.schema.codec.sides import SideDecoding
 from icelog.schema.protobuf_schema import compile_schema, encode_envelope, message_descriptor
 from icelog.table.field_ids import Column, TableColumn, evolve
 from icelog.table.iceberg_types import (
@@ -129,7 +130,7 @@ def test_decoder_envelope_plain_error_and_key_raw() -> None:
     body = message.SerializeToString()
 
     def decoder(side: str) -> SideDecoder:
-        return SideDecoder(SideDecoding(side, column_tree(records, side), 7, {7: fds.SerializeToString()},
+        return SideDecoder(SideDecoding(side, column_tree(records, side), 7, {7: fds},
                                         "icelog.test.Everything"))
 
     value, key = decoder("value"), decoder("key")
@@ -172,7 +173,7 @@ def test_unknown_schema_id_without_registry_is_a_row_error(unknown_id: int) -> N
     fds = compile_schema(V1, {})
     d = message_descriptor(fds, None, "ev.M")
     records = evolve(proto_table_columns(None, d), [])
-    dec = SideDecoder(SideDecoding("value", column_tree(records, "value"), 1, {1: fds.SerializeToString()}))
+    dec = SideDecoder(SideDecoding("value", column_tree(records, "value"), 1, {1: fds}))
     row = dec.decode(encode_envelope(unknown_id, [0]) + b"\x0a\x01x")
     assert row is not None and row["__err__"].startswith("LookupError")
 
@@ -205,7 +206,7 @@ def test_lossless_rows_drop_raw_and_rebuild_byte_identical() -> None:
     fds = compile_schema(LOSSLESS, {})
     d = message_descriptor(fds, None, "ll.Order")
     records = evolve(proto_table_columns(d, d), [])
-    dec = SideDecoder(SideDecoding("value", column_tree(records, "value"), 3, {3: fds.SerializeToString()}, "ll.Order"))
+    dec = SideDecoder(SideDecoding("value", column_tree(records, "value"), 3, {3: fds}, "ll.Order"))
     cls = message_factory.GetMessageClass(d)
     envelope = encode_envelope(3, [1])
     full = cls(id=-7, big=2**64 - 1, kind=1, tags=["a", "b"], maybe=0, blob=b"\x00\xff", f=1.5, number=0)
@@ -238,7 +239,7 @@ def test_registry_outage_in_a_worker_fails_the_task_not_the_row() -> None:
     d = message_descriptor(fds, None, "ev.M")
     records = evolve(proto_table_columns(None, d), [])
     spec = SourceSpec("http", f"http://127.0.0.1:{free_port()}")
-    dec = SideDecoder(SideDecoding("value", column_tree(records, "value"), 1, {1: fds.SerializeToString()}, "ev.M",
+    dec = SideDecoder(SideDecoding("value", column_tree(records, "value"), 1, {1: fds}, "ev.M",
                                    spec))
     payload = encode_envelope(42, [0]) + b"\x0a\x01x"
     with pytest.raises(RegistryUnavailableError):

@@ -2,7 +2,8 @@
 
 The raw decoder (decode.py) turns stored batches into Arrow rows of the raw layout; this module replaces
 their `key` and `value` structs by the decoded payloads (schema/codec/sides.py picks the decoder of the
-side's schema type) and keeps `headers` and `kafka` as they are. Topics without a schema never come here, so the raw path keeps its speed.
+side's schema type) and keeps `headers` and `kafka` as they are. Topics without a schema never come here,
+so the raw path keeps its speed.
 """
 
 from __future__ import annotations
@@ -13,11 +14,21 @@ from typing import TYPE_CHECKING
 
 from icelog.archive.decode import decode_archive
 from icelog.archive.plan import PlannedArchive
-from icelog.schema.codec.sides import SideDecoder, SideDecoding, side_decoder
+from icelog.schema.codec.proto_decode import ProtoSideDecoder
+from icelog.schema.codec.record_decode import RecordSideDecoder
+from icelog.schema.codec.sides import SideDecoder, SideDecoding
+from icelog.schema.compiled import PROTOBUF
 from icelog.table.iceberg_types import RAW
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+
+def side_decoder(decoding: SideDecoding) -> SideDecoder:
+    """The decoder of the side's schema type."""
+    if decoding.schema_type == PROTOBUF:
+        return ProtoSideDecoder(decoding)
+    return RecordSideDecoder(decoding)
 
 
 def _side_array(raw_struct: pa.StructArray, decoder: SideDecoder | None, target: pa.DataType) -> pa.Array:

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from icelog.archive.decode import decode_archive
+from icelog.archive.decode_schema import side_decoder
 from icelog.archive.plan import PlannedArchive
-from icelog.schema.codec.sides import SideDecoder, SideDecoding, side_decoder
+from icelog.schema.codec.sides import SideDecoder, SideDecoding
 from icelog.table.config import (
     BATCH_START,
     BUCKET,

@@ -40,12 +40,12 @@ from icelog.errors import ConfigError, IcelogError
 from icelog.lake import iceberg_java
 from icelog.meta.registry import RegistryStore
 from icelog.meta.store import ArchiveLedger, TopicRecord
-from icelog.schema.codec.sides import SideDecoding
 from icelog.schema.codec.registry_source import (
     SchemaSource,
     SourceSpec,
     StoreSchemaSource,
 )
+from icelog.schema.codec.sides import SideDecoding
 from icelog.schema.compiled import CompiledSchema, record_fields, schema_type_of
 from icelog.schema.protobuf_schema import build_pool, main_file_of, message_name_at, parse_envelope
 from icelog.schema.registry_client import (
@@ -78,8 +78,8 @@ from icelog.table.iceberg_types import (
     table_columns,
     table_layout_columns,
 )
-from icelog.table.protobuf_types import message_columns
 from icelog.table.layout import RECORD_SPEC, TableSpec, archive_table_ddl
+from icelog.table.protobuf_types import message_columns
 from icelog.table.rules import check_spec_columns
 from icelog.topic_configs.archive import ArchiveTopicConfig
 from icelog.topic_configs.schema import MODE_AUTO, SIDES, key_of, side_config

@@ -25,7 +25,6 @@ from avro.compatibility import (
     lookup_writer_field,
     schema_name_equals,
 )
-from fastavro.schema import to_parsing_canonical_form
 from fastavro.types import NamedSchemas, Schema
 
 from icelog.schema.protobuf_schema import InvalidSchemaError
@@ -161,8 +160,23 @@ def compile_avro(text: str, references: Mapping[str, str]) -> AvroSchema:
 
 
 def canonical(schema: AvroSchema) -> bytes:
-    """Avro's Parsing Canonical Form of the main schema (references inlined): equal for spelling variants."""
-    return to_parsing_canonical_form(schema.document).encode()
+    """The schema's identity: its parsed JSON (full names, references inlined) with sorted keys and no whitespace.
+
+    Not Avro's Parsing Canonical Form: that drops defaults, aliases and logical types, which change what a schema
+    reads and with whom it is compatible (Confluent's identity, the Java schema's toString, keeps them).
+    """
+    return json.dumps(_normalized(schema.document), sort_keys=True, separators=(",", ":")).encode()
+
+
+def _normalized(schema: Any) -> Any:
+    """`{"type": "int"}` written as `"int"` (the same type), everywhere in a schema's JSON."""
+    if isinstance(schema, list):
+        return [_normalized(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if set(schema) == {"type"} and schema["type"] in _PRIMITIVES:
+        return schema["type"]
+    return {k: _normalized(v) if k in ("type", "items", "values", "fields") else v for k, v in schema.items()}
 
 
 def without_logical_types(schema: Any) -> Any:

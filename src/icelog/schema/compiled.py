@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import TypeAlias
 
 from google.protobuf import descriptor_pb2
 
@@ -26,7 +27,7 @@ from icelog.table.json_types import json_columns
 AVRO, JSON, PROTOBUF = "AVRO", "JSON", "PROTOBUF"
 SCHEMA_TYPES = (AVRO, JSON, PROTOBUF)  # GET /schemas/types, in Confluent's order
 
-CompiledSchema = descriptor_pb2.FileDescriptorSet | AvroSchema | JSONSchema
+CompiledSchema: TypeAlias = descriptor_pb2.FileDescriptorSet | AvroSchema | JSONSchema
 
 
 def schema_type_of(compiled: CompiledSchema) -> str:

@@ -1,7 +1,8 @@
 """A Confluent-compatible schema registry over HTTP: the one client the archive and produce-time enforcement use.
 
 Sync, stdlib urllib (Spark workers need no extra client; the broker calls it from a thread). What it reads
-is compiled (schema/compiled.py: protoc, fastavro or jsonschema) and cached by schema id (ids never change what they name).
+is compiled (schema/compiled.py: protoc, fastavro or jsonschema) and cached by schema id (ids never change
+what they name).
 
 Two kinds of failure are kept apart, because they end differently:
   - `RegistryUnavailableError`: the registry could not answer (connection refused, timeout, 5xx). An

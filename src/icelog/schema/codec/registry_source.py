@@ -1,4 +1,5 @@
-"""Where the archive reads schemas (Avro, JSON Schema, Protobuf): the metadata store (embedded registry) or an external registry.
+"""Where the archive reads schemas (Avro, JSON Schema, Protobuf): the metadata store (embedded registry) or an
+external registry.
 
 With the embedded registry the archiver reads the registry's state from the metadata store directly, so
 archiving needs no running broker. With `registry_url` it asks that registry over HTTP through the one

@@ -1,8 +1,8 @@
 """What a Spark worker needs to decode one side (key or value) of a topic, and the decoder for its schema type.
 
 The driver ships a `SideDecoding` (the compiled schemas by id, the side's struct column, the latest schema
-id, for Protobuf the table's message); `side_decoder` gives the decoder of its schema type:
-proto_decode.ProtoSideDecoder (Protobuf: message indexes, message classes) or
+id, for Protobuf the table's message); archive/decode_schema.py's `side_decoder` picks the decoder of its
+schema type: proto_decode.ProtoSideDecoder (Protobuf: message indexes, message classes) or
 record_decode.RecordSideDecoder (Avro and JSON Schema: one top-level type per schema). Both fill the side's
 struct: the schema's field columns plus `__prefix__` (the envelope bytes), `__err__` (why a payload did not
 decode) and `__raw__` (the payload, kept unless the row provably rebuilds it).
@@ -42,17 +42,6 @@ class SideDecoder(Protocol):
 
     def decode_many(self, payloads: list[bytes | None], struct_type: pa.StructType) -> pa.StructArray:
         """An Arrow struct array of many payloads."""
-
-
-def side_decoder(decoding: SideDecoding) -> SideDecoder:
-    """The decoder of the side's schema type."""
-    if decoding.schema_type == PROTOBUF:
-        from icelog.schema.codec.proto_decode import ProtoSideDecoder
-
-        return ProtoSideDecoder(decoding)
-    from icelog.schema.codec.record_decode import RecordSideDecoder
-
-    return RecordSideDecoder(decoding)
 
 
 def error_row(exc: Exception, payload: bytes) -> dict[str, object]:

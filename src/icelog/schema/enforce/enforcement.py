@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from google.protobuf import descriptor_pb2, message_factory
+from google.protobuf.descriptor_pb2 import FileDescriptorSet
 from google.protobuf.message import DecodeError
 
 try:  # aiokafka's compiled (Cython) record builder: several times kafka-python's pure one
@@ -29,9 +30,9 @@ from icelog.errors import ErrorCode, KafkaApiError
 from icelog.log.batch import parse_produced_batches
 from icelog.log.record_format import ATTR_COMPRESSION_MASK
 from icelog.log.records import RecordBatch, read_batch
-from icelog.schema.codec.record_decode import ENVELOPE_BYTES, split_envelope
 from icelog.schema.avro_schema import AvroSchema
 from icelog.schema.codec import avro_codec, json_codec
+from icelog.schema.codec.record_decode import ENVELOPE_BYTES, split_envelope
 from icelog.schema.compiled import CompiledSchema, record_fields
 from icelog.schema.enforce.buckets import BucketLocator
 from icelog.schema.protobuf_schema import (
@@ -266,9 +267,10 @@ class Enforcer:
             envelope = parse_envelope(payload)
             which: tuple[int, ...] | str
             known = latest.get(side.side)
-            if known is not None and not isinstance(await self._compiled_schema(known), descriptor_pb2.FileDescriptorSet):
+            if known is not None and not isinstance(await self._compiled_schema(known), FileDescriptorSet):
                 framed = await self._record_envelope(payload)  # Avro / JSON: no message indexes
-                schema_id, which, body = (known, "", payload) if framed is None else (framed, "", payload[ENVELOPE_BYTES:])
+                which = ""
+                schema_id, body = (known, payload) if framed is None else (framed, payload[ENVELOPE_BYTES:])
             elif envelope is not None:
                 schema_id, indexes, start = envelope
                 which, body = tuple(indexes), payload[start:]

@@ -20,6 +20,7 @@ from icelog.meta.registry import RegistryConflictError, RegistrySchema, Registry
 from icelog.schema.compiled import AVRO, PROTOBUF, SCHEMA_TYPES, CompiledSchema, canonical, compile_any
 from icelog.schema.protobuf_schema import InvalidSchemaError, serialized_main
 from icelog.schema.registry import compat
+
 _MAX_VERSION = 2**31 - 1
 _COMPILED_CACHE_SIZE = 1024
 _REGISTER_ATTEMPTS = 5
