@@ -342,3 +342,12 @@ def test_a_non_record_schema_and_a_recursive_record_decode_into_their_columns() 
     assert rows.decode(data) == {"v": 1, "next": '{"next":null,"v":2}'}
     assert not rows.invertible  # the cut is JSON text: the archive keeps the bytes
     assert rows.encode(rows.decode(data)) == data
+
+
+def test_a_38_digit_decimal_keeps_every_digit() -> None:
+    schema = compiled(record("M", ("d", {"type": "bytes", "logicalType": "decimal", "precision": 38, "scale": 10})))
+    value = decimal.Decimal("-1234567890123456789012345678.9012345678")
+    data = body(json.loads(schema.text), {"d": value})
+    rows = AvroRows(schema, table_column(schema))
+    assert rows.decode(data) == {"d": value} and str(rows.decode(data)["d"]) == str(value)
+    assert rows.encode({"d": value}) == data

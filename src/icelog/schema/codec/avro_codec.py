@@ -43,8 +43,10 @@ def _null(_value: Any) -> None:
 
 
 def _decimal_reader(scale: int) -> Convert:
+    scaleb, exponent, unscaled = _DECIMAL_CONTEXT.scaleb, decimal.Decimal(-scale), int.from_bytes
+
     def read(raw: bytes) -> decimal.Decimal:
-        return decimal.Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-scale, _DECIMAL_CONTEXT)
+        return scaleb(decimal.Decimal(unscaled(raw, "big", signed=True)), exponent)
 
     return read
 
@@ -70,9 +72,7 @@ def _optional(convert: Convert) -> Convert:
     return lambda v: None if v is None else convert(v)
 
 
-def _list_of(convert: Convert | None) -> Convert:
-    if convert is None:
-        return list
+def _list_of(convert: Convert) -> Convert:
     return lambda values: [convert(v) for v in values]
 
 
@@ -113,7 +113,9 @@ class _Decoders:
             key = "items" if node.kind == "array" else "values"
             child = column.children[0] if node.kind == "array" else column.children[1]
             inner = self.compile(self.types.resolve(node.schema[key], node.namespace), child)
-            return _list_of(inner) if node.kind == "array" else _entries_of(inner)
+            if node.kind == "array":
+                return None if inner is None else _list_of(inner)  # fastavro's list already is the column's
+            return _entries_of(inner)
         return self._leaf(node, column)
 
     def _mismatch(self) -> Convert:
