@@ -5,9 +5,9 @@ enum → string (the symbol); fixed and bytes → binary; `["null", T]` in eithe
 column is nullable); any other union → a struct with one child per non-null branch, named by the branch's type
 ("int", "string", "array", the short name of a named type). Logical types: date → date; time-millis /
 time-micros → long (microseconds since midnight, as Spark has no time type); timestamp-millis / -micros →
-timestamptz; local-timestamp-millis / -micros → timestamp; decimal → decimal(P,S) (P <= 38); uuid on a string
-→ string; any other logical type → its underlying type. A record that contains itself becomes a string column
-(the value as JSON) where it recurs, so the table stays finite, as Protobuf's recursive messages do.
+timestamptz; local-timestamp-millis / -micros → timestamp; decimal → decimal(P,S) (P <= 38); uuid (on a string
+or a 16-byte fixed) → string; any other logical type → its underlying type. A record that contains itself becomes a
+string column (the value as JSON) where it recurs, so the table stays finite, as Protobuf's recursive messages do.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ PRIMITIVES = {
 }
 NAMED = ("record", "error", "enum", "fixed")
 MAX_DECIMAL_PRECISION = 38
+UUID_BYTES = 16
 RECURSION = "string"  # the signature of a column cut at a recursive record (the value as JSON text)
 
 
@@ -147,7 +148,7 @@ def leaf_signature(node: Node) -> str:
         return "timestamptz"
     if logical in ("local-timestamp-millis", "local-timestamp-micros") and kind == "long":
         return "timestamp"
-    if logical == "uuid" and kind == "string":
+    if logical == "uuid" and (kind == "string" or (kind == "fixed" and _size(node.schema) == UUID_BYTES)):
         return "string"
     if logical == "decimal" and kind in ("bytes", "fixed"):
         decimal = decimal_of(node.schema)
@@ -160,6 +161,10 @@ def leaf_signature(node: Node) -> str:
     if kind in PRIMITIVES:
         return PRIMITIVES[kind]
     raise ValueError(f"unknown Avro type {kind!r}")
+
+
+def _size(schema: object) -> object:
+    return schema.get("size") if isinstance(schema, dict) else None
 
 
 def decimal_of(schema: object) -> tuple[int, int] | None:

@@ -12,11 +12,11 @@ whenever it does not hold (a lossy column, a writer padding its decimals).
 
 from __future__ import annotations
 
-import base64
 import datetime
 import decimal
 import io
 import json
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -43,8 +43,10 @@ def _null(_value: Any) -> None:
 
 
 def _decimal_reader(scale: int) -> Convert:
+    scaleb, exponent, unscaled = _DECIMAL_CONTEXT.scaleb, decimal.Decimal(-scale), int.from_bytes
+
     def read(raw: bytes) -> decimal.Decimal:
-        return decimal.Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-scale, _DECIMAL_CONTEXT)
+        return scaleb(decimal.Decimal(unscaled(raw, "big", signed=True)), exponent)
 
     return read
 
@@ -70,9 +72,7 @@ def _optional(convert: Convert) -> Convert:
     return lambda v: None if v is None else convert(v)
 
 
-def _list_of(convert: Convert | None) -> Convert:
-    if convert is None:
-        return list
+def _list_of(convert: Convert) -> Convert:
     return lambda values: [convert(v) for v in values]
 
 
@@ -113,7 +113,9 @@ class _Decoders:
             key = "items" if node.kind == "array" else "values"
             child = column.children[0] if node.kind == "array" else column.children[1]
             inner = self.compile(self.types.resolve(node.schema[key], node.namespace), child)
-            return _list_of(inner) if node.kind == "array" else _entries_of(inner)
+            if node.kind == "array":
+                return None if inner is None else _list_of(inner)  # fastavro's list already is the column's
+            return _entries_of(inner)
         return self._leaf(node, column)
 
     def _mismatch(self) -> Convert:
@@ -126,7 +128,14 @@ class _Decoders:
             return _as_json
         if column.signature != "struct":
             return self._mismatch()
-        return _struct_of(self.record_plan(node, column))
+        plan = self.record_plan(node, column)
+        assert isinstance(node.schema, dict)
+        fields = [f["name"] for f in node.schema.get("fields") or []]
+        if sorted(fields) == sorted(c.name for c in column.children) and all(
+            source == name and f is None for name, source, f in plan
+        ):
+            return None  # fastavro's dict already is the row: same names, values as read (the hot path's common case)
+        return _struct_of(plan)
 
     def record_plan(self, node: Node, column: Column) -> list[tuple[str, str | None, Convert | None]]:
         """Per child of a struct column: (child name, the writer's field name or None, converter or None)."""
@@ -210,6 +219,8 @@ class _Decoders:
             precision_scale = decimal_of(node.schema)
             assert precision_scale is not None
             return _decimal_reader(precision_scale[1])
+        if logical == "uuid" and node.kind == "fixed":
+            return lambda v: str(uuid.UUID(bytes=v))
         return None
 
 
@@ -238,27 +249,27 @@ class AvroRows:
         root = types.resolve(document, "")
         decoders = _Decoders(types)
         self._plan: list[tuple[str, str | None, Convert | None]] = []
-        if root.kind == "record":
+        self._names: tuple[str, ...] = tuple(c.name for c in column.children)
+        self._record = root.kind == "record"
+        encode = _Encoders(types).compile(root)
+        if self._record:
             self._plan = decoders.record_plan(root, column)
-            self._names: tuple[str, ...] = tuple(c.name for c in column.children)
             self._top: Convert = _struct_of(self._plan)
-            self._record = True
+            self._encode: Convert = encode
         else:  # a non-record schema fills the one child named as the side's column ("value")
             children = [c for c in column.children if c.name == column.name] or list(column.children[:1])
-            self._names = tuple(c.name for c in column.children)
-            inner = decoders.compile(root, children[0]) if children else None
-            target = children[0].name if children else ""
+            inner = decoders.compile(root, children[0]) if children else _null
+            target = children[0].name if children else column.name
             self._top = self._single(target, inner)
-            self._record = False
+            self._encode = lambda row: encode(row.get(target))
         self.invertible: bool = decoders.lossless
-        self._encode: Convert = _Encoders(types).compile(root)
 
     def _single(self, target: str, inner: Convert | None) -> Convert:
         empty = dict.fromkeys(self._names)
 
         def convert(value: Any) -> dict[str, Any]:
             row = dict(empty)
-            if target:
+            if target in row:
                 row[target] = value if inner is None else inner(value)
             return row
 
@@ -369,8 +380,8 @@ def _decimal_bytes(scale: int, size: int | None) -> Convert:
 
 def _binary(value: Any) -> bytes:
     if isinstance(value, str):
-        return base64.b64decode(value)
-    return bytes(value)
+        raise ValueError("expected bytes, got a string")
+    return bytes(value)  # Spark hands back bytearray
 
 
 def _entries(value: Any) -> Iterable[tuple[Any, Any]]:
@@ -457,6 +468,8 @@ class _Encoders:
             assert precision_scale is not None and isinstance(node.schema, dict)
             size = node.schema.get("size") if node.kind == "fixed" else None
             return _decimal_bytes(precision_scale[1], size)
+        if logical == "uuid" and node.kind == "fixed":
+            return lambda v: uuid.UUID(str(v)).bytes
         if signature == "binary":
             return _binary
         return _identity
