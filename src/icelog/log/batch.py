@@ -1,8 +1,10 @@
 """Kafka RecordBatch (magic v2): validation of produced batches, offset assignment, timestamp look-ups.
 
-Batches are stored exactly as produced (still compressed). The broker patches the base offset in place:
-the CRC-32C covers attributes onwards, so bytes 0-11 can change without recomputing it. The header layout
-is `record_format`'s; the records inside are checked by `records`.
+Batches are stored as produced (still compressed). The broker patches the base offset in place: the
+CRC-32C covers attributes onwards, so bytes 0-11 can change without recomputing it. As Kafka's
+LogValidator, it also writes the max timestamp (the records' own, or the LogAppendTime) when the header
+says otherwise, and recomputes the CRC for that batch only. The header layout is `record_format`'s; the
+records inside are checked by `records`.
 """
 
 from __future__ import annotations
@@ -51,7 +53,12 @@ class BatchAttributes:
 
 @dataclass(frozen=True, slots=True)
 class BatchHeader(BatchAttributes):
-    """The fields of a v2 record batch header that the broker uses."""
+    """The fields of a v2 record batch header that the broker uses.
+
+    `max_timestamp` is the records' max timestamp (-1 if none has one), which Kafka stores whatever the
+    producer wrote into the header (some clients write -1), except in a batch the producer marked
+    LogAppendTime, whose records all read as its header's max timestamp (kept).
+    """
 
     position: int
     size: int
@@ -75,7 +82,8 @@ def parse_produced_batches(
     answers: CORRUPT_MESSAGE for bytes that do not hold what the header says (or do not decompress),
     INVALID_RECORD for a control batch, a bad sequence from a producer or a keyless record of a compacted
     topic (with the record's index), INVALID_TIMESTAMP with the record's index, MESSAGE_TOO_LARGE.
-    Nothing is stored on error.
+    Nothing is stored on error. A header max timestamp other than the records' max is not an error: the
+    returned header carries the records' max, which `set_max_timestamps` writes into the stored bytes.
     """
     view = memoryview(records)
     total = len(view)
@@ -110,22 +118,21 @@ def parse_produced_batches(
             raise KafkaApiError(
                 ErrorCode.INVALID_RECORD, f"invalid sequence number {base_seq} in a batch of producer {pid}"
             )
-        _validate_records(view[pos + RECORDS : pos + size], attributes, count, base_ts, max_ts, compacted)
+        records_max = _validate_records(view[pos + RECORDS : pos + size], attributes, count, base_ts, compacted)
+        if not attributes & ATTR_LOG_APPEND_TIME:
+            max_ts = records_max
         batches.append(BatchHeader(pos, size, attributes, last_delta, base_ts, max_ts, pid, epoch, base_seq, count))
         pos += size
     return batches
 
 
-def _validate_records(
-    payload: memoryview, attributes: int, count: int, base_ts: int, max_ts: int, require_keys: bool
-) -> None:
-    """Raise the Kafka error for the first bad record of a batch's records section (compressed or not)."""
-    problem = validate_records(
-        decompress(attributes & ATTR_COMPRESSION_MASK, payload), count, base_ts, max_ts, require_keys
-    )
-    if problem is None:
-        return
-    code, index, message = problem
+def _validate_records(payload: memoryview, attributes: int, count: int, base_ts: int, require_keys: bool) -> int:
+    """The records' max timestamp of a batch's records section (compressed or not); raise the Kafka error for
+    its first bad record."""
+    answer = validate_records(decompress(attributes & ATTR_COMPRESSION_MASK, payload), count, base_ts, require_keys)
+    if isinstance(answer, int):
+        return answer
+    code, index, message = answer
     # Kafka answers per-record problems (timestamps, header keys) with the record's index; broken bytes
     # (CORRUPT_MESSAGE) fail the whole batch without one.
     error_code = ErrorCode(code)
@@ -140,6 +147,16 @@ def assign_offsets(buffer: bytearray, batches: list[BatchHeader], base_offset: i
         INT64.pack_into(buffer, batch.position + BASE_OFFSET, offset)
         offset += batch.last_offset_delta + 1
     return offset
+
+
+def set_max_timestamps(buffer: bytearray, batches: list[BatchHeader]) -> None:
+    """Write each batch's max timestamp (its records', `BatchHeader.max_timestamp`) where the producer's header
+    says otherwise, and that batch's CRC, as Kafka's LogValidator does; a right header costs one read."""
+    for batch in batches:
+        field = batch.position + MAX_TIMESTAMP
+        if INT64.unpack_from(buffer, field)[0] != batch.max_timestamp:
+            INT64.pack_into(buffer, field, batch.max_timestamp)
+            UINT32.pack_into(buffer, batch.position + CRC, batch_crc(buffer, batch.position, batch.size))
 
 
 def set_log_append_time(buffer: bytearray, batches: list[BatchHeader], timestamp_ms: int) -> None:

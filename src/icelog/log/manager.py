@@ -18,7 +18,7 @@ from icelog.config import Settings
 from icelog.errors import ErrorCode, KafkaApiError, StoreError, TopicExistsError, UnknownTopicError
 from icelog.faults import fault_point, hold_point
 from icelog.log import intake_file, pressure
-from icelog.log.batch import assign_offsets, parse_produced_batches, set_log_append_time
+from icelog.log.batch import assign_offsets, parse_produced_batches, set_log_append_time, set_max_timestamps
 from icelog.log.intake import IntakeFiles, IntakeWriter
 from icelog.log.partition import OffsetRangeSource, PartitionLog
 from icelog.log.producers import iter_stored_headers
@@ -376,6 +376,8 @@ class LogManager:
         if topic.config.log_append_time:
             append_time = int(time.time() * 1000)
             set_log_append_time(buffer, batches, append_time)
+        else:
+            set_max_timestamps(buffer, batches)  # the records' max, whatever the producer's header said
         record_count = sum(b.last_offset_delta + 1 for b in batches)
         base = partition.reserve(record_count)
         assign_offsets(buffer, batches, base)
