@@ -141,3 +141,61 @@ def test_a_right_header_is_stored_byte_for_byte(broker: BrokerProcess, topic_nam
         assert create_topics(conn, [topic(topic_name)])[topic_name].error_code == NONE
         assert produce(conn, topic_name, sent).error_code == NONE
         assert bytes(fetch_partition(conn, topic_name, 0).records) == sent  # base offset 0, as sent
+
+
+# -- the other rules of Kafka's produce validation that icelog had not followed --------------------------
+LOG_APPEND_TIME_MARK = 0x08
+
+
+def test_a_producers_log_append_time_mark_on_a_create_time_topic_is_cleared(
+    broker: BrokerProcess, topic_name: str
+) -> None:
+    """Kafka stores such a batch as CreateTime: consumers read each record's own timestamp."""
+    with Connection(broker) as conn:
+        assert create_topics(conn, [topic(topic_name)])[topic_name].error_code == NONE
+        records = b"".join(record(i, v, ts_delta=d) for i, (v, d) in enumerate(zip(VALUES, DELTAS, strict=True)))
+        sent = raw_batch(records, 3, attributes=LOG_APPEND_TIME_MARK, base_ts=BASE_TS, max_ts=MAX_TS + 5000)
+
+        assert produce(conn, topic_name, sent).error_code == NONE
+
+        assert stored_headers(conn, topic_name) == [(0, 0, MAX_TS, True)]
+    expected = [(i, v, 0, BASE_TS + d) for i, (v, d) in enumerate(zip(VALUES, DELTAS, strict=True))]
+    assert consume_kafka_python(broker.bootstrap, topic_name, 3)[:3] == expected
+
+
+@pytest.mark.parametrize(("timestamp_type", "header_max"), [("LogAppendTime", MAX_TS), ("CreateTime", -1)],
+                         ids=["log-append-time-topic", "no-timestamp"])
+def test_a_producers_log_append_time_mark_is_refused_where_kafka_refuses_it(
+    broker: BrokerProcess, topic_name: str, timestamp_type: str, header_max: int
+) -> None:
+    records = b"".join(record(i, v, ts_delta=-1 - BASE_TS if header_max < 0 else 0) for i, v in enumerate(VALUES))
+    with Connection(broker) as conn:
+        configs = {"message.timestamp.type": timestamp_type}
+        assert create_topics(conn, [topic(topic_name, configs=configs)])[topic_name].error_code == NONE
+
+        result = produce(conn, topic_name, raw_batch(records, 3, attributes=LOG_APPEND_TIME_MARK, base_ts=BASE_TS,
+                                                      max_ts=header_max))
+
+        assert result.error_code == 32, result  # INVALID_TIMESTAMP, every record named as Kafka names them
+        assert [e.batch_index for e in result.record_errors] == [0, 1, 2]
+        assert "LogAppendTime" in result.error_message
+        assert list_offset(conn, topic_name, -1).offset == 0  # nothing stored
+
+
+@pytest.mark.parametrize(("version", "expected"), [(6, 76), (7, NONE)])
+def test_zstd_needs_produce_v7(broker: BrokerProcess, topic_name: str, version: int, expected: int) -> None:
+    """Kafka's ProduceRequest.validateRecords: UNSUPPORTED_COMPRESSION_TYPE (76) for zstd before v7."""
+    from kafka.codec import zstd_encode
+    from kafka.protocol.producer import ProduceResponse
+
+    from tests.wire.test_bad_input import produce_request
+
+    records = b"".join(record(i, v) for i, v in enumerate(VALUES))
+    with Connection(broker) as conn:
+        assert create_topics(conn, [topic(topic_name)])[topic_name].error_code == NONE
+        request = produce_request(topic_name, {0: raw_batch(zstd_encode(records), 3, attributes=4)}, version=version)
+
+        result = conn.call(request, ProduceResponse).responses[0].partition_responses[0]
+
+        assert result.error_code == expected, result
+        assert list_offset(conn, topic_name, -1).offset == (3 if expected == NONE else 0)
