@@ -86,15 +86,15 @@ def test_compiled_and_python_walkers_agree_on_valid_and_corrupt_batches(compiled
     answers: dict[int, int] = {}
     for round_ in range(300):
         data, count, base_ts, max_ts = built_batch(rng, rng.randrange(1, 8))
-        assert compiled(data, count, base_ts, max_ts) is None
-        assert records.validate_records_py(data, count, base_ts, max_ts) is None
-        cases = [(m, count, base_ts, max_ts) for m in mutations(rng, data)]
-        cases += [(data, count + 1, base_ts, max_ts), (data, count - 1, base_ts, max_ts)]
-        cases += [(data, count, base_ts, max_ts - 1), (data, count, -(1 << 63), max_ts)]
+        assert compiled(data, count, base_ts) == max_ts  # the records' max, as the builder wrote it
+        assert records.validate_records_py(data, count, base_ts) == max_ts
+        cases = [(m, count, base_ts) for m in mutations(rng, data)]
+        cases += [(data, count + 1, base_ts), (data, count - 1, base_ts)]
+        cases += [(data, count, base_ts - 7), (data, count, -(1 << 63))]
         for case in cases:
             expected = records.validate_records_py(*case)
             assert compiled(*case) == expected, (round_, case)
-            code = -1 if expected is None else expected[0]
+            code = -1 if isinstance(expected, int) else expected[0]
             answers[code] = answers.get(code, 0) + 1
     # the corpus exercised every kind of answer
     assert set(answers) == {-1, ErrorCode.CORRUPT_MESSAGE, ErrorCode.INVALID_TIMESTAMP, ErrorCode.INVALID_RECORD}
@@ -108,14 +108,13 @@ def test_a_compacted_topic_refuses_the_first_keyless_record_in_both_walkers(comp
         builder_keys = [r.key for r in records_of(data, count, base_ts)]
         keyless = next((i for i, key in enumerate(builder_keys) if key is None), None)
         message = f"record {keyless}: a compacted topic cannot accept a record without a key"
-        expected = None if keyless is None else (ErrorCode.INVALID_RECORD, keyless, message)
-        assert records.validate_records_py(data, count, base_ts, max_ts, True) == expected
-        assert compiled(data, count, base_ts, max_ts, True) == expected
-        assert compiled(data, count, base_ts, max_ts) is None  # other topics take keyless records
-        refused += expected is not None
+        expected = max_ts if keyless is None else (ErrorCode.INVALID_RECORD, keyless, message)
+        assert records.validate_records_py(data, count, base_ts, True) == expected
+        assert compiled(data, count, base_ts, True) == expected
+        assert compiled(data, count, base_ts) == max_ts  # other topics take keyless records
+        refused += keyless is not None
         for case in mutations(rng, data)[:20]:  # broken bytes: the same answer from both, keys required
-            assert compiled(case, count, base_ts, max_ts, True) == records.validate_records_py(
-                case, count, base_ts, max_ts, True)
+            assert compiled(case, count, base_ts, True) == records.validate_records_py(case, count, base_ts, True)
     assert 0 < refused < 200
 
 
@@ -138,56 +137,71 @@ def test_compiled_utf8_check_of_header_keys_is_pythons(compiled) -> None:
         data = record(0, headers=[(key, b"v")])
         try:
             key.decode("utf-8")
-            expected = None
+            expected: int | tuple[int, int, str] = 0  # the record's timestamp
         except UnicodeDecodeError:
             expected = (ErrorCode.INVALID_RECORD, 0, "record 0: header 0 key is not valid UTF-8")
-        assert compiled(data, 1, 0, 0) == expected, key
-        assert records.validate_records_py(data, 1, 0, 0) == expected, key
+        assert compiled(data, 1, 0) == expected, key
+        assert records.validate_records_py(data, 1, 0) == expected, key
 
 
-HAND_MADE: dict[str, tuple[bytes, int, int, int, int]] = {  # records, count, base ts, max ts, expected code
-    "valid": (record(0) + record(1, headers=[(b"k", None)]), 2, 100, 100, 0),
-    "null key, value and header value": (record(0, value=None, headers=[(b"", None)]), 1, 5, 5, 0),
-    "length too long": (record(0, length_delta=+3) + b"\x00\x00", 1, 0, 0, ErrorCode.CORRUPT_MESSAGE),
-    "length too short": (record(0, length_delta=-1), 1, 0, 0, ErrorCode.CORRUPT_MESSAGE),
-    "length past the end": (record(0, length_delta=+3), 1, 0, 0, ErrorCode.CORRUPT_MESSAGE),
-    "negative length": (zz(-5) + b"\x00" * 8, 1, 0, 0, ErrorCode.CORRUPT_MESSAGE),
-    "truncated varint": (zz(7) + b"\x00\x00\x00\x01\x01v\x80", 1, 0, 0, ErrorCode.CORRUPT_MESSAGE),
-    "varint of 6 bytes": (zz(10) + b"\x00\x00" + b"\x80" * 5 + b"\x00\x01\x00\x00", 1, 0, 0,
+HAND_MADE: dict[str, tuple[bytes, int, int, int]] = {  # records, count, base ts, expected code
+    "valid": (record(0) + record(1, headers=[(b"k", None)]), 2, 100, 0),
+    "null key, value and header value": (record(0, value=None, headers=[(b"", None)]), 1, 5, 0),
+    "length too long": (record(0, length_delta=+3) + b"\x00\x00", 1, 0, ErrorCode.CORRUPT_MESSAGE),
+    "length too short": (record(0, length_delta=-1), 1, 0, ErrorCode.CORRUPT_MESSAGE),
+    "length past the end": (record(0, length_delta=+3), 1, 0, ErrorCode.CORRUPT_MESSAGE),
+    "negative length": (zz(-5) + b"\x00" * 8, 1, 0, ErrorCode.CORRUPT_MESSAGE),
+    "truncated varint": (zz(7) + b"\x00\x00\x00\x01\x01v\x80", 1, 0, ErrorCode.CORRUPT_MESSAGE),
+    "varint of 6 bytes": (zz(10) + b"\x00\x00" + b"\x80" * 5 + b"\x00\x01\x00\x00", 1, 0,
                           ErrorCode.CORRUPT_MESSAGE),
-    "varint past 32 bits": (zz(10) + b"\x00\x00" + b"\x80" * 4 + b"\x10\x01\x00\x00", 1, 0, 0,
+    "varint past 32 bits": (zz(10) + b"\x00\x00" + b"\x80" * 4 + b"\x10\x01\x00\x00", 1, 0,
                             ErrorCode.CORRUPT_MESSAGE),
-    "fewer records than the count": (record(0) + record(1), 3, 0, 0, ErrorCode.CORRUPT_MESSAGE),
-    "more records than the count": (record(0) + record(1), 1, 0, 0, ErrorCode.CORRUPT_MESSAGE),
-    "offset deltas 0, 2": (record(0) + record(2), 2, 0, 0, ErrorCode.CORRUPT_MESSAGE),
-    "offset deltas 1, 0": (record(1) + record(0), 2, 0, 0, ErrorCode.CORRUPT_MESSAGE),
-    "value length -70": (record(0, value=b"v" * 100).replace(zz(100) + b"v", zz(-70) + b"v", 1), 1, 0, 0,
+    "fewer records than the count": (record(0) + record(1), 3, 0, ErrorCode.CORRUPT_MESSAGE),
+    "more records than the count": (record(0) + record(1), 1, 0, ErrorCode.CORRUPT_MESSAGE),
+    "offset deltas 0, 2": (record(0) + record(2), 2, 0, ErrorCode.CORRUPT_MESSAGE),
+    "offset deltas 1, 0": (record(1) + record(0), 2, 0, ErrorCode.CORRUPT_MESSAGE),
+    "value length -70": (record(0, value=b"v" * 100).replace(zz(100) + b"v", zz(-70) + b"v", 1), 1, 0,
                          ErrorCode.CORRUPT_MESSAGE),
     "value length past the record": (record(0, value=b"v" * 100).replace(zz(100) + b"v", zz(101) + b"v", 1), 1, 0,
-                                     0, ErrorCode.CORRUPT_MESSAGE),
-    "key length -2": (record(0, key=b"ab").replace(zz(2) + b"ab", zz(-2) + b"ab", 1), 1, 0, 0,
+                                     ErrorCode.CORRUPT_MESSAGE),
+    "key length -2": (record(0, key=b"ab").replace(zz(2) + b"ab", zz(-2) + b"ab", 1), 1, 0,
                       ErrorCode.CORRUPT_MESSAGE),
-    "null header key": (record(0, headers=[(b"k", b"v")]).replace(zz(1) + b"k", zz(-1) + b"k", 1), 1, 0, 0,
+    "null header key": (record(0, headers=[(b"k", b"v")]).replace(zz(1) + b"k", zz(-1) + b"k", 1), 1, 0,
                         ErrorCode.CORRUPT_MESSAGE),
     "header key past the record": (record(0, headers=[(b"k", None)]).replace(zz(1) + b"k", zz(9) + b"k"),
-                                   1, 0, 0, ErrorCode.CORRUPT_MESSAGE),
-    "header key not UTF-8": (record(0, headers=[(b"\xff\xfe", b"v")]), 1, 0, 0, ErrorCode.INVALID_RECORD),
-    "header key a surrogate": (record(0, headers=[(b"\xed\xa0\x80", b"v")]), 1, 0, 0, ErrorCode.INVALID_RECORD),
-    "negative header count": (zz(6) + b"\x00" + zz(0) + zz(0) + zz(-1) + zz(-1) + zz(-3), 1, 0, 0,
+                                   1, 0, ErrorCode.CORRUPT_MESSAGE),
+    "header key not UTF-8": (record(0, headers=[(b"\xff\xfe", b"v")]), 1, 0, ErrorCode.INVALID_RECORD),
+    "header key a surrogate": (record(0, headers=[(b"\xed\xa0\x80", b"v")]), 1, 0, ErrorCode.INVALID_RECORD),
+    "negative header count": (zz(6) + b"\x00" + zz(0) + zz(0) + zz(-1) + zz(-1) + zz(-3), 1, 0,
                               ErrorCode.CORRUPT_MESSAGE),
-    "negative timestamp": (record(0, ts_delta=-2000), 1, 1000, 1000, ErrorCode.INVALID_TIMESTAMP),
-    "no timestamp (-1)": (record(0, ts_delta=-1001), 1, 1000, 1000, 0),
-    "timestamp after the max": (record(0, ts_delta=5), 1, 1000, 1004, ErrorCode.INVALID_TIMESTAMP),
-    "empty": (b"", 1, 0, 0, ErrorCode.CORRUPT_MESSAGE),
+    "negative timestamp": (record(0, ts_delta=-2000), 1, 1000, ErrorCode.INVALID_TIMESTAMP),
+    "no timestamp (-1)": (record(0, ts_delta=-1001), 1, 1000, 0),
+    "timestamps out of order": (record(0, ts_delta=5) + record(1, ts_delta=-3), 2, 1000, 0),
+    "empty": (b"", 1, 0, ErrorCode.CORRUPT_MESSAGE),
 }
 
 
 @pytest.mark.parametrize("case", sorted(HAND_MADE))
 def test_hand_made_records(compiled, case: str) -> None:
-    data, count, base_ts, max_ts, expected = HAND_MADE[case]
-    python = records.validate_records_py(data, count, base_ts, max_ts)
-    assert compiled(data, count, base_ts, max_ts) == python
-    assert (0 if python is None else python[0]) == expected, python
+    data, count, base_ts, expected = HAND_MADE[case]
+    python = records.validate_records_py(data, count, base_ts)
+    assert compiled(data, count, base_ts) == python
+    assert (0 if isinstance(python, int) else python[0]) == expected, python
+
+
+@pytest.mark.parametrize(("deltas", "base_ts", "expected"), [
+    ([0, 20, -3], 1000, 1020),  # out of order: the largest, not the last
+    ([0, 0], -1, -1),  # no timestamps (Sarama before v1.x, kafka-python 1.x without one): -1
+    ([0, 1001, 0], -1, 1000),  # -1 and real ones mixed: the real max
+    ([7], 1_700_000_000_000, 1_700_000_000_007),
+])
+def test_validation_answers_the_records_max_timestamp_whatever_the_header_says(
+    compiled, deltas: list[int], base_ts: int, expected: int
+) -> None:
+    # Kafka's LogValidator stores this max in the batch header, whatever the producer wrote there.
+    data = b"".join(record(i, ts_delta=d) for i, d in enumerate(deltas))
+    assert records.validate_records_py(data, len(deltas), base_ts) == expected
+    assert compiled(data, len(deltas), base_ts) == expected
 
 
 # -- reading records: read_batch, compiled and pure ------------------------------------------------
@@ -269,20 +283,19 @@ def test_read_records_compiled_and_pure_agree_on_valid_and_corrupt_sections(comp
             assert read_outcome(compiled_reader, *args) == expected, (round_, args)
             outcomes["refused" if isinstance(expected, str) else "read"] += 1
             # the invariant: a section the produce checks accept reads as exactly its records, offsets in order
-            if base_offset < 1 << 62 and records.validate_records_py(section, n, base_ts, max_ts) is None:
+            if base_offset < 1 << 62 and isinstance(records.validate_records_py(section, n, base_ts), int):
                 assert [r[0] for r in expected] == list(range(base_offset, base_offset + n))
     assert min(outcomes.values()) > 100, outcomes
 
 
 @pytest.mark.parametrize("case", sorted(HAND_MADE))
 def test_hand_made_records_read_alike(compiled_reader, case: str) -> None:
-    data, count, base_ts, _max_ts, _expected = HAND_MADE[case]
+    data, count, base_ts, _expected = HAND_MADE[case]
     expected = read_outcome(records.read_records_py, data, count, 10, base_ts)
     assert read_outcome(compiled_reader, data, count, 10, base_ts) == expected
     # Reading keeps the structural checks only: gaps in offset deltas (as after compaction) and any
     # timestamps read; broken bytes and bad header keys do not.
-    structural = case not in {"offset deltas 0, 2", "offset deltas 1, 0", "negative timestamp",
-                              "timestamp after the max"}
+    structural = case not in {"offset deltas 0, 2", "offset deltas 1, 0", "negative timestamp"}
     assert isinstance(expected, str) == (structural and _expected != 0), expected
 
 

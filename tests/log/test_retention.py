@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from icelog.log import intake_file
 from tests.support.broker import BrokerProcess
+from tests.support.hand_records import record as raw_record
 from tests.wire.test_bad_input import (
     NONE,
     OFFSET_OUT_OF_RANGE,
@@ -25,6 +26,7 @@ from tests.wire.test_bad_input import (
     fetch_partition,
     list_offset,
     produce,
+    raw_batch,
 )
 
 EARLIEST, LATEST = -2, -1
@@ -199,6 +201,29 @@ def test_retention_keeps_everything_by_default_for_recent_data(
     time.sleep(0.6)  # a few retention passes (they run every 200 ms)
     assert earliest(broker, topic_name) == 0
     assert [offset for offset, _ in consume_from_earliest(broker, topic_name)] == list(range(12))
+
+
+def test_retention_ms_goes_by_the_records_timestamps_not_the_producers_header(
+    retention_broker: BrokerProcess, topic_name: str
+) -> None:
+    """Kafka stores a batch's records' max timestamp whatever the producer's header says (Sarama writes -1):
+    retention keeps recent records under a header of -1 and drops old ones under a header of now."""
+    broker = retention_broker
+    create_topic(broker, topic_name, 2, {"retention.ms": str(HOUR_MS)})
+    now_ms = int(time.time() * 1000)
+    old = b"".join(raw_record(i, b"old", ts_delta=i) for i in range(3))
+    recent = b"".join(raw_record(i, b"recent", ts_delta=i) for i in range(3))
+    with Connection(broker) as conn:
+        # partition 0: old records whose header says now; partition 1: recent records whose header says -1
+        assert produce(conn, topic_name, raw_batch(old, 3, base_ts=now_ms - 2 * HOUR_MS, max_ts=now_ms)).error_code \
+            == NONE
+        assert produce(conn, topic_name, raw_batch(recent, 3, base_ts=now_ms, max_ts=-1), partition=1).error_code \
+            == NONE
+
+    wait_for(lambda: earliest(broker, topic_name) == 3, "the old records to expire")
+    time.sleep(0.6)  # a few more retention passes (every 200 ms)
+    assert earliest(broker, topic_name, 1) == 0
+    assert consume_from_earliest(broker, topic_name, 1) == [(0, b"recent"), (1, b"recent"), (2, b"recent")]
 
 
 def test_produce_and_fetch_are_served_while_a_retention_pass_is_in_flight(fresh_broker: BrokerProcess) -> None:

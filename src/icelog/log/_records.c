@@ -1,14 +1,15 @@
 /*
  * icelog.log._records: walk the records of a Kafka v2 record batch without building Python objects.
  *
- * validate_records(buffer, count, base_timestamp, max_timestamp) checks that `buffer` (the batch's
+ * validate_records(buffer, count, base_timestamp, require_keys=False) checks that `buffer` (the batch's
  * records section, decompressed) holds exactly `count` well-formed records, as Kafka's broker does before
- * it appends a produced batch. It returns None, or (error_code, record_index, message) for the first
- * problem.
+ * it appends a produced batch. It returns the records' max timestamp (-1 if none has one: what Kafka
+ * writes into the batch header, whatever the producer put there), or (error_code, record_index, message)
+ * for the first problem.
  *
  * read_records(buffer, count, base_offset, base_timestamp, log_append_time=None) walks the same bytes
  * with the same structural checks (not the produce rules: offset deltas may have gaps, as after
- * compaction, and timestamps are not compared with the batch's) and returns the records as
+ * compaction, and any timestamp is read, even below -1) and returns the records as
  * (offset, timestamp, key, value, headers) tuples; it raises ValueError(message) for the first problem.
  *
  * icelog/log/records.py holds the pure-Python twins of both functions: every check and message here
@@ -197,9 +198,10 @@ static int emit(reader *r, long long offset, long long ts, const uint8_t *key, i
     return 0;
 }
 
-/* Walks `count` records: validates them (r == NULL) or reads them into r->out. 0 if all is well, -1 with
- * `f` filled for a problem in the bytes, -2 with a Python error set (reading only: out of memory). */
-static int walk(const uint8_t *data, Py_ssize_t size, long long count, long long base_ts, long long max_ts,
+/* Walks `count` records: validates them (r == NULL) or reads them into r->out, raising *max_ts to the
+ * largest record timestamp. 0 if all is well, -1 with `f` filled for a problem in the bytes, -2 with a
+ * Python error set (reading only: out of memory). */
+static int walk(const uint8_t *data, Py_ssize_t size, long long count, long long base_ts, long long *max_ts,
                 int require_keys, failure *f, reader *r)
 {
     const uint8_t *p = data;
@@ -238,9 +240,8 @@ static int walk(const uint8_t *data, Py_ssize_t size, long long count, long long
         if (r == NULL && ts < NO_TIMESTAMP)
             FAIL(INVALID_TIMESTAMP, "record %lld: timestamp %lld is negative (only -1, no timestamp, is allowed)",
                  i, ts);
-        if (r == NULL && ts > max_ts)
-            FAIL(INVALID_TIMESTAMP, "record %lld: timestamp %lld is after the batch's max timestamp %lld", i, ts,
-                 max_ts);
+        if (ts > *max_ts)
+            *max_ts = ts;
         VARINT("key length", VARINT_BYTES, &key_length);
         const uint8_t *key = p;
         FIELD_BYTES("key length", key_length, 1);
@@ -280,19 +281,19 @@ static int walk(const uint8_t *data, Py_ssize_t size, long long count, long long
 static PyObject *validate_records(PyObject *self, PyObject *args)
 {
     Py_buffer buffer;
-    long long count, base_ts, max_ts;
+    long long count, base_ts, max_ts = NO_TIMESTAMP;
     int require_keys = 0;
     failure f;
     int result;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*LLL|p:validate_records", &buffer, &count, &base_ts, &max_ts, &require_keys))
+    if (!PyArg_ParseTuple(args, "y*LL|p:validate_records", &buffer, &count, &base_ts, &require_keys))
         return NULL;
     Py_BEGIN_ALLOW_THREADS
-    result = walk((const uint8_t *)buffer.buf, buffer.len, count, base_ts, max_ts, require_keys, &f, NULL);
+    result = walk((const uint8_t *)buffer.buf, buffer.len, count, base_ts, &max_ts, require_keys, &f, NULL);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&buffer);
     if (result == 0)
-        Py_RETURN_NONE;
+        return PyLong_FromLongLong(max_ts);
     return Py_BuildValue("(iLs)", f.code, f.index, f.message);
 }
 
@@ -322,7 +323,8 @@ static PyObject *read_records(PyObject *self, PyObject *args)
         PyBuffer_Release(&buffer);
         return NULL;
     }
-    result = walk((const uint8_t *)buffer.buf, buffer.len, count, base_ts, 0, 0, &f, &r);
+    long long max_ts = NO_TIMESTAMP;
+    result = walk((const uint8_t *)buffer.buf, buffer.len, count, base_ts, &max_ts, 0, &f, &r);
     PyBuffer_Release(&buffer);
     if (result == 0)
         return r.out;
@@ -334,9 +336,10 @@ static PyObject *read_records(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"validate_records", validate_records, METH_VARARGS,
-     "validate_records(buffer, count, base_timestamp, max_timestamp, require_keys=False) -> None | (error_code, "
+     "validate_records(buffer, count, base_timestamp, require_keys=False) -> max_timestamp | (error_code, "
      "record_index, message)\n\nCheck that a v2 batch's (decompressed) records section holds exactly `count` "
-     "well-formed records (each with a key when require_keys: a compacted topic)."},
+     "well-formed records (each with a key when require_keys: a compacted topic); answer their max timestamp "
+     "(-1 if none has one)."},
     {"read_records", read_records, METH_VARARGS,
      "read_records(buffer, count, base_offset, base_timestamp, log_append_time=None) -> list[(offset, "
      "timestamp, key, value, headers)]\n\nThe records of a v2 batch's (decompressed) records section, which must "

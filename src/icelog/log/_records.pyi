@@ -1,7 +1,6 @@
 def validate_records(
-    buffer: bytes | bytearray | memoryview, count: int, base_timestamp: int, max_timestamp: int,
-    require_keys: bool = False,
-) -> tuple[int, int, str] | None: ...
+    buffer: bytes | bytearray | memoryview, count: int, base_timestamp: int, require_keys: bool = False,
+) -> int | tuple[int, int, str]: ...
 def read_records(
     buffer: bytes | bytearray | memoryview, count: int, base_offset: int, base_timestamp: int,
     log_append_time: int | None = None,

@@ -1,8 +1,10 @@
 """Kafka RecordBatch (magic v2): validation of produced batches, offset assignment, timestamp look-ups.
 
-Batches are stored exactly as produced (still compressed). The broker patches the base offset in place:
-the CRC-32C covers attributes onwards, so bytes 0-11 can change without recomputing it. The header layout
-is `record_format`'s; the records inside are checked by `records`.
+Batches are stored as produced (still compressed). The broker patches the base offset in place: the
+CRC-32C covers attributes onwards, so bytes 0-11 can change without recomputing it. As Kafka's
+LogValidator, it also writes the max timestamp (the records' own, or the LogAppendTime) when the header
+says otherwise, and recomputes the CRC for that batch only (`repair_headers`, `set_log_append_time`).
+The header layout is `record_format`'s; the records inside are checked by `records`.
 """
 
 from __future__ import annotations
@@ -26,12 +28,16 @@ from icelog.log.record_format import (
     INT64,
     LAST_OFFSET_DELTA,
     LOG_OVERHEAD,
+    MAGIC,
     MAX_TIMESTAMP,
     RECORDS,
     UINT32,
     batch_crc,
 )
 from icelog.log.records import decompress, read_batch, validate_records
+
+NO_TIMESTAMP = -1
+_LEGACY_RECORD_OVERHEAD = 14  # Kafka's LegacyRecord.RECORD_OVERHEAD_V0: no batch length is smaller
 
 
 class BatchAttributes:
@@ -51,7 +57,12 @@ class BatchAttributes:
 
 @dataclass(frozen=True, slots=True)
 class BatchHeader(BatchAttributes):
-    """The fields of a v2 record batch header that the broker uses."""
+    """The fields of a v2 record batch header that the broker uses.
+
+    `max_timestamp` is the records' max timestamp (-1 if none has one), which Kafka stores whatever the
+    producer wrote into the header (some clients write -1); `attributes` are those stored (a producer's
+    LogAppendTime mark cleared).
+    """
 
     position: int
     size: int
@@ -66,34 +77,58 @@ class BatchHeader(BatchAttributes):
 
 
 def parse_produced_batches(
-    records: bytes | bytearray, max_batch_bytes: int, compacted: bool = False
+    records: bytes | bytearray, max_batch_bytes: int, compacted: bool = False, log_append_time: bool = False
 ) -> list[BatchHeader]:
     """Split and validate the batches of one partition in a Produce request, records included.
 
-    Checks what Kafka's broker checks before an append (header, CRC, then every record: count, lengths,
-    varints, offset deltas, timestamps, header keys, a key on a `compacted` topic) and raises the code Kafka
-    answers: CORRUPT_MESSAGE for bytes that do not hold what the header says (or do not decompress),
-    INVALID_RECORD for a control batch, a bad sequence from a producer or a keyless record of a compacted
-    topic (with the record's index), INVALID_TIMESTAMP with the record's index, MESSAGE_TOO_LARGE.
-    Nothing is stored on error.
+    Checks what Kafka's broker checks before an append (ProduceRequest.validateRecords, UnifiedLog and
+    LogValidator: header, CRC, count, then every record: lengths, varints, offset deltas, timestamps,
+    header keys, a key on a `compacted` topic) and raises the code Kafka answers: INVALID_RECORD for
+    records that do not parse (InvalidRecordException), no whole batch, magic 0 or 1, a count that is not
+    the last offset delta + 1, a control batch, a bad sequence from a producer, or a keyless record of a
+    compacted topic (with the record's index); CORRUPT_MESSAGE for a CRC mismatch, a batch length shorter
+    than a header, another magic, or records that do not decompress; INVALID_TIMESTAMP with the record's
+    index; MESSAGE_TOO_LARGE. Nothing is stored on error.
+
+    What Kafka repairs is not an error: the returned headers carry what it stores, the records' max
+    timestamp whatever the producer's header said, and CreateTime for a batch the producer marked
+    LogAppendTime on a CreateTime topic (Kafka refuses that mark on a `log_append_time` topic and when the
+    batch has no timestamp); `repair_headers` writes them into the stored bytes.
     """
     view = memoryview(records)
     total = len(view)
     if total == 0:
-        raise KafkaApiError(ErrorCode.CORRUPT_MESSAGE, "empty record set")
+        raise KafkaApiError(ErrorCode.INVALID_RECORD, "a Produce must have at least one record batch per partition")
     batches: list[BatchHeader] = []
     pos = 0
     while pos < total:
-        if total - pos < HEADER_SIZE:
-            raise KafkaApiError(ErrorCode.CORRUPT_MESSAGE, f"truncated batch header at byte {pos}")
-        (_, length, _, magic, crc, attributes, last_delta, base_ts, max_ts, pid, epoch, base_seq, count) = (
+        # In Kafka's order (ByteBufferLogInputStream, ProduceRequest.validateRecords, then
+        # DefaultRecordBatch.ensureValid): bytes that do not hold a whole batch are no batch (INVALID_RECORD),
+        # a length below any record's or a magic above 2 is corrupt, magic 0 or 1 is refused in Produce v3+.
+        if total - pos < LOG_OVERHEAD:
+            raise KafkaApiError(ErrorCode.INVALID_RECORD, f"{total - pos} bytes at byte {pos} are not a whole batch")
+        length = INT32.unpack_from(view, pos + BATCH_LENGTH)[0]
+        size = LOG_OVERHEAD + length
+        if length < _LEGACY_RECORD_OVERHEAD:
+            raise KafkaApiError(ErrorCode.CORRUPT_MESSAGE, f"batch length {length} is shorter than any record's")
+        if total - pos <= MAGIC:
+            raise KafkaApiError(ErrorCode.INVALID_RECORD, f"{total - pos} bytes at byte {pos} are not a whole batch")
+        magic = view[pos + MAGIC]
+        if magic in (0, 1):
+            raise KafkaApiError(
+                ErrorCode.INVALID_RECORD, f"a Produce v3+ may only hold record batches of magic 2, not {magic}"
+            )
+        if magic != 2:
+            raise KafkaApiError(ErrorCode.CORRUPT_MESSAGE, f"record batch magic {magic} is not 0, 1 or 2")
+        if pos + size > total:
+            raise KafkaApiError(
+                ErrorCode.INVALID_RECORD, f"batch length {length} at byte {pos} runs past the partition's records"
+            )
+        if length < HEADER_SIZE - LOG_OVERHEAD:
+            raise KafkaApiError(ErrorCode.CORRUPT_MESSAGE, f"batch length {length} is shorter than a batch header")
+        (_, _, _, _, crc, attributes, last_delta, base_ts, max_ts, pid, epoch, base_seq, count) = (
             HEADER.unpack_from(view, pos)
         )
-        size = LOG_OVERHEAD + length
-        if magic != 2:
-            raise KafkaApiError(ErrorCode.CORRUPT_MESSAGE, f"record batch magic {magic} is not supported (only 2)")
-        if length < HEADER_SIZE - LOG_OVERHEAD or pos + size > total:
-            raise KafkaApiError(ErrorCode.CORRUPT_MESSAGE, f"batch length {length} does not fit the request")
         if size > max_batch_bytes:
             raise KafkaApiError(
                 ErrorCode.MESSAGE_TOO_LARGE, f"batch of {size} bytes is over max.message.bytes={max_batch_bytes}"
@@ -102,7 +137,7 @@ def parse_produced_batches(
             raise KafkaApiError(ErrorCode.CORRUPT_MESSAGE, "record batch CRC-32C mismatch")
         if count < 1 or last_delta != count - 1:
             raise KafkaApiError(
-                ErrorCode.CORRUPT_MESSAGE, f"batch declares {count} records but last offset delta {last_delta}"
+                ErrorCode.INVALID_RECORD, f"batch declares {count} records but last offset delta {last_delta}"
             )
         if attributes & ATTR_CONTROL:
             raise KafkaApiError(ErrorCode.INVALID_RECORD, "clients may not write control batches")
@@ -110,27 +145,54 @@ def parse_produced_batches(
             raise KafkaApiError(
                 ErrorCode.INVALID_RECORD, f"invalid sequence number {base_seq} in a batch of producer {pid}"
             )
-        _validate_records(view[pos + RECORDS : pos + size], attributes, count, base_ts, max_ts, compacted)
-        batches.append(BatchHeader(pos, size, attributes, last_delta, base_ts, max_ts, pid, epoch, base_seq, count))
+        records_max = _validate_records(view[pos + RECORDS : pos + size], attributes, count, base_ts, compacted)
+        if attributes & ATTR_LOG_APPEND_TIME:
+            # Every record of such a batch reads as its header's max timestamp (Kafka's LogValidator).
+            if log_append_time or max_ts == NO_TIMESTAMP:
+                message = "a producer may not set the timestamp type LogAppendTime"
+                raise KafkaApiError(ErrorCode.INVALID_TIMESTAMP, message, [(i, message) for i in range(count)])
+            attributes &= ~ATTR_LOG_APPEND_TIME  # stored as CreateTime, its records' own timestamps
+        batches.append(
+            BatchHeader(pos, size, attributes, last_delta, base_ts, records_max, pid, epoch, base_seq, count)
+        )
         pos += size
     return batches
 
 
-def _validate_records(
-    payload: memoryview, attributes: int, count: int, base_ts: int, max_ts: int, require_keys: bool
-) -> None:
-    """Raise the Kafka error for the first bad record of a batch's records section (compressed or not)."""
-    problem = validate_records(
-        decompress(attributes & ATTR_COMPRESSION_MASK, payload), count, base_ts, max_ts, require_keys
-    )
-    if problem is None:
-        return
-    code, index, message = problem
-    # Kafka answers per-record problems (timestamps, header keys) with the record's index; broken bytes
-    # (CORRUPT_MESSAGE) fail the whole batch without one.
-    error_code = ErrorCode(code)
-    record_errors = [(index, message)] if error_code != ErrorCode.CORRUPT_MESSAGE and index >= 0 else []
-    raise KafkaApiError(error_code, message, record_errors)
+def first_batch_codec(records: bytes | bytearray) -> int | None:
+    """The compression codec of the first batch in a partition's records, if it is a v2 batch header."""
+    if len(records) <= ATTRIBUTES + 1 or records[MAGIC] != 2:
+        return None
+    return int(records[ATTRIBUTES + 1] & ATTR_COMPRESSION_MASK)
+
+
+def _validate_records(payload: memoryview, attributes: int, count: int, base_ts: int, require_keys: bool) -> int:
+    """The records' max timestamp of a batch's records section (compressed or not); raise the Kafka error for
+    its first bad record."""
+    answer = validate_records(decompress(attributes & ATTR_COMPRESSION_MASK, payload), count, base_ts, require_keys)
+    if isinstance(answer, int):
+        return answer
+    code, index, message = answer
+    # The walker calls bytes that do not parse CORRUPT_MESSAGE (as read_batch does for a stored batch);
+    # Kafka's broker answers a produced batch whose records do not parse with INVALID_RECORD
+    # (DefaultRecord's InvalidRecordException) and no record index. Per-record problems (timestamps,
+    # header keys, keys) carry the record's index.
+    if code == ErrorCode.CORRUPT_MESSAGE:
+        raise KafkaApiError(ErrorCode.INVALID_RECORD, message)
+    raise KafkaApiError(ErrorCode(code), message, [(index, message)] if index >= 0 else [])
+
+
+def repair_headers(buffer: bytearray, batches: list[BatchHeader]) -> None:
+    """Write what Kafka's LogValidator stores into each batch header that says otherwise (the records' max
+    timestamp, the attributes: `parse_produced_batches`), and that batch's CRC; a right header costs a read."""
+    for batch in batches:
+        at = batch.position
+        if INT64.unpack_from(buffer, at + MAX_TIMESTAMP)[0] != batch.max_timestamp or (
+            INT16.unpack_from(buffer, at + ATTRIBUTES)[0] != batch.attributes
+        ):
+            INT16.pack_into(buffer, at + ATTRIBUTES, batch.attributes)
+            INT64.pack_into(buffer, at + MAX_TIMESTAMP, batch.max_timestamp)
+            UINT32.pack_into(buffer, at + CRC, batch_crc(buffer, at, batch.size))
 
 
 def assign_offsets(buffer: bytearray, batches: list[BatchHeader], base_offset: int) -> int:

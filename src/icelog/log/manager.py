@@ -18,7 +18,7 @@ from icelog.config import Settings
 from icelog.errors import ErrorCode, KafkaApiError, StoreError, TopicExistsError, UnknownTopicError
 from icelog.faults import fault_point, hold_point
 from icelog.log import intake_file, pressure
-from icelog.log.batch import assign_offsets, parse_produced_batches, set_log_append_time
+from icelog.log.batch import assign_offsets, parse_produced_batches, repair_headers, set_log_append_time
 from icelog.log.intake import IntakeFiles, IntakeWriter
 from icelog.log.partition import OffsetRangeSource, PartitionLog
 from icelog.log.producers import iter_stored_headers
@@ -362,7 +362,8 @@ class LogManager:
         self, topic: TopicState, partition: PartitionLog, records: bytes
     ) -> tuple[AppendResult, asyncio.Future[None]]:
         """Validate, assign offsets and queue batches; the future resolves when they are durable."""
-        batches = parse_produced_batches(records, topic.config.max_message_bytes, topic.config.compacted)
+        config = topic.config
+        batches = parse_produced_batches(records, config.max_message_bytes, config.compacted, config.log_append_time)
         retry = partition.producers.check(batches)
         if retry is not None:  # an idempotent producer resent a batch we have: answer with its offsets
             return AppendResult(retry.base_offset, -1), _when_durable(retry.done)
@@ -376,6 +377,8 @@ class LogManager:
         if topic.config.log_append_time:
             append_time = int(time.time() * 1000)
             set_log_append_time(buffer, batches, append_time)
+        else:
+            repair_headers(buffer, batches)  # the records' max timestamp, whatever the producer's header said
         record_count = sum(b.last_offset_delta + 1 for b in batches)
         base = partition.reserve(record_count)
         assign_offsets(buffer, batches, base)

@@ -62,18 +62,20 @@ class _Invalid(Exception):
 
 
 def validate_records_py(
-    buffer: bytes | bytearray | memoryview, count: int, base_timestamp: int, max_timestamp: int,
-    require_keys: bool = False,
-) -> RecordsProblem | None:
+    buffer: bytes | bytearray | memoryview, count: int, base_timestamp: int, require_keys: bool = False,
+) -> int | RecordsProblem:
     """Check that `buffer` (a batch's decompressed records section) holds exactly `count` good records (each
     with a key when `require_keys`: Kafka refuses a keyless record on a compacted topic with INVALID_RECORD).
 
-    None if it does, else (error code, index of the offending record or -1, message) for the first problem.
+    The records' max timestamp (-1 if none has one) if it does: what Kafka's LogValidator writes into the
+    batch header whatever the producer put there. Else (error code, index of the offending record or -1,
+    message) for the first problem.
     """
     data = memoryview(buffer).cast("B")
     end = len(data)
     pos = 0
     index = 0
+    max_timestamp = _NO_TIMESTAMP
     try:
         for index in range(count):
             if pos >= end:
@@ -118,10 +120,7 @@ def validate_records_py(
                     f"record {index}: timestamp {timestamp} is negative (only -1, no timestamp, is allowed)",
                 )
             if timestamp > max_timestamp:
-                raise _Invalid(
-                    ErrorCode.INVALID_TIMESTAMP,
-                    f"record {index}: timestamp {timestamp} is after the batch's max timestamp {max_timestamp}",
-                )
+                max_timestamp = timestamp
             key_length, pos = _length(data, pos, rec_end, index, "key length", nullable=True)
             if require_keys and key_length < 0:
                 raise _Invalid(
@@ -156,7 +155,7 @@ def validate_records_py(
             )
     except _Invalid as problem:
         return int(problem.code), index, problem.message
-    return None
+    return max_timestamp
 
 
 def _varint(data: bytes | memoryview, pos: int, end: int, max_bytes: int, index: int, field: str) -> tuple[int, int]:
@@ -190,7 +189,7 @@ def read_records_py(
     headers); every timestamp is `log_append_time` when given (a LogAppendTime batch's maxTimestamp).
 
     The structural checks of `validate_records_py` with its messages (not the produce rules: offset deltas
-    may have gaps, as after compaction, and timestamps are not compared with the batch's); raises
+    may have gaps, as after compaction, and any timestamp is read, even below -1); raises
     ValueError(message) for the first problem. One-byte varints (nearly all of them) are read inline.
     """
     data = buffer if isinstance(buffer, bytes) else bytes(buffer)

@@ -10,6 +10,8 @@ from kafka.protocol.api_key import ApiKey
 from kafka.protocol.producer import ProduceResponse
 
 from icelog.errors import ErrorCode, KafkaApiError
+from icelog.log.batch import first_batch_codec
+from icelog.log.record_format import CODEC_ZSTD
 from icelog.wire.context import RequestContext, handles
 
 if TYPE_CHECKING:
@@ -45,6 +47,10 @@ async def produce(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
                 result.log_start_offset = partition.visible_start_offset
                 throttle_ms = max(throttle_ms, logs.admission(topic))  # raises past a bound: nothing stored
                 records = data.records or b""
+                if ctx.api_version < 7 and first_batch_codec(records) == CODEC_ZSTD:
+                    raise KafkaApiError(  # as Kafka's ProduceRequest.validateRecords (zstd came with v7)
+                        ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, f"Produce v{ctx.api_version} may not use zstd (v7+)"
+                    )
                 enforcer = ctx.broker.enforcer
                 if enforcer is not None and records and enforcer.applies(topic):
                     records = await enforcer.enforce(topic, records, topic.config.max_message_bytes, data.index)
