@@ -435,6 +435,15 @@ def test_the_tables_column_decides_what_is_filled(order_schema: JSONSchema) -> N
     assert row == {"id": 1, "region": "eu", EXTRA: '{"note":"n"}'}
 
 
+def test_a_string_column_the_writer_does_not_declare_keeps_any_value_as_json_text() -> None:
+    """Old documents carry in open content what a later schema declares: the column keeps it, whatever its type."""
+    writer = schema_of(obj({"id": {"type": "integer"}}))
+    table = Column("value", "struct", (Column("id", "long"), Column("payload", "string"), Column(EXTRA, "string")))
+    rows = JSONRows(writer, table)
+    assert rows.decode(b'{"id": 1, "payload": {"a": 1}}') == {"id": 1, "payload": '{"a":1}', EXTRA: None}
+    assert rows.decode(b'{"id": 1, "payload": "text"}')["payload"] == "text"
+
+
 def test_a_top_level_array_is_one_column_named_root() -> None:
     schema = schema_of({"type": "array", "items": {"type": "integer"}})
     column = Column("key", "struct", (*json_columns(schema.document, {}, "key"), Column("__raw__", "binary")))

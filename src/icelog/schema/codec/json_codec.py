@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import gc
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
 from jsonschema import FormatChecker
@@ -46,7 +47,8 @@ class JSONRows:
         root = self.children[0].name if len(self.children) == 1 else "value"
         layout = json_layout(schema.document, schema.reference_documents, root)
         self.is_record = layout.is_record
-        self._converters = [(c.name, _converter(c, (c.name,), layout.json_text)) for c in self.children]
+        kinds = _StringKinds(layout.json_text, frozenset(_string_paths(layout.columns, ())))
+        self._converters = [(c.name, _converter(c, (c.name,), kinds)) for c in self.children]
         self._names = frozenset(c.name for c in self.children)
         self._extra = any(c.name == EXTRA for c in self.children)
 
@@ -121,29 +123,51 @@ def json_text(value: object) -> str | None:
 # --- one converter per column --------------------------------------------------------------------------------
 
 
-def _converter(column: Column, path: tuple[str, ...], json_text_paths: frozenset[tuple[str, ...]]) -> Converter:
+@dataclass(frozen=True)
+class _StringKinds:
+    """What the writer's schema makes of the table's string columns (by path): JSON text, or JSON strings."""
+
+    json_text: frozenset[tuple[str, ...]]
+    strings: frozenset[tuple[str, ...]]
+
+    def converter(self, path: tuple[str, ...]) -> Converter:
+        if path in self.json_text:
+            return json_text
+        if path in self.strings:
+            return _string
+        return _string_or_json_text  # a column the writer does not declare: keep whatever it holds
+
+
+def _string_paths(columns: Sequence[Column], path: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
+    for column in columns:
+        if column.signature == "string":
+            yield (*path, column.name)
+        yield from _string_paths(column.children, (*path, column.name))
+
+
+def _converter(column: Column, path: tuple[str, ...], kinds: _StringKinds) -> Converter:
     signature = column.signature
     if signature == "string":
-        return json_text if path in json_text_paths else _string
+        return kinds.converter(path)
     if signature == "struct":
-        return _struct_converter(column, path, json_text_paths)
+        return _struct_converter(column, path, kinds)
     if signature == "list":
-        element = _converter(column.children[0], (*path, "element"), json_text_paths)
+        element = _converter(column.children[0], (*path, "element"), kinds)
         if element is _string:
             return _string_list
         return lambda value: [element(e) for e in value] if type(value) is list else None
     if signature == "map":
-        convert = _converter(column.children[1], (*path, "value"), json_text_paths)
+        convert = _converter(column.children[1], (*path, "value"), kinds)
         if convert is _string:
             return _string_map
         return lambda value: [(k, convert(v)) for k, v in value.items()] if type(value) is dict else None
     return _SCALARS.get(signature, _none)
 
 
-def _struct_converter(column: Column, path: tuple[str, ...], json_text_paths: frozenset[tuple[str, ...]]) -> Converter:
+def _struct_converter(column: Column, path: tuple[str, ...], kinds: _StringKinds) -> Converter:
     names = frozenset(c.name for c in column.children)
     extra = EXTRA in names
-    fields = [(c.name, _converter(c, (*path, c.name), json_text_paths)) for c in column.children if c.name != EXTRA]
+    fields = [(c.name, _converter(c, (*path, c.name), kinds)) for c in column.children if c.name != EXTRA]
 
     def convert(value: object) -> object:
         if type(value) is not dict:
@@ -162,6 +186,10 @@ def _none(value: object) -> None:
 
 def _string(value: object) -> str | None:
     return value if type(value) is str else None
+
+
+def _string_or_json_text(value: object) -> str | None:
+    return value if type(value) is str else json_text(value)
 
 
 def _string_list(value: object) -> list[str | None] | None:
