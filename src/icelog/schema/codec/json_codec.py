@@ -155,12 +155,14 @@ def _converter(column: Column, path: tuple[str, ...], kinds: _StringKinds) -> Co
         element = _converter(column.children[0], (*path, "element"), kinds)
         if element is _string:
             return _string_list
-        return lambda value: [element(e) for e in value] if type(value) is list else None
+        return lambda value: list(map(element, value)) if type(value) is list else None
     if signature == "map":
         convert = _converter(column.children[1], (*path, "value"), kinds)
         if convert is _string:
             return _string_map
-        return lambda value: [(k, convert(v)) for k, v in value.items()] if type(value) is dict else None
+        return lambda value: (
+            list(zip(value, map(convert, value.values()), strict=True)) if type(value) is dict else None
+        )
     return _SCALARS.get(signature, _none)
 
 
@@ -172,7 +174,9 @@ def _struct_converter(column: Column, path: tuple[str, ...], kinds: _StringKinds
     def convert(value: object) -> object:
         if type(value) is not dict:
             return None
-        row = {name: convert_field(value.get(name)) for name, convert_field in fields}
+        row = {}
+        for name, convert_field in fields:  # a loop: a comprehension per value costs twice as much here
+            row[name] = convert_field(value.get(name))
         if extra:
             row[EXTRA] = _extra_text(value, names)
         return row
@@ -195,13 +199,19 @@ def _string_or_json_text(value: object) -> str | None:
 def _string_list(value: object) -> list[str | None] | None:
     if type(value) is not list:
         return None
-    return [e if type(e) is str else None for e in value]
+    for element in value:
+        if type(element) is not str:
+            return [e if type(e) is str else None for e in value]
+    return value  # the parsed list is ours: no copy when every element is a string
 
 
 def _string_map(value: object) -> list[tuple[str, str | None]] | None:
     if type(value) is not dict:
         return None
-    return [(k, v if type(v) is str else None) for k, v in value.items()]
+    for element in value.values():
+        if type(element) is not str:
+            return [(k, v if type(v) is str else None) for k, v in value.items()]
+    return list(value.items())
 
 
 def _boolean(value: object) -> bool | None:
