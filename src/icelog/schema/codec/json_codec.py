@@ -19,9 +19,11 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from functools import lru_cache
 
 from jsonschema import FormatChecker
 from jsonschema.exceptions import best_match
+from jsonschema.protocols import Validator
 
 from icelog.schema.json_schema import JSONSchema
 from icelog.table.field_ids import Column
@@ -103,10 +105,16 @@ def payload_problem(schema: JSONSchema, body: bytes) -> str | None:
         document = json.loads(body)
     except ValueError as exc:  # also a body that is not UTF-8
         return f"not JSON: {exc}"
-    error = best_match(schema.validator.evolve(format_checker=_FORMATS).iter_errors(document))
+    error = best_match(_checking_validator(schema).iter_errors(document))
     if error is None:
         return None
     return f"{error.message} (at {error.json_path})"
+
+
+@lru_cache(maxsize=256)
+def _checking_validator(schema: JSONSchema) -> Validator:
+    """The schema's validator that also checks `format`s (date, date-time, email, ...), built once per schema."""
+    return schema.validator.evolve(format_checker=_FORMATS)
 
 
 def _extra_text(document: dict[str, object], declared: frozenset[str]) -> str | None:
