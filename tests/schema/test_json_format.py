@@ -463,9 +463,7 @@ def test_payload_problem_names_the_problem_and_its_path(order_schema: JSONSchema
         == "5 is not of type 'string' (at $.customer.name)"
     )
     assert payload_problem(order_schema, b"{}") == "'id' is a required property (at $)"
-    assert (
-        payload_problem(order_schema, b'{"id": 1, "ship_on": "2026-02-30"}')
-        == "'2026-02-30' is not a 'date' (at $.ship_on)"
-    )
+    # `format` is an annotation, as in confluent-kafka's JSONSerializer: the column gets None, the bytes are kept
+    assert payload_problem(order_schema, b'{"id": 1, "ship_on": "2026-02-30"}') is None
     problem = payload_problem(order_schema, b'{"id": 1')
     assert problem is not None and problem.startswith("not JSON: Expecting")
