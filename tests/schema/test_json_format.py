@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -16,7 +17,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from icelog.schema.codec.json_codec import JSONRows, payload_problem
+from icelog.schema.codec.json_codec import JSONRows, parse, payload_problem
 from icelog.schema.json_schema import JSONSchema, canonical, compile_json, incompatibilities
 from icelog.schema.protobuf_schema import InvalidSchemaError
 from icelog.table.field_ids import Column
@@ -417,6 +418,22 @@ def test_decode_many_equals_decode_per_body(order_schema: JSONSchema) -> None:
         assert values == [row[name] for row in per_body], name
     assert columns["id"] == [0, 1, 2, None, None]
     assert columns[EXTRA] == ['{"extra":0}', '{"extra":1}', '{"extra":2}', None, None]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"a":1}', b' {"a": [1, 2.5, null]} \n', b"\xef\xbb\xbf{}", '{"a": "é"}'.encode("utf-16"), b"NaN", b'"x"'],
+)
+def test_parse_reads_what_json_loads_reads(body: bytes) -> None:
+    assert repr(parse(body)) == repr(json.loads(body))
+
+
+@pytest.mark.parametrize("body", [b"", b"{", b'{"a":1} x', b'{"a":1}{}', b"\xff", b"[1,]"])
+def test_parse_refuses_what_json_loads_refuses(body: bytes) -> None:
+    with pytest.raises(ValueError) as expected:
+        json.loads(body)
+    with pytest.raises(type(expected.value), match=re.escape(str(expected.value))):
+        parse(body)
 
 
 def test_a_body_that_is_not_json_raises(order_schema: JSONSchema) -> None:

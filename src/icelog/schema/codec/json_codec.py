@@ -8,7 +8,7 @@ compact JSON. No validation: a value of the wrong type for its column is None (t
 JSON payload's raw bytes: JSON text is not canonical, so a row cannot give back the produced bytes).
 A body that is not JSON raises.
 
-The archive's hot path is `decode_many`: parse every body (stdlib json, C accelerated), then fill each column
+The archive's hot path is `decode_many`: parse every body (stdlib json's C scanner), then fill each column
 with one comprehension over the parsed documents, converting only the columns the table has.
 """
 
@@ -52,7 +52,7 @@ class JSONRows:
 
     def decode(self, body: bytes) -> dict[str, object]:
         """One JSON document → the row dict of the column's children (raises on a body that is not JSON)."""
-        document = json.loads(body)
+        document = parse(body)
         if not self.is_record:
             return {name: convert(document) for name, convert in self._converters}
         if type(document) is not dict:
@@ -75,8 +75,7 @@ class JSONRows:
                 gc.enable()
 
     def _columns(self, bodies: Sequence[bytes]) -> dict[str, list[object]]:
-        loads = json.loads
-        documents = [loads(body) for body in bodies]
+        documents = [parse(body) for body in bodies]
         if not self.is_record:
             return {name: [convert(d) for d in documents] for name, convert in self._converters}
         objects = [d if type(d) is dict else _EMPTY for d in documents]  # not an object: every column None
@@ -93,6 +92,23 @@ class JSONRows:
 
 
 _EMPTY: dict[str, object] = {}
+
+
+# The C scanner json.loads ends up in; called directly it skips json.loads' Python-level steps (encoding
+# detection, the decoder's whitespace regexes), which cost as much as the scan for a small document.
+_scan: Callable[[str, int], tuple[object, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # typeshed lacks it
+
+
+def parse(body: bytes) -> object:
+    """A JSON body's value, exactly as json.loads(body) (same values, same errors), faster for compact UTF-8."""
+    try:
+        text = body.decode()
+        document, end = _scan(text, 0)
+    except (UnicodeDecodeError, StopIteration):
+        return json.loads(body)  # another encoding, leading whitespace, or not JSON: json.loads decides (or raises)
+    if end != len(text):
+        return json.loads(body)  # trailing whitespace is fine, anything else raises "Extra data"
+    return document
 
 
 def payload_problem(schema: JSONSchema, body: bytes) -> str | None:
