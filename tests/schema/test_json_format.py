@@ -255,6 +255,23 @@ def test_one_of_branches_may_be_added_not_removed() -> None:
     assert kinds(backward({"anyOf": two["oneOf"]}, two)) == ["COMBINED_TYPE_CHANGED"]
 
 
+def test_dependencies_may_loosen_not_tighten() -> None:
+    props = {"a": {"type": "string"}, "b": {"type": "string"}, "c": {"type": "string"}}
+    assert kinds(backward(obj(props, dependencies={"a": ["b"]}), obj(props, dependencies={"a": ["b", "c"]}))) == [
+        "DEPENDENCY_ARRAY_EXTENDED"
+    ]
+    assert backward(obj(props, dependencies={"a": ["b", "c"]}), obj(props, dependencies={"a": ["b"]})) == []
+    assert kinds(backward(obj(props), obj(props, dependencies={"a": {"required": ["c"]}}))) == [
+        "DEPENDENCY_SCHEMA_ADDED"
+    ]
+
+
+def test_not_may_forbid_less_not_more() -> None:
+    one, two = {"not": {"type": "string"}}, {"not": {"type": ["string", "integer"]}}
+    assert backward(two, one) == []  # NOT_TYPE_NARROWED
+    assert backward(one, two) == ["NOT_TYPE_EXTENDED at #/not"]
+
+
 def test_titles_descriptions_and_defaults_are_free() -> None:
     before = obj({"a": {"type": "string", "description": "x", "default": "d"}}, title="T")
     after = obj({"a": {"type": "string", "description": "y", "default": "e"}}, title="U")
