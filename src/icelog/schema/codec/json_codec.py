@@ -24,11 +24,12 @@ from jsonschema.exceptions import best_match
 
 from icelog.schema.json_schema import JSONSchema
 from icelog.table.field_ids import Column
+from icelog.table.iceberg_types import ERR, PREFIX, RAW
 from icelog.table.json_types import EXTRA, json_layout
 
 Converter = Callable[[object], object]
 
-SYSTEM_CHILDREN = frozenset({"__prefix__", "__err__", "__raw__"})  # filled by the side decoder, not from the JSON
+SYSTEM_CHILDREN = frozenset({PREFIX, ERR, RAW})  # filled by the side decoder, not from the JSON
 _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
 _INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
