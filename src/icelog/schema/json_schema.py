@@ -169,10 +169,12 @@ def _check_references(compiled: _Compiled) -> None:
         for ref, ref_base in _refs(document, base):
             try:
                 compiled.registry.resolver(ref_base).lookup(ref)
-            except referencing.exceptions.Unretrievable:
-                names = ", ".join(repr(name) for name, _ in compiled.references) or "none"
-                raise InvalidSchemaError(f"{what}: $ref {ref!r} names no reference (references: {names})") from None
             except referencing.exceptions.Unresolvable as exc:
+                if isinstance(
+                    exc.__context__, referencing.exceptions.NoSuchResource | referencing.exceptions.Unretrievable
+                ):
+                    names = ", ".join(repr(name) for name, _ in compiled.references) or "none"
+                    raise InvalidSchemaError(f"{what}: $ref {ref!r} names no reference (references: {names})") from None
                 raise InvalidSchemaError(f"{what}: $ref {ref!r} does not resolve: {exc}") from None
 
 
