@@ -611,3 +611,60 @@ def spark_rows_all(spark: Any, topic: str) -> list[tuple[bytes, bytes, int, int]
 def spark_rows(spark: Any, topic: str) -> Latest:
     """Each key's row with the highest offset (a key held twice keeps either of them)."""
     return {k: (v, p, o) for k, v, p, o in sorted(spark_rows_all(spark, topic), key=lambda r: r[3])}
+
+
+@pytest.mark.parametrize("schema_type", ["AVRO", "JSON"])
+def test_primary_key_on_avro_and_json_key_fields(
+    lake_broker: BrokerProcess, lake_archiver: Archiver, lake_spark: Any, schema_type: str,
+) -> None:
+    """A compacted topic whose KEY has an Avro (or JSON) schema of several field types (string, date, decimal /
+    integer): `icelog.table.primary.key` names the key's fields; the latest value per key, tombstones delete."""
+    import datetime
+    import decimal
+    import json
+
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    topic = f"pk_{schema_type.lower()}_keys"
+    create_topic(lake_broker, topic, 1, {"cleanup.policy": "compact", "icelog.archive.layout": "table",
+                                         "icelog.table.primary.key": "shop,day,till"})
+    registry = SchemaRegistryClient({"url": lake_broker.registry_url})
+    key_ctx, value_ctx = SerializationContext(topic, MessageField.KEY), SerializationContext(topic, MessageField.VALUE)
+    if schema_type == "AVRO":
+        keys = AvroSerializer(registry, json.dumps({"type": "record", "name": "K", "fields": [
+            {"name": "shop", "type": "string"}, {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+            {"name": "till", "type": {"type": "bytes", "logicalType": "decimal", "precision": 6, "scale": 1}}]}))
+        values = AvroSerializer(registry, json.dumps({"type": "record", "name": "V", "fields": [
+            {"name": "total", "type": "long"}]}))
+
+        def key(i: int) -> bytes:
+            return keys({"shop": f"s{i % 3}", "day": datetime.date(2026, 1, 1 + i % 2),  # type: ignore[no-any-return]
+                         "till": decimal.Decimal(f"{i % 2}.5")}, key_ctx)
+    else:
+        keys = JSONSerializer(json.dumps({"type": "object", "properties": {
+            "shop": {"type": "string"}, "day": {"type": "string", "format": "date"}, "till": {"type": "integer"}},
+            "additionalProperties": False}), registry)
+        values = JSONSerializer(json.dumps({"type": "object", "properties": {"total": {"type": "integer"}},
+                                            "additionalProperties": False}), registry)
+
+        def key(i: int) -> bytes:
+            return keys({"shop": f"s{i % 3}", "day": f"2026-01-0{1 + i % 2}", "till": i % 2},  # type: ignore[no-any-return]
+                        key_ctx)
+
+    expected: dict[bytes, int] = {}
+    records: list[tuple[bytes, bytes | None]] = []
+    for i in range(12):  # 6 distinct keys, each written twice
+        records.append((key(i), values({"total": i}, value_ctx)))
+        expected[key(i)] = i
+    records.append((key(0), None))  # a tombstone deletes the key's row
+    del expected[key(0)]
+    send(lake_broker, topic, records, partitions=1)
+    pass_ok(lake_archiver, topic)
+    rows = lake_spark.sql(f"SELECT shop, day, till, total, __key FROM icelog.`{topic}`").collect()
+    assert sorted((bytes(r["__key"]), r.total) for r in rows) == sorted(expected.items())
+    first = [r for r in rows if r.total == 11][0]
+    assert first.shop == "s2" and first.day == datetime.date(2026, 1, 2)
+    assert first.till == (decimal.Decimal("1.5") if schema_type == "AVRO" else 1)
