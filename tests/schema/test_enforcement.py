@@ -293,3 +293,64 @@ def test_envelope_matches_confluent(indexes: list[int]) -> None:
     assert encode_envelope(123456, indexes) == theirs
     assert parse_envelope(theirs + b"\x08\x01") == (123456, indexes, len(theirs))
     assert parse_envelope(b"\x08\x01") is None and parse_envelope(b"") is None
+
+
+AVRO_CLICK = '{"type": "record", "name": "Click", "namespace": "enf", "fields": [{"name": "page", "type": "string"},' \
+             ' {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}}]}'
+JSON_CLICK = '{"type": "object", "properties": {"page": {"type": "string"}, "at": {"type": "integer"}},' \
+             ' "required": ["page"]}'
+
+
+@pytest.mark.parametrize("schema_type", ["AVRO", "JSON"])
+def test_avro_and_json_reject_coerce_and_record_errors(enf_broker: BrokerProcess, registry: SchemaRegistryClient,
+                                                       schema_type: str) -> None:
+    """reject: a payload that is not a value of its schema → INVALID_RECORD naming the record (its index) and
+    why, nothing stored; coerce: bodies produced without an envelope get the latest schema's (magic + id)."""
+    import json
+
+    from kafka.protocol.producer import ProduceRequest, ProduceResponse
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    from tests.support.wire_client import RawClient
+
+    topic = f"enf-{schema_type.lower()}"
+    schema_id = registry.register_schema(f"{topic}-value", Schema(AVRO_CLICK if schema_type == "AVRO" else JSON_CLICK,
+                                                                  schema_type))
+    create_topic(enf_broker, topic, {"icelog.schema.value.on.parse.error": "reject",
+                                     "icelog.schema.value.coerce": "true"})
+    if schema_type == "AVRO":
+        import io
+
+        import fastavro
+
+        def body(page: str) -> bytes:
+            out = io.BytesIO()
+            fastavro.schemaless_writer(out, fastavro.parse_schema(json.loads(AVRO_CLICK)), {"page": page, "at": 5})
+            return out.getvalue()
+
+        bad = [body("/ok") + b"\x00", b"\x07"]  # trailing bytes; a string length past the end
+    else:
+        def body(page: str) -> bytes:
+            return json.dumps({"page": page, "at": 5}).encode()
+
+        bad = [b'{"page": 7}', b'{"page": "/x"']  # wrong type; not JSON
+    envelope = b"\x00" + schema_id.to_bytes(4, "big")
+    # One request: good (with and without envelope), then the bad ones: the batch is refused, nothing stored.
+    builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, 1 << 20)
+    for i, value in enumerate([envelope + body("/a"), body("/b"), *bad]):
+        builder.append(i, 1_700_000_000_000, None, value, [])
+    request = ProduceRequest(transactional_id=None, acks=-1, timeout_ms=10000, topic_data=[
+        ProduceRequest.TopicProduceData(name=topic, partition_data=[
+            ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=bytes(builder.build()))])])
+    client = RawClient(enf_broker.bootstrap)
+    try:
+        part = client.request(request, 8, ProduceResponse).responses[0].partition_responses[0]
+    finally:
+        client.close()
+    assert part.error_code == 87 and [e.batch_index for e in part.record_errors] == [2, 3]
+    assert all(e.batch_index_error_message for e in part.record_errors)
+    assert high_watermark(enf_broker, topic) == 0
+    # Good ones alone: stored, the plain body with the envelope added (what the deserializer needs).
+    assert produce(enf_broker, topic, [envelope + body("/a"), body("/b")]) == [None, None]
+    got = [m.value() for m in consume(enf_broker, topic, 2)]
+    assert got == [envelope + body("/a"), envelope + body("/b")]
