@@ -298,6 +298,29 @@ def test_json_topic_typed_table_open_content_and_read_back(
     deserialize = JSONDeserializer(json.dumps(JSON_V1), schema_registry_client=registry)
     assert [deserialize(r.value, ctx) for r in before] == [reading(i) for i in range(20)]
 
+    # Evolution: v2 declares `firmware` (it was open content; BACKWARD refuses adding a property to an open
+    # model, so the subject is NONE), v3 retypes `value`: ids kept, the retyped column renamed.
+    ids1 = value_fields(table_metadata(lake_settings, topic))
+    registry.set_compatibility(subject_name=f"{topic}-value", level="NONE")
+    v2 = {**JSON_V1, "properties": {**JSON_V1["properties"],  # type: ignore[dict-item]
+                                    "firmware": {"type": "object", "properties": {"version": {"type": "string"}}}}}
+    v3 = {**v2, "properties": {**v2["properties"], "value": {"type": "string"}}}  # type: ignore[dict-item]
+    later = [JSONSerializer(json.dumps(v2), registry)(reading(20), ctx),
+             JSONSerializer(json.dumps(v3), registry)({**reading(24), "value": "high"}, ctx)]
+    send(lake_broker, topic, [(b"k20", later[0]), (b"k24", later[1])])
+    before = CLIENTS["confluent"].consume(lake_broker.bootstrap, topic, [0], "earliest", 22)
+    archive_and_trim(lake_archiver, lake_store, topic, before)
+    ids3 = value_fields(table_metadata(lake_settings, topic))
+    for name in ("id", "sensor", "at", "labels", "location", "__extra__", "__raw__"):
+        assert ids3[name] == ids1[name], name
+    assert ids3["value__v1"][0] == ids1["value"][0] and ids3["value"][1] == "string"
+    assert ids3["firmware"][0] > max(i for i, _ in ids1.values())
+    last = [r.value for r in lake_spark.sql(f"SELECT value FROM {table(topic)} ORDER BY kafka.offset").collect()][-2:]
+    assert last[0]["firmware"].asDict() == {"version": "1.20", "__extra__": None} and last[0]["__extra__"] is None
+    assert last[1]["value"] == "high" and last[1]["firmware"]["version"] == "1.24"
+    for name in ("confluent", "kafka-python"):
+        assert CLIENTS[name].consume(lake_broker.bootstrap, topic, [0], "earliest", 22) == before, name
+
 
 def test_bad_schemas_and_payloads(lake_broker: BrokerProcess, lake_archiver: Archiver, lake_spark: Any) -> None:
     url = lake_broker.registry_url
