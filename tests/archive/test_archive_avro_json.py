@@ -30,6 +30,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from icelog.archive.archiver import Archiver
 from icelog.config import Settings
 from icelog.meta.store import MetadataStore
+from tests.archive.test_archive_protobuf import produce_all
 from tests.readback.test_readback import archive_and_trim
 from tests.support.archive import table
 from tests.support.broker import BrokerProcess
@@ -99,15 +100,6 @@ def avro_serializer(registry: SchemaRegistryClient, schema: dict[str, Any]) -> A
     return AvroSerializer(registry, json.dumps(schema), conf={"auto.register.schemas": True})
 
 
-def send(broker: BrokerProcess, topic: str, records: list[tuple[bytes | None, bytes | None]]) -> None:
-    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "compression.type": "zstd"})
-    errors: list[Any] = []
-    for key, value in records:
-        producer.produce(topic, key=key, value=value, partition=0,
-                         on_delivery=lambda err, _msg: errors.append(err) if err else None)
-    assert producer.flush(30) == 0 and not errors, errors
-
-
 def table_metadata(settings: Settings, topic: str) -> dict[str, Any]:
     from pyiceberg.catalog.sql import SqlCatalog
 
@@ -148,7 +140,7 @@ def test_avro_topic_typed_tables_evolution_and_read_back(
     # AvroSerializer registered without a schemaType: the registry holds them as AVRO.
     latest = registry.get_latest_version(f"{topic}-value")
     assert latest.schema.schema_type == "AVRO" and latest.version == 1
-    send(lake_broker, topic, produced)
+    produce_all(lake_broker, topic, produced)
     before = CLIENTS["confluent"].consume(lake_broker.bootstrap, topic, [0], "earliest", len(produced))
     archive_and_trim(lake_archiver, lake_store, topic, before)
 
@@ -213,7 +205,7 @@ def test_avro_topic_typed_tables_evolution_and_read_back(
     registry.set_compatibility(subject_name=f"{topic}-value", level="NONE")
     v3 = avro_serializer(registry, ORDER_V3)
     produced += [(keys(f"order-{i}", key_ctx), v3(order(i, 3), value_ctx)) for i in range(30, 33)]
-    send(lake_broker, topic, produced[24:])
+    produce_all(lake_broker, topic, produced[24:])
     before = CLIENTS["confluent"].consume(lake_broker.bootstrap, topic, [0], "earliest", len(produced))
     archive_and_trim(lake_archiver, lake_store, topic, before)
     ids3 = value_fields(table_metadata(lake_settings, topic))
@@ -278,7 +270,7 @@ def test_json_topic_typed_table_open_content_and_read_back(
     produced: list[tuple[bytes | None, bytes | None]] = [(f"k{i}".encode(), serialize(reading(i), ctx))
                                                          for i in range(20)]
     assert registry.get_latest_version(f"{topic}-value").schema.schema_type == "JSON"
-    send(lake_broker, topic, produced)
+    produce_all(lake_broker, topic, produced)
     before = CLIENTS["confluent"].consume(lake_broker.bootstrap, topic, [0], "earliest", len(produced))
     archive_and_trim(lake_archiver, lake_store, topic, before)
 
@@ -307,7 +299,7 @@ def test_json_topic_typed_table_open_content_and_read_back(
     v3 = {**v2, "properties": {**v2["properties"], "value": {"type": "string"}}}  # type: ignore[dict-item]
     later = [JSONSerializer(json.dumps(v2), registry)(reading(20), ctx),
              JSONSerializer(json.dumps(v3), registry)({**reading(24), "value": "high"}, ctx)]
-    send(lake_broker, topic, [(b"k20", later[0]), (b"k24", later[1])])
+    produce_all(lake_broker, topic, [(b"k20", later[0]), (b"k24", later[1])])
     before = CLIENTS["confluent"].consume(lake_broker.bootstrap, topic, [0], "earliest", 22)
     archive_and_trim(lake_archiver, lake_store, topic, before)
     ids3 = value_fields(table_metadata(lake_settings, topic))
@@ -358,8 +350,8 @@ def test_bad_schemas_and_payloads(lake_broker: BrokerProcess, lake_archiver: Arc
         producer.flush(30)
         # One batch: Kafka refuses the whole batch with INVALID_RECORD (the record's index is in the message).
         assert {e.name() if e else None for e in results} == {"INVALID_RECORD"}, results
-        send(lake_broker, strict, [(None, sample), (None, sample[5:])])  # coerce: the envelope is added
-        send(lake_broker, lenient, [(None, sample), (None, bad)])
+        produce_all(lake_broker, strict, [(None, sample), (None, sample[5:])])  # coerce: the envelope is added
+        produce_all(lake_broker, lenient, [(None, sample), (None, bad)])
         results_ = lake_archiver.run_pass(force=True, topics=[strict, lenient])
         assert [r.error for r in results_] == ["", ""], results_
         strict_rows = lake_spark.sql(f"SELECT value FROM {table(strict)} ORDER BY kafka.offset").collect()

@@ -182,28 +182,33 @@ def test_required_subject_missing_rejects(enf_broker: BrokerProcess, pb: ModuleT
     assert high_watermark(enf_broker, topic) == 0
 
 
-def test_record_errors_in_the_produce_response(enf_broker: BrokerProcess, registry: SchemaRegistryClient,
-                                                pb: ModuleType) -> None:
-    """Produce v8 answers INVALID_RECORD with record_errors (index of each bad record) and error_message."""
+def produce_v8(broker: BrokerProcess, topic: str, values: list[bytes]) -> Any:
+    """One Produce v8 request of one batch (partition 0); the partition's response (error, record_errors)."""
     from kafka.protocol.producer import ProduceRequest, ProduceResponse
     from kafka.record.default_records import DefaultRecordBatchBuilder
 
     from tests.support.wire_client import RawClient
 
-    topic = "enf-record-errors"
-    registry.register_schema(f"{topic}-value", Schema(PROTO, "PROTOBUF"))
-    create_topic(enf_broker, topic, {"icelog.schema.value.on.parse.error": "reject"})
     builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, 1 << 20)
-    for i, value in enumerate([pb.Click(page="/ok").SerializeToString(), b"\x0a\xff\x01broken"]):
+    for i, value in enumerate(values):
         builder.append(i, 1_700_000_000_000, None, value, [])
     request = ProduceRequest(transactional_id=None, acks=-1, timeout_ms=10000, topic_data=[
         ProduceRequest.TopicProduceData(name=topic, partition_data=[
             ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=bytes(builder.build()))])])
-    client = RawClient(enf_broker.bootstrap)
+    client = RawClient(broker.bootstrap)
     try:
-        part = client.request(request, 8, ProduceResponse).responses[0].partition_responses[0]
+        return client.request(request, 8, ProduceResponse).responses[0].partition_responses[0]
     finally:
         client.close()
+
+
+def test_record_errors_in_the_produce_response(enf_broker: BrokerProcess, registry: SchemaRegistryClient,
+                                                pb: ModuleType) -> None:
+    """Produce v8 answers INVALID_RECORD with record_errors (index of each bad record) and error_message."""
+    topic = "enf-record-errors"
+    registry.register_schema(f"{topic}-value", Schema(PROTO, "PROTOBUF"))
+    create_topic(enf_broker, topic, {"icelog.schema.value.on.parse.error": "reject"})
+    part = produce_v8(enf_broker, topic, [pb.Click(page="/ok").SerializeToString(), b"\x0a\xff\x01broken"])
     assert part.error_code == 87 and part.base_offset == -1
     assert [e.batch_index for e in part.record_errors] == [1]
     assert "enf.test.Click" in part.record_errors[0].batch_index_error_message
@@ -308,11 +313,6 @@ def test_avro_and_json_reject_coerce_and_record_errors(enf_broker: BrokerProcess
     why, nothing stored; coerce: bodies produced without an envelope get the latest schema's (magic + id)."""
     import json
 
-    from kafka.protocol.producer import ProduceRequest, ProduceResponse
-    from kafka.record.default_records import DefaultRecordBatchBuilder
-
-    from tests.support.wire_client import RawClient
-
     topic = f"enf-{schema_type.lower()}"
     schema_id = registry.register_schema(f"{topic}-value", Schema(AVRO_CLICK if schema_type == "AVRO" else JSON_CLICK,
                                                                   schema_type))
@@ -336,17 +336,7 @@ def test_avro_and_json_reject_coerce_and_record_errors(enf_broker: BrokerProcess
         bad = [b'{"page": 7}', b'{"page": "/x"']  # wrong type; not JSON
     envelope = b"\x00" + schema_id.to_bytes(4, "big")
     # One request: good (with and without envelope), then the bad ones: the batch is refused, nothing stored.
-    builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, 1 << 20)
-    for i, value in enumerate([envelope + body("/a"), body("/b"), *bad]):
-        builder.append(i, 1_700_000_000_000, None, value, [])
-    request = ProduceRequest(transactional_id=None, acks=-1, timeout_ms=10000, topic_data=[
-        ProduceRequest.TopicProduceData(name=topic, partition_data=[
-            ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=bytes(builder.build()))])])
-    client = RawClient(enf_broker.bootstrap)
-    try:
-        part = client.request(request, 8, ProduceResponse).responses[0].partition_responses[0]
-    finally:
-        client.close()
+    part = produce_v8(enf_broker, topic, [envelope + body("/a"), body("/b"), *bad])
     assert part.error_code == 87 and [e.batch_index for e in part.record_errors] == [2, 3]
     assert all(e.batch_index_error_message for e in part.record_errors)
     assert high_watermark(enf_broker, topic) == 0
