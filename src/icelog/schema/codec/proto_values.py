@@ -10,6 +10,7 @@ from __future__ import annotations
 import decimal
 import json
 from collections.abc import Callable
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from google.protobuf import json_format
@@ -137,6 +138,8 @@ def column_values(parts: list[FieldPart], messages: list[Message]) -> dict[str, 
     for name, presence, fn in parts:
         if presence:
             columns[name] = [fn(getattr(m, name)) if m.HasField(name) else None for m in messages]
+        elif fn is _identity:  # scalars as read: one C-level loop, no Python call per value
+            columns[name] = list(map(attrgetter(name), messages))
         else:
-            columns[name] = [fn(getattr(m, name)) for m in messages]
+            columns[name] = list(map(fn, map(attrgetter(name), messages)))
     return columns
