@@ -125,10 +125,21 @@ class RecordSideDecoder:
         bodies: list[bytes] = []
         prefixes: list[bytes | None] = [None] * n
         others: dict[int, dict[str, object] | None] = {}
+        heads: dict[bytes, int] = {}  # envelope → schema id: a batch's payloads mostly share one
+        latest = self.decoding.latest_id
         for i, payload in enumerate(payloads):
             if payload is None:
                 continue
-            schema_id, prefix, body = self._split(payload)
+            head = payload[:ENVELOPE_BYTES]
+            prefix: bytes | None = head
+            found = heads.get(head)
+            if found is not None:
+                schema_id, body = found, payload[ENVELOPE_BYTES:]
+            elif len(head) == ENVELOPE_BYTES and head[0] == 0:  # split_envelope's rule
+                schema_id = heads[head] = struct.unpack_from(">I", head, 1)[0]
+                body = payload[ENVELOPE_BYTES:]
+            else:
+                schema_id, prefix, body = latest, None, payload
             if main is None:
                 main = schema_id
             if schema_id == main:
