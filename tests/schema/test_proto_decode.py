@@ -3,6 +3,8 @@ gives exactly the rows of decoding each payload alone, `__raw__` kept or dropped
 
 from __future__ import annotations
 
+import datetime
+
 import pyarrow as pa
 from google.protobuf import message_factory
 
@@ -15,8 +17,11 @@ from icelog.table.protobuf_types import message_columns
 
 SCHEMA = """syntax = "proto3";
 package t;
+import "google/protobuf/timestamp.proto";
 message A { string s = 1; int64 n = 2; repeated string tags = 3; optional int32 o = 4; }
 message B { string other = 1; }
+enum K { K0 = 0; K1 = 1; }
+message C { google.protobuf.Timestamp at = 1; K k = 2; repeated K ks = 3; }
 """
 
 
@@ -49,3 +54,22 @@ def test_protobuf_batch_rows_and_raw_bytes_equal_one_by_one() -> None:
         (False, False), (True, False)]
     assert rows[0] is not None
     assert (rows[0]["s"], rows[0]["n"], rows[0]["tags"], rows[0]["o"]) == ("x", 5, ["p", "q"], 0)
+
+
+def test_protobuf_batch_timestamps_and_enums_equal_one_by_one() -> None:
+    fds = compile_schema(SCHEMA, {})
+    pool = build_pool(fds)
+    c = message_factory.GetMessageClass(pool.FindMessageTypeByName("t.C"))
+    records = evolve(table_columns(None, message_columns(pool.FindMessageTypeByName("t.C"))), [])
+    decoding = SideDecoding("value", column_tree(records, "value"), 1, {1: fds}, "t.C")
+    struct_type = arrow_schema(records).field("value").type
+    full = c(k=1, ks=[0, 1])
+    full.at.FromMicroseconds(1_700_000_000_123_456)
+    envelope = encode_envelope(1, [2])  # C is the file's third message
+    payloads = [envelope + full.SerializeToString(), envelope + c(k=9, ks=[9]).SerializeToString(), None]
+    rows = ProtoSideDecoder(decoding).decode_many(payloads, struct_type).to_pylist()
+    assert rows == pa.array([ProtoSideDecoder(decoding).decode(p) for p in payloads], type=struct_type).to_pylist()
+    assert rows[0] is not None and rows[1] is not None
+    at = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC) + datetime.timedelta(microseconds=1_700_000_000_123_456)
+    assert (rows[0]["at"], rows[0]["k"], rows[0]["ks"]) == (at, "K1", ["K0", "K1"])
+    assert (rows[1]["at"], rows[1]["k"], rows[1]["ks"]) == (None, "9", ["9"])  # unset; a number the enum does not name
