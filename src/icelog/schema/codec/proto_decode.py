@@ -162,8 +162,8 @@ class ProtoSideDecoder:
         prefixes: list[bytes | None] = [None] * n
         raws: list[bytes | None] = [None] * n
         others: dict[int, dict[str, Any]] = {}
-        # Envelope → (decoder key, parse) for the common 6-byte envelope (message index [0]): a batch's payloads
-        # mostly share one, so it is parsed once, not once per payload.
+        # Envelope → (decoder key, parse, envelope) for the common 6-byte envelope (message index [0]): a batch's
+        # payloads mostly share one, so it is parsed once, not once per payload.
         heads: dict[bytes, tuple[DecoderKey, Callable[[bytes], Message], bytes]] = {}
         for i, payload in enumerate(payloads):
             if payload is None:
