@@ -5,7 +5,7 @@ Run: PYTHONPATH=$PWD/src .venv/bin/python bench/json_decode_bench.py [--records 
 One process, no broker, no Spark: what one archive task spends turning JSON bodies (~200 bytes: a nested object,
 an array, a map via additionalProperties, a date-time string, optional fields) into column values. The archive
 target (issue 28) is JSON archive throughput >= 0.4 of the raw-bytes path; the raw decoder runs at ~370-450 k
-records/s (bench/archive_protobuf_bench.py), so decode_many must stay well above that.
+records/s (bench/archive_formats_bench.py), so decode_many must stay well above that.
 """
 
 from __future__ import annotations

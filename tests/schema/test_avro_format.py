@@ -236,6 +236,31 @@ def test_avro_serializer_bodies_reencode_byte_for_byte(orders: tuple[AvroSchema,
     assert [rows.encode({k: v[i] for k, v in columns.items()}) for i in range(len(bodies))] == bodies
 
 
+def test_decode_many_rebuilt_says_which_rows_give_back_their_bytes(
+    orders: tuple[AvroSchema, AvroRows, list[bytes]],
+) -> None:
+    """The archive drops a payload's bytes only where its row encodes back to them exactly."""
+    _, rows, bodies = orders
+    columns, rebuilt = rows.decode_many_rebuilt(bodies)
+    assert columns == rows.decode_many(bodies) and rebuilt == [True] * len(bodies)
+    # An int written with a non-minimal varint (0x82 0x00 is 1): the row holds 1, which encodes as 0x02.
+    plain = compiled(record("R", ("id", "long"), ("n", "int")))
+    plain_rows = AvroRows(plain, table_column(plain))
+    canonical_body = body(json.loads(plain.text), {"id": 7, "n": 1})
+    padded_varint = canonical_body[:1] + b"\x82\x00"
+    assert plain_rows.decode(padded_varint) == plain_rows.decode(canonical_body)
+    assert plain_rows.decode_many_rebuilt([canonical_body, padded_varint, canonical_body])[1] == [True, False, True]
+    # A decimal padded by its writer (1.00 as 3 bytes): the row encodes the minimal form, so the bytes are kept.
+    money = compiled(record("M", ("amount", {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2})))
+    money_rows = AvroRows(money, table_column(money))
+    minimal, padded = b"\x02\x64", b"\x04\x00\x64"  # 100 unscaled, in 1 byte (as Java writes) and in 2
+    assert money_rows.decode(padded) == money_rows.decode(minimal) == {"amount": decimal.Decimal("1.00")}
+    assert money_rows.decode_many_rebuilt([minimal, padded])[1] == [True, False]
+    # A column that does not hold every field: no row rebuilds its body.
+    lossy = AvroRows(plain, Column("value", "struct", (C("id", "long"),)))
+    assert lossy.decode_many_rebuilt([canonical_body])[1] == [False]
+
+
 def test_rows_are_typed_as_their_columns(orders: tuple[AvroSchema, AvroRows, list[bytes]]) -> None:
     _, rows, bodies = orders
     row = rows.decode(bodies[3])

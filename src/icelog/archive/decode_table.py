@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from icelog.archive.decode import decode_archive
-from icelog.archive.decode_schema import side_decoder
+from icelog.archive.decode_schema import gc_paused, side_decoder
 from icelog.archive.plan import PlannedArchive
 from icelog.schema.codec.sides import SideDecoder, SideDecoding
 from icelog.table.config import (
@@ -81,7 +81,8 @@ def decode_archive_table(
             TIMESTAMP: kafka.field("event_timestamp"),
         }
         for name, index, _decoding, decoder, side_type in sides:
-            decoded = decoder.decode_many(batch.column(index).field(RAW).to_pylist(), side_type)
+            with gc_paused():
+                decoded = decoder.decode_many(batch.column(index).field(RAW).to_pylist(), side_type)
             renamed = _SIDE_COLUMNS[name]
             for field, array in zip(side_type, decoded.flatten(), strict=True):
                 if field.name in _EXTRA:

@@ -235,6 +235,8 @@ def parse_envelope(payload: bytes) -> tuple[int, list[int], int] | None:
     if len(payload) < 6 or payload[0] != MAGIC_BYTE:
         return None
     schema_id = struct.unpack_from(">I", payload, 1)[0]
+    if payload[5] == 0:  # the common case: the first message, written as the single byte 0
+        return schema_id, [0], 6
     read = _read_varint(payload, 5)
     if read is None:
         return None

@@ -100,6 +100,9 @@ class _Decoders:
     def __init__(self, types: AvroTypes) -> None:
         self.types = types
         self.lossless = True  # every writer field lands in a column of its own type
+        # Whether the writer's datum of a row is exactly what encode() rebuilds from it. Every converter but the
+        # decimal's undoes exactly (a decimal's bytes are re-encoded minimal, a padded writer's are not).
+        self.datum_exact = True
 
     def compile(self, node: Node, column: Column) -> Convert | None:
         if node.kind == "union":
@@ -218,6 +221,7 @@ class _Decoders:
         if signature.startswith("decimal"):
             precision_scale = decimal_of(node.schema)
             assert precision_scale is not None
+            self.datum_exact = False
             return _decimal_reader(precision_scale[1])
         if logical == "uuid" and node.kind == "fixed":
             return lambda v: str(uuid.UUID(bytes=v))
@@ -263,6 +267,7 @@ class AvroRows:
             self._top = self._single(target, inner)
             self._encode = lambda row: encode(row.get(target))
         self.invertible: bool = decoders.lossless
+        self._datum_exact = decoders.datum_exact
 
     def _single(self, target: str, inner: Convert | None) -> Convert:
         empty = dict.fromkeys(self._names)
@@ -290,8 +295,36 @@ class AvroRows:
 
     def decode_many(self, bodies: Sequence[bytes]) -> dict[str, list[object]]:
         """Child column name → values, one per body. Raises if any body does not decode."""
+        return self._columns(self._read_many(bodies))
+
+    def decode_many_rebuilt(self, bodies: Sequence[bytes]) -> tuple[dict[str, list[object]], list[bool]]:
+        """decode_many's columns, and per body whether its row rebuilds it exactly (`encode(row) == body`).
+
+        The archive drops a payload's raw bytes only where its row rebuilds it. Encoding every row back is the
+        archive's most expensive step, so the datums fastavro read are written back instead, all in one call,
+        and compared with the bodies at once: where every converter undoes exactly (`datum_exact`), the datum's
+        bytes are the row's. Bodies whose datum does not give them back (or all, with decimals) are checked by
+        encoding their row, as before.
+        """
+        values = self._read_many(bodies)
+        columns = self._columns(values)
+        n = len(values)
+        if not self.invertible:
+            return columns, [False] * n
+        rebuilt = _rewrites(self._raw, values, bodies) if self._datum_exact else [False] * n
+        names = [name for name in self._names if name in columns]
+        for j in [j for j, same in enumerate(rebuilt) if not same]:
+            try:
+                rebuilt[j] = self.encode({name: columns[name][j] for name in names}) == bodies[j]
+            except Exception:  # a row that does not encode back: keep the bytes
+                rebuilt[j] = False
+        return columns, rebuilt
+
+    def _read_many(self, bodies: Sequence[bytes]) -> list[Any]:
         read = self.read
-        values = [read(body) for body in bodies]
+        return [read(body) for body in bodies]
+
+    def _columns(self, values: list[Any]) -> dict[str, list[object]]:
         if not self._record:
             rows = [self._top(v) for v in values]
             return {name: [row[name] for row in rows] for name in self._names}
@@ -328,6 +361,27 @@ def payload_problem(schema: AvroSchema, body: bytes) -> str | None:
     if stream.tell() != len(body):
         return f"{len(body) - stream.tell()} bytes after the Avro datum"
     return None
+
+
+def _rewrites(raw: Schema, values: list[Any], bodies: Sequence[bytes]) -> list[bool]:
+    """Per datum, whether fastavro writes it back as exactly its body."""
+    stream = io.BytesIO()
+    write = schemaless_writer
+    ends = []
+    try:
+        for value in values:
+            write(stream, raw, value)
+            ends.append(stream.tell())
+    except Exception:  # not expected of a datum fastavro read; the rows are then checked one by one
+        return [False] * len(values)
+    written = stream.getvalue()
+    if written == b"".join(bodies):  # every body (each read to its last byte, so the boundaries agree)
+        return [True] * len(values)
+    out, start = [], 0
+    for end, body in zip(ends, bodies, strict=True):
+        out.append(written[start:end] == body)
+        start = end
+    return out
 
 
 @lru_cache(maxsize=256)

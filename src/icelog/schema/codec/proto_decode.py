@@ -162,11 +162,21 @@ class ProtoSideDecoder:
         prefixes: list[bytes | None] = [None] * n
         raws: list[bytes | None] = [None] * n
         others: dict[int, dict[str, Any]] = {}
+        # Envelope → (decoder key, parse, envelope) for the common 6-byte envelope (message index [0]): a batch's
+        # payloads mostly share one, so it is parsed once, not once per payload.
+        heads: dict[bytes, tuple[DecoderKey, Callable[[bytes], Message], bytes]] = {}
         for i, payload in enumerate(payloads):
             if payload is None:
                 continue
             try:
-                key, message, prefix = self._parse(payload)
+                hit = heads.get(payload[:6])
+                if hit is None:
+                    key, message, prefix = self._parse(payload)
+                    if prefix is not None and len(prefix) == 6:
+                        heads[prefix] = (key, self._decoders[key].parse, prefix)
+                else:
+                    key, parse, prefix = hit
+                    message = parse(payload[6:])
             except RegistryUnavailableError:
                 raise
             except Exception as exc:
@@ -193,6 +203,8 @@ class ProtoSideDecoder:
                 column: list[Any] = prefixes
             elif name == RAW:
                 column = raws
+            elif len(rows) == n and name in filled:  # every payload is a main row: the column as converted
+                column = filled[name]
             else:
                 column = [None] * n
                 for i, value in zip(rows, filled.get(name, ()), strict=False):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import decimal
 import json
 from collections.abc import Callable
+from operator import attrgetter, methodcaller
 from typing import TYPE_CHECKING, Any
 
 from google.protobuf import json_format
@@ -55,6 +56,19 @@ def _timestamp_us(message: Any) -> int:
     return int(message.seconds) * _US + int(message.nanos) // 1000
 
 
+_SECONDS, _NANOS = attrgetter("seconds"), attrgetter("nanos")
+
+
+class _EnumNames:
+    """An enum number → its name (the number as text where the schema names none)."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        self.names = names
+
+    def __call__(self, number: int) -> str:
+        return self.names.get(number, str(number))
+
+
 def _wrapper(signature: str) -> Convert:
     if signature == "decimal(20,0)":
         return lambda m: decimal.Decimal(m.value)
@@ -73,8 +87,7 @@ def element_converter(field: FieldDescriptor, column: Column, ancestors: tuple[s
             return message_json
         return struct_converter(field.message_type, column, ancestors)
     if field.type == FieldDescriptor.TYPE_ENUM:
-        names = {v.number: v.name for v in field.enum_type.values}
-        return lambda number: names.get(number, str(number))
+        return _EnumNames({v.number: v.name for v in field.enum_type.values})
     if column.signature == "decimal(20,0)":
         return _to_decimal
     return _identity
@@ -132,11 +145,27 @@ def struct_converter(
 
 
 def column_values(parts: list[FieldPart], messages: list[Message]) -> dict[str, list[Any]]:
-    """Column-wise values of many messages of one type (the top level of a batch, no dict per row)."""
+    """Column-wise values of many messages of one type (the top level of a batch, no dict per row).
+
+    The common columns are read with C-level loops (map over attrgetter) and converted inline, not by a Python
+    call per value; what they give is exactly what each part's converter gives.
+    """
     columns: dict[str, list[Any]] = {}
     for name, presence, fn in parts:
-        if presence:
+        if fn is _timestamp_us:  # a singular Timestamp / Duration (a message: it has presence)
+            subs = list(map(attrgetter(name), messages))
+            present = map(methodcaller("HasField", name), messages)
+            columns[name] = [
+                seconds * _US + nanos // 1000 if p else None
+                for p, seconds, nanos in zip(present, map(_SECONDS, subs), map(_NANOS, subs), strict=True)
+            ]
+        elif presence:
             columns[name] = [fn(getattr(m, name)) if m.HasField(name) else None for m in messages]
+        elif fn is _identity:  # scalars as read
+            columns[name] = list(map(attrgetter(name), messages))
+        elif isinstance(fn, _EnumNames):
+            names = fn.names
+            columns[name] = [names[v] if v in names else str(v) for v in map(attrgetter(name), messages)]
         else:
-            columns[name] = [fn(getattr(m, name)) for m in messages]
+            columns[name] = list(map(fn, map(attrgetter(name), messages)))
     return columns

@@ -30,7 +30,7 @@ from icelog.schema.codec.sides import SideDecoding, error_row
 from icelog.schema.compiled import AVRO, CompiledSchema
 from icelog.schema.json_schema import JSONSchema
 from icelog.schema.registry_client import RegistryUnavailableError
-from icelog.table.iceberg_types import ERR, PREFIX, RAW, Column
+from icelog.table.iceberg_types import PREFIX, RAW, Column
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -125,10 +125,21 @@ class RecordSideDecoder:
         bodies: list[bytes] = []
         prefixes: list[bytes | None] = [None] * n
         others: dict[int, dict[str, object] | None] = {}
+        heads: dict[bytes, int] = {}  # envelope → schema id: a batch's payloads mostly share one
+        latest = self.decoding.latest_id
         for i, payload in enumerate(payloads):
             if payload is None:
                 continue
-            schema_id, prefix, body = self._split(payload)
+            head = payload[:ENVELOPE_BYTES]
+            prefix: bytes | None = head
+            found = heads.get(head)
+            if found is not None:
+                schema_id, body = found, payload[ENVELOPE_BYTES:]
+            elif len(head) == ENVELOPE_BYTES and head[0] == 0:  # split_envelope's rule
+                schema_id = heads[head] = struct.unpack_from(">I", head, 1)[0]
+                body = payload[ENVELOPE_BYTES:]
+            else:
+                schema_id, prefix, body = latest, None, payload
             if main is None:
                 main = schema_id
             if schema_id == main:
@@ -137,24 +148,23 @@ class RecordSideDecoder:
                 prefixes[i] = prefix
             else:
                 others[i] = self.decode(payload)
+        rebuilt: list[bool] | None = None  # per main row: whether its row rebuilds its body exactly
         try:
-            filled = self._codec(main).decode_many(bodies) if main is not None else {}
+            codec = self._codec(main) if main is not None else None
+            if codec is None:
+                filled: dict[str, list[object]] = {}
+            elif self._may_drop_raw and isinstance(codec, AvroRows) and codec.invertible:
+                filled, rebuilt = codec.decode_many_rebuilt(bodies)
+            else:
+                filled = codec.decode_many(bodies)
         except RegistryUnavailableError:
             raise
         except Exception:  # some payload does not decode (or the schema id is unknown): row by row
             return pa.array([self.decode(p) for p in payloads], type=struct_type)
         raws: list[bytes | None] = [None] * n
-        names = [f.name for f in struct_type if f.name not in (PREFIX, ERR, RAW)]
-        codec = self._codec(main) if main is not None else None
         for j, i in enumerate(rows):
-            payload = payloads[i]
-            assert payload is not None
-            keep = True
-            if codec is not None and self._may_drop_raw and prefixes[i] is not None and isinstance(codec, AvroRows) \
-                    and codec.invertible:
-                row = {name: filled[name][j] for name in names if name in filled}
-                keep = self._keeps_raw(codec, row, prefixes[i], bodies[j])
-            raws[i] = payload if keep else None
+            # __raw__ is dropped only for an enveloped payload whose row was checked to rebuild it
+            raws[i] = None if rebuilt is not None and prefixes[i] is not None and rebuilt[j] else payloads[i]
         arrays = []
         for field in struct_type:
             name = field.name
@@ -162,6 +172,8 @@ class RecordSideDecoder:
                 column: list[object] = list(prefixes)
             elif name == RAW:
                 column = list(raws)
+            elif len(rows) == n and name in filled:  # every payload is a main row: the codec's column as is
+                column = filled[name]
             else:
                 column = [None] * n
                 for i, value in zip(rows, filled.get(name, ()), strict=False):
