@@ -374,7 +374,14 @@ def test_raw_snappy_and_concatenated_gzip_members() -> None:
     import snappy
 
     assert records.decompress(2, snappy.compress(PLAIN)) == PLAIN  # librdkafka may send raw snappy
-    assert records.decompress(1, gzip.compress(PLAIN[:999]) + gzip.compress(PLAIN[999:])) == PLAIN
+    two_members = gzip.compress(PLAIN[:999]) + gzip.compress(PLAIN[999:])
+    assert records.decompress(1, two_members) == PLAIN  # a stored batch (accepted before) is read whole
+    # A produced one is refused: librdkafka reads only the first member, Java's client both.
+    for payload in (two_members, gzip.compress(PLAIN) + b"\x00"):
+        with pytest.raises(KafkaApiError) as caught:
+            records.decompress(1, payload, one_frame=True)
+        assert caught.value.code == ErrorCode.CORRUPT_MESSAGE
+    assert records.decompress(1, gzip.compress(PLAIN), one_frame=True) == PLAIN
 
 
 def test_zstd_without_content_size_in_the_frame() -> None:
@@ -392,7 +399,14 @@ def test_lz4_frames_without_content_size_and_concatenated() -> None:
 
     unsized = lz4.frame.compress(PLAIN, store_size=False)
     assert records.decompress(3, unsized) == PLAIN
-    assert records.decompress(3, unsized + lz4.frame.compress(PLAIN)) == PLAIN * 2
+    assert records.decompress(3, unsized, one_frame=True) == PLAIN
+    assert records.decompress(3, unsized + lz4.frame.compress(PLAIN)) == PLAIN * 2  # stored before: read whole
+    # Produced: librdkafka stops after the first frame (_BAD_MSG), Kafka's lz4 reader refuses a skippable one.
+    skippable = struct.pack("<II", 0x184D2A50, 4) + b"skip"
+    for payload in (unsized + lz4.frame.compress(PLAIN), skippable + unsized, unsized + skippable):
+        with pytest.raises(KafkaApiError) as caught:
+            records.decompress(3, payload, one_frame=True)
+        assert caught.value.code == ErrorCode.CORRUPT_MESSAGE
     with pytest.raises(KafkaApiError) as caught:
         records.decompress(3, unsized[:-5])
     assert caught.value.code == ErrorCode.CORRUPT_MESSAGE

@@ -22,6 +22,7 @@ from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
 
 from tests.support.broker import BrokerProcess
+from tests.support.clients_util import CLIENTS, Rec, assert_codec_used, create_topic
 from tests.support.hand_records import record as raw_record
 from tests.support.hand_records import zz
 
@@ -513,6 +514,18 @@ RECORD_CORRUPTIONS: dict[str, tuple[Callable[[], bytes], int]] = {
        for c in CODEC_ENCODERS},
     **{f"garbage-{CODEC_IDS[c]}-payload": ((lambda c=c: raw_batch(b"\xff" * 40, 3, attributes=c)), CORRUPT_MESSAGE)
        for c in CODEC_ENCODERS},
+    # Payloads that decompress but that consumers cannot read (Kafka's "one frame per batch"): librdkafka reads
+    # only the first gzip member or lz4 frame (then _BAD_MSG, or fewer records than the batch says), Kafka's lz4
+    # reader refuses a skippable frame. Records 0-2 are split across the two members/frames.
+    "two-gzip-members": (lambda: raw_batch(gzip_encode(three()[:9]) + gzip_encode(three()[9:]), 3, attributes=1),
+                         CORRUPT_MESSAGE),
+    "bytes-after-the-gzip-member": (lambda: raw_batch(gzip_encode(three()) + b"\x00" * 8, 3, attributes=1),
+                                    CORRUPT_MESSAGE),
+    "two-lz4-frames": (lambda: raw_batch(lz4_encode(three()[:9]) + lz4_encode(three()[9:]), 3, attributes=3),
+                       CORRUPT_MESSAGE),
+    "skippable-lz4-frame-first": (
+        lambda: raw_batch(struct.pack("<II", 0x184D2A50, 4) + b"skip" + lz4_encode(three()), 3, attributes=3),
+        CORRUPT_MESSAGE),
 }
 
 
@@ -522,6 +535,17 @@ def test_hand_made_batch_is_accepted(seeded: BrokerProcess, conn: Connection, cr
         records = three() if codec == 0 else CODEC_ENCODERS[codec](three())
         assert produce(conn, created, raw_batch(records, 3, attributes=codec)).error_code == NONE, codec
     assert read_values(conn, created)[3:] == [b"bad-0", b"bad-1", b"bad-2"] * 5
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_librdkafka_batches_of_every_codec_round_trip(seeded: BrokerProcess, topic_name: str, codec: str) -> None:
+    """What a real producer writes (one gzip member, one lz4 frame, ...) passes the one-frame checks above."""
+    client = CLIENTS["confluent"]
+    create_topic(seeded.bootstrap, topic_name, partitions=1)
+    values = [f"{codec}-{i}".encode() * 20 for i in range(50)]
+    client.produce(seeded.bootstrap, topic_name, [Rec(partition=0, key=None, value=v) for v in values], codec=codec)
+    assert [r.value for r in client.consume(seeded.bootstrap, topic_name, [0], "earliest", len(values))] == values
+    assert_codec_used(seeded.bootstrap, topic_name, [0], codec)
 
 
 @pytest.mark.parametrize("case", sorted(RECORD_CORRUPTIONS))

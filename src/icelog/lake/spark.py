@@ -24,6 +24,15 @@ def local_threads(master: str, default: int = 4) -> int:
     return os.cpu_count() or default if match.group(1) == "*" else max(1, int(match.group(1)))
 
 
+LOOPBACK = "127.0.0.1"
+
+
+def is_local_master(master: str) -> bool:
+    """Whether `master` runs every executor inside the driver's JVM (local, local[N], local[*], local[N,F])."""
+    master = master.strip()
+    return master == "local" or master.startswith("local[")
+
+
 def spark_conf(settings: Settings, app_name: str = "icelog") -> dict[str, str]:
     """Every Spark conf entry the session is built with (settings.archive.spark_conf wins)."""
     conf = {
@@ -52,6 +61,12 @@ def spark_conf(settings: Settings, app_name: str = "icelog") -> dict[str, str]:
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
     }
+    if is_local_master(settings.archive.spark_master):
+        # Nothing but this process talks to a local master's driver: its RPC and block manager ports listen on
+        # loopback, not on the machine's address (with spark.authenticate off). A cluster master's executors
+        # must reach the driver, so there the addresses are Spark's (or the user's, in archive.spark_conf).
+        conf["spark.driver.bindAddress"] = LOOPBACK
+        conf["spark.driver.host"] = LOOPBACK
     conf.update(catalog_spark_conf(settings))
     conf.update(settings.archive.spark_conf)
     return conf
@@ -62,6 +77,9 @@ def create_session(settings: Settings, app_name: str = "icelog") -> SparkSession
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if is_local_master(settings.archive.spark_master):
+        # The UI (off unless archive.spark_conf enables it) binds to SPARK_LOCAL_IP, else to every address.
+        os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
     builder = SparkSession.builder
     for key, value in spark_conf(settings, app_name).items():
         builder = builder.config(key, value)

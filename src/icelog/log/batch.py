@@ -169,7 +169,8 @@ def first_batch_codec(records: bytes | bytearray) -> int | None:
 def _validate_records(payload: memoryview, attributes: int, count: int, base_ts: int, require_keys: bool) -> int:
     """The records' max timestamp of a batch's records section (compressed or not); raise the Kafka error for
     its first bad record."""
-    answer = validate_records(decompress(attributes & ATTR_COMPRESSION_MASK, payload), count, base_ts, require_keys)
+    section = decompress(attributes & ATTR_COMPRESSION_MASK, payload, one_frame=True)
+    answer = validate_records(section, count, base_ts, require_keys)
     if isinstance(answer, int):
         return answer
     code, index, message = answer

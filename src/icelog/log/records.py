@@ -390,11 +390,15 @@ class _TooLarge(Exception):
     pass
 
 
-def decompress(codec: int, payload: bytes | memoryview) -> bytes | memoryview:
+def decompress(codec: int, payload: bytes | memoryview, one_frame: bool = False) -> bytes | memoryview:
     """The records section of a batch compressed with `codec` (0-4), decompressed.
 
     Raises CORRUPT_MESSAGE if the payload does not decompress completely, MESSAGE_TOO_LARGE past
-    MAX_UNCOMPRESSED_BYTES, and CORRUPT_MESSAGE for a codec id Kafka does not define.
+    MAX_UNCOMPRESSED_BYTES, and CORRUPT_MESSAGE for a codec id Kafka does not define. With `one_frame`
+    (a produced batch) also CORRUPT_MESSAGE for a gzip payload of more than one member or with bytes after
+    it, and an lz4 payload of more than one frame or that starts with a skippable frame: librdkafka cannot
+    read those (it stops after the first member or frame) and Kafka's Java consumer reads them otherwise.
+    Without it (a stored batch, accepted before this was checked) every member and frame is read.
     """
     if codec == CODEC_NONE:
         return payload
@@ -402,7 +406,7 @@ def decompress(codec: int, payload: bytes | memoryview) -> bytes | memoryview:
     if decoder is None:
         raise KafkaApiError(ErrorCode.CORRUPT_MESSAGE, f"compression codec {codec} is not one of 0-4")
     try:
-        return decoder(payload, MAX_UNCOMPRESSED_BYTES)
+        return decoder(payload, MAX_UNCOMPRESSED_BYTES, one_frame)
     except _TooLarge:
         raise KafkaApiError(
             ErrorCode.MESSAGE_TOO_LARGE,
@@ -414,8 +418,9 @@ def decompress(codec: int, payload: bytes | memoryview) -> bytes | memoryview:
         ) from None
 
 
-def _gzip(payload: bytes | memoryview, limit: int) -> bytes:
-    # Concatenated gzip members are one stream (Java's GZIPInputStream reads them all).
+def _gzip(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytes:
+    # Java's GZIPInputStream reads concatenated members as one stream, librdkafka only the first (and then
+    # finds the record count wrong: _BAD_MSG): a produced batch must be one member and nothing after it.
     out: list[bytes] = []
     size = 0
     rest = bytes(payload)
@@ -429,17 +434,25 @@ def _gzip(payload: bytes | memoryview, limit: int) -> bytes:
         if not member.eof:
             raise ValueError("gzip stream is truncated")
         rest = member.unused_data
+        if rest and one_frame:
+            raise ValueError(f"{len(rest)} bytes follow the first gzip member (one member per batch)")
         if not rest:
             return b"".join(out)
 
 
 _LZ4_MIN_STEP = 4 << 20
+_LZ4_FRAME_MAGIC = b"\x04\x22\x4d\x18"  # 0x184D2204 little-endian; a skippable frame's is 0x184D2A5?
 
 
-def _lz4(payload: bytes | memoryview, limit: int) -> bytes:
+def _lz4(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytes:
+    # librdkafka stops at the end of the first frame and answers _BAD_MSG for bytes after it (refetching
+    # that offset forever); Kafka's KafkaLZ4BlockInputStream reads one frame and refuses another magic, a
+    # skippable frame's included: a produced batch must be one lz4 frame and nothing after it.
     out: list[bytes] = []
     size = 0
     rest = bytes(payload)
+    if one_frame and rest[:4] != _LZ4_FRAME_MAGIC:
+        raise ValueError("the payload does not start with an lz4 frame (a skippable frame or another magic)")
     while True:
         # max_length is allocated up front, so it is not the whole limit: twice the size the frame header
         # declares, else 8x the compressed size, and at least 4 MiB. Not just the declared size: python-lz4
@@ -463,11 +476,15 @@ def _lz4(payload: bytes | memoryview, limit: int) -> bytes:
         if not frame.eof:
             raise ValueError("lz4 frame is truncated")
         rest = frame.unused_data
+        if rest and one_frame:
+            raise ValueError(f"{len(rest)} bytes follow the first lz4 frame (one frame per batch)")
         if not rest:
             return out[0] if len(out) == 1 else b"".join(out)
 
 
-def _zstd(payload: bytes | memoryview, limit: int) -> bytes:
+def _zstd(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytes:
+    # Several frames are one stream for librdkafka (ZSTD_decompress) and zstd-jni alike: `one_frame` does
+    # not apply.
     data = bytes(payload)
     declared = zstandard.frame_content_size(data)  # -1: the frame header does not say
     if declared >= 0:
@@ -496,9 +513,10 @@ def _zstd(payload: bytes | memoryview, limit: int) -> bytes:
     return b"".join(frames)
 
 
-def _snappy(payload: bytes | memoryview, limit: int) -> bytes:
+def _snappy(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytes:
     # Kafka's Java clients and kafka-python write xerial's block framing; librdkafka reads both and the
-    # Java consumer falls back to raw snappy when the xerial magic is absent.
+    # Java consumer falls back to raw snappy when the xerial magic is absent (`one_frame` does not apply:
+    # xerial's blocks are read one after another by both).
     data = memoryview(payload)
     if bytes(data[: len(_XERIAL_MAGIC)]) != _XERIAL_MAGIC:
         return _snappy_block(data, limit)
@@ -530,7 +548,7 @@ def _snappy_block(block: memoryview, limit: int) -> bytes:
     return out
 
 
-_DECODERS: dict[int, Callable[[bytes | memoryview, int], bytes]] = {
+_DECODERS: dict[int, Callable[[bytes | memoryview, int, bool], bytes]] = {
     CODEC_GZIP: _gzip,
     CODEC_SNAPPY: _snappy,
     CODEC_LZ4: _lz4,
