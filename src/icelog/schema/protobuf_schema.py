@@ -69,9 +69,12 @@ def decode_serialized(schema: str) -> descriptor_pb2.FileDescriptorProto | None:
 
 
 def _safe_relative(name: str) -> PurePosixPath:
+    # A name must be a plain relative file path as written: not '.', '..', '/x', 'a//b' or './a', whose
+    # files would land outside (or be) the temp dir and make the error name the server's path.
     path = PurePosixPath(name)
-    if not name or path.is_absolute() or ".." in path.parts or "\\" in name:
-        raise InvalidSchemaError(f"invalid import name {name!r}")
+    if (not name or path.is_absolute() or str(path) != name or any(p in (".", "..") for p in name.split("/"))
+            or "\\" in name or "\0" in name):
+        raise InvalidSchemaError(f"invalid import name {name[:100]!r}")
     return path
 
 
@@ -97,8 +100,11 @@ def compile_schema(schema: str, references: Mapping[str, str]) -> descriptor_pb2
                 serialized.file.append(fdp)
             else:
                 target = src / relative
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(text, encoding="utf-8")
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_text(text, encoding="utf-8")
+                except (OSError, UnicodeEncodeError):  # their messages name the temp dir
+                    raise InvalidSchemaError(f"cannot use {name[:100]!r} as an import name") from None
         out = Path(tmp) / "out.pb"
         args = [
             sys.executable,
