@@ -66,7 +66,7 @@ def _proto_ref(name: str) -> bytes:
 BODIES: dict[str, tuple[bytes, int, int]] = {
     "deeply nested body": (b"[" * DEEP + b"]" * DEEP, 422, 42201),
     "deeply nested json schema": (
-        json.dumps({"schema": '{"items":' * DEEP + "{}" + "}" * DEEP, "schemaType": "JSON"}).encode(), 422, 42201),
+        json.dumps({"schema": '{"items":' * 5000 + "{}" + "}" * 5000, "schemaType": "JSON"}).encode(), 422, 42201),
     "references not a list": (json.dumps({"schema": _avro_record("R"), "references": 5}).encode(), 422, 42201),
     "reference version overflows": (
         b'{"schema": "\\"int\\"", "references": [{"name": "a", "subject": "b", "version": 1e400}]}', 422, 42201),
