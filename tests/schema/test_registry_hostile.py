@@ -73,6 +73,10 @@ BODIES: dict[str, tuple[bytes, int, int]] = {
     "long reference entry": (
         json.dumps({"schema": '"int"', "references": [{"name": "x" * 100_000, "subject": 1, "version": 1}]}).encode(),
         422, 42201),
+    "long schemaType": (json.dumps({"schema": '"int"', "schemaType": "X" * 100_000}).encode(), 422, 42201),
+    "long missing reference": (
+        json.dumps({"schema": '"int"', "references": [{"name": "x" * 100_000, "subject": "y" * 100_000,
+                                                       "version": 1}]}).encode(), 422, 42201),
     "lone surrogate in the schema": (
         b'{"schema": "{\\"type\\": \\"record\\", \\"name\\": \\"R\\", \\"doc\\": \\"\\ud800\\", '
         b'\\"fields\\": []}"}', 422, 42201),

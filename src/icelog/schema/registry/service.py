@@ -26,6 +26,7 @@ from icelog.schema.registry import compat
 _MAX_VERSION = 2**31 - 1
 _COMPILED_CACHE_SIZE = 1024
 _REGISTER_ATTEMPTS = 5
+_MAX_PARSER_MESSAGE = 500
 _ID_TEXT = re.compile(r"[0-9]{1,10}")
 _SUBJECT_LOCKS = 64  # registrations of one subject are serialised; of different subjects mostly not
 
@@ -163,7 +164,9 @@ class RegistryService:
                 continue
             found = [v for v in self.store.registry_versions(ref.subject) if v.version == ref.version]
             if not found:
-                raise invalid_schema(f"reference {ref.name} -> {ref.subject} version {ref.version} not found")
+                raise invalid_schema(
+                    f"reference {_quote(ref.name)} -> {_quote(ref.subject)} version {ref.version} not found"
+                )
             record = self.store.registry_schema(found[0].schema_id)
             assert record is not None
             out[ref.name] = record.schema
@@ -175,7 +178,7 @@ class RegistryService:
         try:
             return compile_any(schema_type, schema, self.resolve_references(refs))
         except InvalidSchemaError as exc:
-            raise invalid_schema(str(exc)) from None
+            raise invalid_schema(_quote(str(exc), _MAX_PARSER_MESSAGE)) from None  # may quote the schema
         except RecursionError:
             raise invalid_schema("the schema is nested too deeply") from None
 
@@ -251,7 +254,8 @@ class RegistryService:
     def _check_type(self, given: SchemaInput) -> None:
         if given.schema_type not in SCHEMA_TYPES:
             raise RegistryError(
-                422, 42201, f"Invalid schema: unknown schemaType {given.schema_type}; one of {', '.join(SCHEMA_TYPES)}"
+                422, 42201,
+                f"Invalid schema: unknown schemaType {_quote(given.schema_type)}; one of {', '.join(SCHEMA_TYPES)}",
             )
 
     def register(self, subject: str, given: SchemaInput) -> SubjectVersion:
