@@ -65,6 +65,8 @@ def _proto_ref(name: str) -> bytes:
 
 BODIES: dict[str, tuple[bytes, int, int]] = {
     "deeply nested body": (b"[" * DEEP + b"]" * DEEP, 422, 42201),
+    "avro schema nested 450 deep": (
+        json.dumps({"schema": '{"type": "array", "items": ' * 450 + '"int"' + "}" * 450}).encode(), 422, 42201),
     "deeply nested json schema": (
         json.dumps({"schema": '{"items":' * 5000 + "{}" + "}" * 5000, "schemaType": "JSON"}).encode(), 422, 42201),
     "references not a list": (json.dumps({"schema": _avro_record("R"), "references": 5}).encode(), 422, 42201),
@@ -127,6 +129,8 @@ def test_bad_version_in_delete_and_compatibility(registry_broker: BrokerProcess)
 def test_concurrent_compatible_registrations_all_succeed(registry_broker: BrokerProcess) -> None:
     url = registry_broker.registry_url
     subject = "hostile-concurrent"
+    # Checked against every live version: the check takes longer as versions pile up, as in a busy registry.
+    assert requests.put(f"{url}/config/{subject}", json={"compatibility": "FULL_TRANSITIVE"}).status_code == 200
 
     def register(i: int) -> requests.Response:
         schema = {"type": "record", "name": "R", "fields": [

@@ -182,6 +182,12 @@ class RegistryService:
         except RecursionError:
             raise invalid_schema("the schema is nested too deeply") from None
 
+    def _compat_check(self, level: str, compiled: CompiledSchema, against: Sequence[CompiledSchema]) -> list[str]:
+        try:
+            return compat.check(level, compiled, against)
+        except RecursionError:
+            raise invalid_schema("the schema is nested too deeply") from None
+
     def _fingerprint(self, given: SchemaInput, compiled: CompiledSchema) -> str:
         try:
             return fingerprint(given.schema_type, compiled, given.references)
@@ -276,7 +282,8 @@ class RegistryService:
                 for v in live:
                     if v.schema_id == same.schema_id:
                         return v
-            problems = compat.check(self.compatibility(subject), compiled, [self.compiled(v.schema_id) for v in live])
+            against = [self.compiled(v.schema_id) for v in live]
+            problems = self._compat_check(self.compatibility(subject), compiled, against)
             if problems:
                 raise RegistryError(
                     409, 409,
@@ -319,7 +326,7 @@ class RegistryService:
             against = self.versions_or_empty(subject)
         else:
             against = [self.version(subject, version)] if self.versions_or_empty(subject) else []
-        return compat.check(level, compiled, [self.compiled(v.schema_id) for v in against])
+        return self._compat_check(level, compiled, [self.compiled(v.schema_id) for v in against])
 
     # -- deletes -------------------------------------------------------------------------------
     def delete_subject(self, subject: str, permanent: bool) -> list[int]:
