@@ -125,7 +125,8 @@ def compile_schema(schema: str, references: Mapping[str, str]) -> descriptor_pb2
         except subprocess.TimeoutExpired as exc:
             raise InvalidSchemaError("protoc timed out compiling the schema") from exc
         if result.returncode != 0 or not out.exists():
-            message = _protoc_errors(result.stderr or result.stdout).replace(str(src) + os.sep, "")
+            # File names relative to the sources; anything else under the temp dir (in.pb, out.pb) unnamed.
+            message = _protoc_errors(result.stderr or result.stdout).replace(str(src) + os.sep, "").replace(tmp, "")
             raise InvalidSchemaError(message or f"protoc failed with exit code {result.returncode}")
         fds = descriptor_pb2.FileDescriptorSet()
         fds.ParseFromString(out.read_bytes())
