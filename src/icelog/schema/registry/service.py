@@ -80,6 +80,8 @@ class SchemaInput:
             name = ref.get("name") if isinstance(ref, dict) else None
             subject = ref.get("subject") if isinstance(ref, dict) else None
             version = ref.get("version") if isinstance(ref, dict) else None
+            if isinstance(version, str) and _ID_TEXT.fullmatch(version):
+                version = int(version)  # "1", as Jackson's coercion accepts
             if not (isinstance(name, str) and isinstance(subject, str) and _is_utf8(name) and _is_utf8(subject)
                     and isinstance(version, int) and not isinstance(version, bool) and 1 <= version <= _MAX_VERSION):
                 raise invalid_schema(
