@@ -69,9 +69,12 @@ def decode_serialized(schema: str) -> descriptor_pb2.FileDescriptorProto | None:
 
 
 def _safe_relative(name: str) -> PurePosixPath:
+    # A name must be a plain relative file path as written: not '.', '..', '/x', 'a//b' or './a', whose
+    # files would land outside (or be) the temp dir and make the error name the server's path.
     path = PurePosixPath(name)
-    if not name or path.is_absolute() or ".." in path.parts or "\\" in name:
-        raise InvalidSchemaError(f"invalid import name {name!r}")
+    if (not name or path.is_absolute() or str(path) != name or any(p in (".", "..") for p in name.split("/"))
+            or "\\" in name or "\0" in name):
+        raise InvalidSchemaError(f"invalid import name {name[:100]!r}")
     return path
 
 
@@ -97,8 +100,11 @@ def compile_schema(schema: str, references: Mapping[str, str]) -> descriptor_pb2
                 serialized.file.append(fdp)
             else:
                 target = src / relative
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(text, encoding="utf-8")
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_text(text, encoding="utf-8")
+                except (OSError, UnicodeEncodeError):  # their messages name the temp dir
+                    raise InvalidSchemaError(f"cannot use {name[:100]!r} as an import name") from None
         out = Path(tmp) / "out.pb"
         args = [
             sys.executable,
@@ -119,7 +125,8 @@ def compile_schema(schema: str, references: Mapping[str, str]) -> descriptor_pb2
         except subprocess.TimeoutExpired as exc:
             raise InvalidSchemaError("protoc timed out compiling the schema") from exc
         if result.returncode != 0 or not out.exists():
-            message = _protoc_errors(result.stderr or result.stdout).replace(str(src) + os.sep, "")
+            # File names relative to the sources; anything else under the temp dir (in.pb, out.pb) unnamed.
+            message = _protoc_errors(result.stderr or result.stdout).replace(str(src) + os.sep, "").replace(tmp, "")
             raise InvalidSchemaError(message or f"protoc failed with exit code {result.returncode}")
         fds = descriptor_pb2.FileDescriptorSet()
         fds.ParseFromString(out.read_bytes())

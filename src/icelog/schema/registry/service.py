@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
+import zlib
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +26,9 @@ from icelog.schema.registry import compat
 _MAX_VERSION = 2**31 - 1
 _COMPILED_CACHE_SIZE = 1024
 _REGISTER_ATTEMPTS = 5
+_MAX_PARSER_MESSAGE = 500
+_ID_TEXT = re.compile(r"[0-9]{1,10}")
+_SUBJECT_LOCKS = 64  # registrations of one subject are serialised; of different subjects mostly not
 
 
 class RegistryError(IcelogError):
@@ -63,13 +68,45 @@ class SchemaInput:
         """Parse a register/lookup/compatibility request body (42201 when malformed)."""
         if not isinstance(body, dict) or not isinstance(body.get("schema"), str):
             raise RegistryError(422, 42201, "Invalid schema: the body needs a 'schema' string")
+        if not _is_utf8(body["schema"]):
+            raise invalid_schema("the schema is not valid Unicode text (a lone surrogate)")
+        given = body.get("references")
+        if given is None:
+            given = []
+        if not isinstance(given, list):
+            raise invalid_schema("'references' must be a list")
         refs = []
-        for ref in body.get("references") or []:
-            try:
-                refs.append(SchemaReference(str(ref["name"]), str(ref["subject"]), int(ref["version"])))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise invalid_schema(f"bad reference {ref!r}") from exc
-        return cls(body["schema"], str(body.get("schemaType") or AVRO).upper(), tuple(refs))
+        for i, ref in enumerate(given):
+            name = ref.get("name") if isinstance(ref, dict) else None
+            subject = ref.get("subject") if isinstance(ref, dict) else None
+            version = ref.get("version") if isinstance(ref, dict) else None
+            if isinstance(version, str) and _ID_TEXT.fullmatch(version):
+                version = int(version)  # "1", as Jackson's coercion accepts
+            if not (isinstance(name, str) and isinstance(subject, str) and _is_utf8(name) and _is_utf8(subject)
+                    and isinstance(version, int) and not isinstance(version, bool) and 1 <= version <= _MAX_VERSION):
+                raise invalid_schema(
+                    f"reference {i} must be an object with a 'name' and a 'subject' string and a 'version' "
+                    f"between 1 and {_MAX_VERSION}"
+                )
+            refs.append(SchemaReference(name, subject, version))
+        schema_type = body.get("schemaType") or AVRO
+        if not isinstance(schema_type, str) or not _is_utf8(schema_type):
+            raise invalid_schema(f"'schemaType' must be one of {', '.join(SCHEMA_TYPES)}")
+        return cls(body["schema"], schema_type.upper(), tuple(refs))
+
+
+def _is_utf8(text: str) -> bool:
+    # json.loads turns "\ud800" into a lone surrogate, which no store or file can hold.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _quote(text: str, limit: int = 40) -> str:
+    """Client input for a message, bounded."""
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def fingerprint(schema_type: str, compiled: CompiledSchema, refs: Sequence[SchemaReference]) -> str:
@@ -85,12 +122,20 @@ def parse_version(version: str | int) -> int | None:
     text = str(version)
     if text in ("latest", "-1"):
         return None
-    if not text.isdigit() or not 1 <= int(text) <= _MAX_VERSION:
+    # ASCII digits only: str.isdigit() accepts '²', which int() refuses.
+    if _ID_TEXT.fullmatch(text) is None or not 1 <= int(text) <= _MAX_VERSION:
         raise RegistryError(
             422, 42202,
-            f"The specified version '{text}' is not a valid version id. Allowed values are between "
+            f"The specified version '{_quote(text)}' is not a valid version id. Allowed values are between "
             f"[1, {_MAX_VERSION}] and the string \"latest\"",
         )
+    return int(text)
+
+
+def parse_schema_id(text: str) -> int:
+    """A schema id path segment (40403 unless it is an id that can exist)."""
+    if _ID_TEXT.fullmatch(text) is None or not 1 <= int(text) <= _MAX_VERSION:
+        raise schema_not_found(f"Schema {_quote(text)} not found")
     return int(text)
 
 
@@ -101,6 +146,7 @@ class RegistryService:
         self.store = store
         self._compiled: OrderedDict[int, CompiledSchema] = OrderedDict()
         self._lock = threading.Lock()
+        self._subject_locks = tuple(threading.Lock() for _ in range(_SUBJECT_LOCKS))
 
     # -- schemas -------------------------------------------------------------------------------
     def schema(self, schema_id: int) -> RegistrySchema:
@@ -120,7 +166,9 @@ class RegistryService:
                 continue
             found = [v for v in self.store.registry_versions(ref.subject) if v.version == ref.version]
             if not found:
-                raise invalid_schema(f"reference {ref.name} -> {ref.subject} version {ref.version} not found")
+                raise invalid_schema(
+                    f"reference {_quote(ref.name)} -> {_quote(ref.subject)} version {ref.version} not found"
+                )
             record = self.store.registry_schema(found[0].schema_id)
             assert record is not None
             out[ref.name] = record.schema
@@ -132,7 +180,21 @@ class RegistryService:
         try:
             return compile_any(schema_type, schema, self.resolve_references(refs))
         except InvalidSchemaError as exc:
-            raise invalid_schema(str(exc)) from None
+            raise invalid_schema(_quote(str(exc), _MAX_PARSER_MESSAGE)) from None  # may quote the schema
+        except RecursionError:
+            raise invalid_schema("the schema is nested too deeply") from None
+
+    def _compat_check(self, level: str, compiled: CompiledSchema, against: Sequence[CompiledSchema]) -> list[str]:
+        try:
+            return compat.check(level, compiled, against)
+        except RecursionError:
+            raise invalid_schema("the schema is nested too deeply") from None
+
+    def _fingerprint(self, given: SchemaInput, compiled: CompiledSchema) -> str:
+        try:
+            return fingerprint(given.schema_type, compiled, given.references)
+        except RecursionError:
+            raise invalid_schema("the schema is nested too deeply") from None
 
     def compiled(self, schema_id: int) -> CompiledSchema:
         """A registered schema, compiled (cached: ids are immutable)."""
@@ -200,14 +262,21 @@ class RegistryService:
     def _check_type(self, given: SchemaInput) -> None:
         if given.schema_type not in SCHEMA_TYPES:
             raise RegistryError(
-                422, 42201, f"Invalid schema: unknown schemaType {given.schema_type}; one of {', '.join(SCHEMA_TYPES)}"
+                422, 42201,
+                f"Invalid schema: unknown schemaType {_quote(given.schema_type)}; one of {', '.join(SCHEMA_TYPES)}",
             )
 
     def register(self, subject: str, given: SchemaInput) -> SubjectVersion:
         """Register a schema under a subject after the compatibility check (409 if incompatible)."""
         self._check_type(given)
         compiled = self.compile(given.schema_type, given.schema, given.references)
-        print_ = fingerprint(given.schema_type, compiled, given.references)
+        print_ = self._fingerprint(given, compiled)
+        # One registration of a subject at a time in this process, so concurrent compatible ones all succeed
+        # instead of failing the store's check that the latest version did not change meanwhile.
+        with self._subject_locks[zlib.crc32(subject.encode("utf-8", "surrogatepass")) % _SUBJECT_LOCKS]:
+            return self._register(subject, given, compiled, print_)
+
+    def _register(self, subject: str, given: SchemaInput, compiled: CompiledSchema, print_: str) -> SubjectVersion:
         for _ in range(_REGISTER_ATTEMPTS):
             live = self.versions_or_empty(subject)
             same = self.store.registry_schema_by_fingerprint(print_)
@@ -215,7 +284,8 @@ class RegistryService:
                 for v in live:
                     if v.schema_id == same.schema_id:
                         return v
-            problems = compat.check(self.compatibility(subject), compiled, [self.compiled(v.schema_id) for v in live])
+            against = [self.compiled(v.schema_id) for v in live]
+            problems = self._compat_check(self.compatibility(subject), compiled, against)
             if problems:
                 raise RegistryError(
                     409, 409,
@@ -229,7 +299,7 @@ class RegistryService:
                 )
             except RegistryConflictError:
                 continue  # someone registered meanwhile: check against the new latest
-        raise RegistryError(500, 50001, f"subject {subject!r} keeps changing; retry the registration")
+        raise RegistryError(500, 50001, f"subject '{subject}' keeps changing; retry the registration")
 
     def versions_or_empty(self, subject: str) -> list[SubjectVersion]:
         """Live versions of a subject, oldest first (empty if none)."""
@@ -242,7 +312,7 @@ class RegistryService:
         if not everything:
             raise subject_not_found(subject)
         compiled = self.compile(given.schema_type, given.schema, given.references)
-        record = self.store.registry_schema_by_fingerprint(fingerprint(given.schema_type, compiled, given.references))
+        record = self.store.registry_schema_by_fingerprint(self._fingerprint(given, compiled))
         if record is not None:
             for v in everything:
                 if v.schema_id == record.schema_id:
@@ -258,7 +328,7 @@ class RegistryService:
             against = self.versions_or_empty(subject)
         else:
             against = [self.version(subject, version)] if self.versions_or_empty(subject) else []
-        return compat.check(level, compiled, [self.compiled(v.schema_id) for v in against])
+        return self._compat_check(level, compiled, [self.compiled(v.schema_id) for v in against])
 
     # -- deletes -------------------------------------------------------------------------------
     def delete_subject(self, subject: str, permanent: bool) -> list[int]:
@@ -279,6 +349,7 @@ class RegistryService:
                     404, 40404, f"Subject '{subject}' was soft deleted.Set permanent=true to delete permanently"
                 )
             versions = live
+        self._refuse_if_referenced(subject, versions, permanent)
         self.store.registry_delete_versions(subject, versions, permanent)
         if permanent:
             self.store.registry_set_compatibility(subject, None)
@@ -292,8 +363,32 @@ class RegistryService:
                 404, 40407,
                 f"Subject '{subject}' Version {target.version} was not deleted first before being permanently deleted",
             )
+        self._refuse_if_referenced(subject, [target.version], permanent)
         self.store.registry_delete_versions(subject, [target.version], permanent)
         return target.version
+
+    def _refuse_if_referenced(self, subject: str, versions: Sequence[int], permanent: bool) -> None:
+        """42206 if a schema imports one of these versions, as Confluent refuses.
+
+        A soft delete is refused while a live version holds such a schema; a permanent one while any
+        version does (a soft-deleted schema is still served by id, and must still compile).
+        """
+        wanted = set(versions)
+        holders: dict[int, bool] = {}  # schema id -> held by a live version
+        for v in self.store.registry_versions():
+            holders[v.schema_id] = holders.get(v.schema_id, False) or not v.deleted
+        for schema_id, live in holders.items():
+            if not live and not permanent:
+                continue
+            record = self.store.registry_schema(schema_id)
+            if record is None:
+                continue
+            for ref in record.references:
+                if ref.subject == subject and ref.version in wanted:
+                    raise RegistryError(
+                        422, 42206,
+                        f"One or more references exist to the schema {{subject={subject}, version={ref.version}}}.",
+                    )
 
     # -- compatibility config ------------------------------------------------------------------
     def compatibility(self, subject: str | None) -> str:
