@@ -79,6 +79,38 @@ def decode_request(frame: bytes, api_key: int, api_version: int) -> ApiMessage:
     return request
 
 
+def null_array(request: ApiMessage, api_version: int) -> str | None:
+    """The first array field that came as null (length -1) where Kafka's schema says it cannot be, or None.
+
+    kafka-python decodes a -1 length as None whatever the schema says; Kafka's own parser refuses such a
+    request ("non-nullable field ... was serialized as null") and closes the connection, so the server
+    does the same instead of handing handlers a None where they iterate. The path names schema fields
+    only (e.g. "topics[].partitions"), never client data.
+    """
+    struct: Any = type(request)._struct
+    return _null_array(struct, request, api_version, "")
+
+
+def _null_array(struct: Any, value: Any, version: int, path: str) -> str | None:
+    for field in struct.untagged_fields(version):
+        item = getattr(value, field.name, None)
+        if field.is_array():
+            if item is None:
+                if not field.nullable_for_version_q(version):
+                    return f"{path}{field.name}"
+                continue
+            if field.is_struct_array():
+                for element in item:
+                    found = _null_array(field.array_of, element, version, f"{path}{field.name}[].")
+                    if found is not None:
+                        return found
+        elif field.is_struct() and item is not None:
+            found = _null_array(field, item, version, f"{path}{field.name}.")
+            if found is not None:
+                return found
+    return None
+
+
 def encode_response(response: ApiMessage, api_version: int, correlation_id: int) -> bytes:
     """Frame a response with its header (ApiVersions always uses header v0; the class knows)."""
     response._header = None

@@ -20,6 +20,19 @@ log = logging.getLogger(__name__)
 
 _SIZE = struct.Struct(">i")
 MAX_IN_FLIGHT = 256  # requests read ahead per connection before we stop reading
+LOG_QUOTE_CHARS = 200  # at most this much of anything a client sent goes into a log line
+
+
+def bounded(text: str, limit: int = LOG_QUOTE_CHARS) -> str:
+    """`text` for a log line: at most `limit` characters, non-printable ones escaped, so a client cannot make
+    the log grow by more than a bounded amount per line nor forge lines of its own."""
+    head = text[:limit].encode("unicode_escape").decode("ascii")
+    return head if len(text) <= limit else f"{head}... ({len(text)} chars)"
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as one bounded line; str(), not repr(): a UnicodeDecodeError's repr quotes all its input."""
+    return bounded(f"{type(exc).__name__}: {exc}")
 
 
 class _Disconnect(Exception):
@@ -114,12 +127,16 @@ class KafkaServer:
             # KIP-511: answer v0 with error 35 and our ranges; the client retries with a version we know.
             return key << 16, correlation, asyncio.create_task(_unsupported_api_versions())
         if key not in HANDLERS or not is_supported(key, version):
-            name = ApiKey(key).name if key in ApiKey._value2member_map_ else f"api key {key}"
+            name = _api_name(key)
             raise _Disconnect(f"{name} v{version} is not supported (UNSUPPORTED_VERSION)")
         try:
             request = codec.decode_request(frame, key, version)
         except Exception as exc:
-            raise _Disconnect(f"malformed {ApiKey(key).name} v{version} request: {exc!r}") from None
+            raise _Disconnect(f"malformed {ApiKey(key).name} v{version} request: {describe(exc)}") from None
+        null = codec.null_array(request, version)
+        if null is not None:  # Kafka's parser refuses these and closes the connection; handlers would crash
+            raise _Disconnect(f"malformed {ApiKey(key).name} v{version} request: {null} is null, "
+                              "which Kafka's schema does not allow")
         client_id = request.header.client_id if request.header is not None else None
         context = RequestContext(self.broker, version, client_id, peer)
         task: asyncio.Task[ApiMessage | None] = asyncio.ensure_future(HANDLERS[key](context, request))
@@ -141,8 +158,12 @@ class KafkaServer:
                     log.warning("dropping the connection from %s: %s", peer, exc)
                     writer.close()
                     return
-                except Exception:
-                    log.exception("handler failed for a request from %s; closing the connection", peer)
+                except Exception as exc:
+                    # One bounded line, not a traceback: a request the checks above let through can still be
+                    # one a handler cannot take, and the client must not be able to fill the log with them.
+                    log.warning("closing connection from %s: %s request failed: %s",
+                                peer, _api_name(key_version >> 16), describe(exc))
+                    log.debug("handler traceback", exc_info=True)
                     writer.close()  # without this the client waits for an answer until its own timeout
                     return
                 if response is None:  # acks=0 Produce: Kafka sends nothing back
@@ -151,8 +172,10 @@ class KafkaServer:
                     frame = response if isinstance(response, bytes) else codec.encode_response(
                         response, key_version & 0xFFFF, correlation
                     )
-                except Exception:
-                    log.exception("could not encode a response to %s; closing the connection", peer)
+                except Exception as exc:
+                    log.warning("closing connection from %s: could not encode the %s response: %s",
+                                peer, _api_name(key_version >> 16), describe(exc))
+                    log.debug("encoder traceback", exc_info=True)
                     writer.close()
                     return
                 writer.write(frame)
@@ -165,6 +188,10 @@ class KafkaServer:
                 pending = queue.get_nowait()
                 if pending is not None:
                     pending[2].cancel()
+
+
+def _api_name(key: int) -> str:
+    return ApiKey(key).name if key in ApiKey._value2member_map_ else f"api key {key}"
 
 
 async def _unsupported_api_versions() -> ApiMessage:
