@@ -146,3 +146,20 @@ def test_megabyte_of_invalid_utf8_in_a_topic_name_logs_one_bounded_line(
     assert_produce_round_trips(hostile_broker, topic_name)
     assert log_size(hostile_broker) - before < 10_000
     assert_log_clean(hostile_broker, before)
+
+
+def test_request_a_handler_cannot_take_closes_with_one_bounded_line(
+    hostile_broker: BrokerProcess, topic_name: str
+) -> None:
+    """A null (-1) config name in CreateTopics passes the array check but the handler cannot take it: the
+    connection closes and the log gets one warning line, not a traceback."""
+    config = Topic.CreatableTopicConfig(name=None, value="1")
+    request = CreateTopicsRequest[5](
+        topics=[Topic(name="hostile-null-config", num_partitions=1, replication_factor=1, assignments=[],
+                      configs=[config])],
+        timeout_ms=1000, validate_only=False)
+    before = log_size(hostile_broker)
+    send_and_expect_close(hostile_broker, framed(request))
+    assert_produce_round_trips(hostile_broker, topic_name)
+    assert_log_clean(hostile_broker, before)
+    assert "CreateTopics request failed" in Path(hostile_broker.log_path).read_bytes()[before:].decode()
