@@ -91,21 +91,56 @@ def null_array(request: ApiMessage, api_version: int) -> str | None:
     return _null_array(struct, request, api_version, "")
 
 
-def _null_array(struct: Any, value: Any, version: int, path: str) -> str | None:
+@dataclass(frozen=True, slots=True)
+class _ArrayCheck:
+    """One field to look at: an array that may not be null, or a struct (array) with such arrays inside."""
+
+    name: str
+    nullable: bool  # a null array is allowed here (only arrays are checked for null)
+    is_array: bool
+    inner: tuple[_ArrayCheck, ...]  # checks for each element (struct arrays) or for the struct itself
+
+
+_CHECKS: dict[tuple[int, int], tuple[_ArrayCheck, ...]] = {}
+
+
+def _checks(struct: Any, version: int) -> tuple[_ArrayCheck, ...]:
+    """The fields of `struct` worth walking at `version`, computed once (the schema objects live forever), so
+    a Fetch of 500 partitions does not visit the partitions, whose structs hold no arrays."""
+    key = (id(struct), version)
+    cached = _CHECKS.get(key)
+    if cached is not None:
+        return cached
+    out: list[_ArrayCheck] = []
     for field in struct.untagged_fields(version):
-        item = getattr(value, field.name, None)
         if field.is_array():
-            if item is None:
-                if not field.nullable_for_version_q(version):
-                    return f"{path}{field.name}"
-                continue
-            if field.is_struct_array():
-                for element in item:
-                    found = _null_array(field.array_of, element, version, f"{path}{field.name}[].")
-                    if found is not None:
-                        return found
-        elif field.is_struct() and item is not None:
-            found = _null_array(field, item, version, f"{path}{field.name}.")
+            inner = _checks(field.array_of, version) if field.is_struct_array() else ()
+            out.append(_ArrayCheck(field.name, field.nullable_for_version_q(version), True, inner))
+        elif field.is_struct():
+            inner = _checks(field, version)
+            if inner:
+                out.append(_ArrayCheck(field.name, True, False, inner))
+    _CHECKS[key] = result = tuple(out)
+    return result
+
+
+def _null_array(struct: Any, value: Any, version: int, path: str) -> str | None:
+    return _find_null(_checks(struct, version), value, path)
+
+
+def _find_null(checks: tuple[_ArrayCheck, ...], value: Any, path: str) -> str | None:
+    for check in checks:
+        item = getattr(value, check.name, None)
+        if item is None:
+            if check.is_array and not check.nullable:
+                return f"{path}{check.name}"
+            continue
+        if not check.inner:
+            continue
+        elements = item if check.is_array else (item,)
+        prefix = f"{path}{check.name}[]." if check.is_array else f"{path}{check.name}."
+        for element in elements:
+            found = _find_null(check.inner, element, prefix)
             if found is not None:
                 return found
     return None
