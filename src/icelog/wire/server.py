@@ -34,6 +34,9 @@ class KafkaServer:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        # Requests whose connection is gone but which still finish (a Produce is applied as Kafka applies
+        # one whose client left); held here so the loop's weak references do not drop them.
+        self._detached: set[asyncio.Task[ApiMessage | None]] = set()
 
     async def start(self) -> None:
         settings = self.broker.settings
@@ -70,23 +73,45 @@ class KafkaServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
         queue: asyncio.Queue[tuple[int, int, asyncio.Task[ApiMessage | None]] | None] = asyncio.Queue(MAX_IN_FLIGHT)
+        inflight: dict[asyncio.Task[ApiMessage | None], int] = {}  # handler task -> its API key
         sender = asyncio.create_task(self._send_in_order(queue, writer, peer))
+        peer_gone = False
         try:
             while not sender.done():
                 item = await self._read_request(reader, peer)
                 if item is None:
+                    peer_gone = True
                     break
+                task = item[2]
+                inflight[task] = item[0] >> 16
+                task.add_done_callback(lambda done: inflight.pop(done, None))
                 await queue.put(item)
         except _Disconnect as exc:
             log.warning("closing connection from %s: %s", peer, exc)
         except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+            peer_gone = True
         finally:
-            if not sender.done():
+            if peer_gone or sender.done():
+                # Nobody will read an answer: let go of the socket and every long poll at once, instead of
+                # holding a half-closed socket (CLOSE_WAIT) and its descriptor until max_wait_ms.
+                self._release(inflight)
+                writer.transport.abort()
+                sender.cancel()
+            else:  # a bad request: the answers to the requests before it still go out, then we close
+                self._release(inflight, fetches_only=True)
                 await queue.put(None)
                 with contextlib.suppress(Exception):
                     await sender
             writer.close()
+
+    def _release(self, inflight: dict[asyncio.Task[ApiMessage | None], int], fetches_only: bool = False) -> None:
+        """End a closing connection's long polls; its other requests run to completion unanswered."""
+        for task, key in list(inflight.items()):
+            if key == ApiKey.Fetch:
+                task.cancel()
+            elif not fetches_only and not task.done():
+                self._detached.add(task)
+                task.add_done_callback(self._detached.discard)
 
     async def _read_request(
         self, reader: asyncio.StreamReader, peer: str
@@ -136,7 +161,8 @@ class KafkaServer:
                     return
                 key_version, correlation, task = item
                 try:
-                    response = await task
+                    # shielded: cancelling the sender (the client left) must not cancel a Produce midway
+                    response = await asyncio.shield(task)
                 except ConnectionAbortedError as exc:  # a handler asks to drop the connection (test hook)
                     log.warning("dropping the connection from %s: %s", peer, exc)
                     writer.close()
@@ -161,10 +187,8 @@ class KafkaServer:
         except (ConnectionError, asyncio.CancelledError):
             return
         finally:
-            while not queue.empty():
-                pending = queue.get_nowait()
-                if pending is not None:
-                    pending[2].cancel()
+            while not queue.empty():  # unblocks the reader; _serve decides what becomes of the requests
+                queue.get_nowait()
 
 
 async def _unsupported_api_versions() -> ApiMessage:
