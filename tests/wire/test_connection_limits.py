@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 from confluent_kafka import KafkaError, Message, Producer
 from kafka.protocol.consumer import FetchRequest
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
