@@ -6,6 +6,7 @@ and the test reads its descriptors, sockets and memory from /proc.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -13,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from confluent_kafka import KafkaError, Message, Producer
 from kafka.protocol.consumer import FetchRequest
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
@@ -138,4 +140,70 @@ def test_abandoned_long_polls_are_released_at_once(fresh_broker: BrokerProcess, 
     assert _eventually(lambda: _fd_count(pid) <= fds_before + 5, 3), (
         f"{_fd_count(pid) - fds_before} descriptors still held"
     )
+    _producer_round_trips(broker, topic_name)
+
+
+def test_idle_connections_are_closed(fresh_broker: BrokerProcess, topic_name: str) -> None:
+    fresh_broker.env = {"ICELOG_CONNECTIONS_MAX_IDLE_MS": "1500"}
+    broker = fresh_broker.start()
+    create_topic(broker.bootstrap, topic_name)
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as idle, \
+            socket.create_connection(("127.0.0.1", broker.port), timeout=10) as polling:
+        _api_versions(idle)
+        # a long poll in flight is not idleness: it is answered after its max_wait_ms, past the idle time
+        polling.sendall(_long_poll(topic_name, max_wait_ms=2500))
+        assert _closed_by_broker(idle, within_s=5), "an idle connection stayed open"
+        size = struct.unpack(">i", _recv_exactly(polling, 4))[0]
+        assert len(_recv_exactly(polling, size)) == size
+
+
+@pytest.mark.parametrize("setting", ["max.connections", "max.connections.per.ip"])
+def test_connections_are_limited(fresh_broker: BrokerProcess, setting: str) -> None:
+    fresh_broker.env = {"ICELOG_" + setting.replace(".", "_").upper(): "5"}
+    broker = fresh_broker.start()
+    allowed = [socket.create_connection(("127.0.0.1", broker.port), timeout=10) for _ in range(5)]
+    for sock in allowed:
+        _api_versions(sock)
+    extra = [socket.create_connection(("127.0.0.1", broker.port), timeout=10) for _ in range(30)]
+    assert all(_closed_by_broker(sock, within_s=5) for sock in extra), "a connection past the limit was served"
+    for sock in extra:
+        sock.close()
+    allowed.pop().close()
+    time.sleep(0.5)
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as again:
+        _api_versions(again)  # a freed slot is usable again
+    for sock in allowed:
+        _api_versions(sock)
+        sock.close()
+    refusals = [line for line in broker.log().splitlines() if f"{setting}=5" in line]
+    assert 1 <= len(refusals) <= 2 and all(len(line) < 300 for line in refusals)
+
+
+def test_queued_request_bytes_bound_memory(fresh_broker: BrokerProcess, topic_name: str) -> None:
+    frame = 15 * 1024 * 1024
+    fresh_broker.env = {"ICELOG_QUEUED_MAX_REQUEST_BYTES": str(16 * 1024 * 1024)}
+    broker = fresh_broker.start()
+    pid = _pid(broker)
+    rss_before = _rss_bytes(pid)
+    chunk = struct.pack(">i", frame) + b"\0" * (frame - 1)  # all of a frame but its last byte
+    clients = [socket.create_connection(("127.0.0.1", broker.port), timeout=10) for _ in range(12)]
+    for sock in clients:
+        sock.setblocking(False)
+    sent = [0] * len(clients)
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline and min(sent) < len(chunk):
+        for index, sock in enumerate(clients):
+            if sent[index] < len(chunk):
+                with contextlib.suppress(BlockingIOError):  # this client is being held back: fine
+                    sent[index] += sock.send(chunk[sent[index]:sent[index] + (1 << 20)])
+        time.sleep(0.01)
+    time.sleep(1)
+    grown = _rss_bytes(pid) - rss_before
+    assert grown < 80 * 1024 * 1024, f"the broker grew by {grown >> 20} MiB holding partial requests"
+    # one larger than the bound is refused by closing
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as big:
+        big.sendall(struct.pack(">i", 17 * 1024 * 1024))
+        assert _closed_by_broker(big, within_s=5)
+    for sock in clients:
+        sock.close()
     _producer_round_trips(broker, topic_name)

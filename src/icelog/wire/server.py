@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import logging
 import struct
+import time
+from collections import Counter, deque
 from typing import Any
 
 from kafka.protocol.api_key import ApiKey
@@ -26,6 +28,65 @@ class _Disconnect(Exception):
     """Close this connection (bad framing, unknown API); other connections are unaffected."""
 
 
+class _InFlight(dict[asyncio.Task[ApiMessage | None], int]):
+    """A connection's requests being handled (task -> API key), and when the last of them finished."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last_done = time.monotonic()
+
+    def add(self, task: asyncio.Task[ApiMessage | None], key: int) -> None:
+        self[task] = key
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[ApiMessage | None]) -> None:
+        self.pop(task, None)
+        self.last_done = time.monotonic()
+
+
+class _Idle(Exception):
+    """connections.max.idle.ms passed with nothing in flight: close quietly, as Kafka does."""
+
+
+class _ByteBudget:
+    """queued.max.request.bytes: bytes of requests read or being handled, over all connections.
+
+    A reader that would pass the bound waits (and so stops reading its socket: back-pressure) until enough
+    is released; waiters are served in order, so a large request is not starved by small ones.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    async def acquire(self, size: int) -> None:
+        if not self._waiters and self.used + size <= self.limit:
+            self.used += size
+            return
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((size, granted))
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self.release(size)  # granted just as we were cancelled: give it back
+            else:
+                self._waiters.remove((size, granted))
+                self._wake()
+            raise
+
+    def release(self, size: int) -> None:
+        self.used -= size
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self.used + self._waiters[0][0] <= self.limit:
+            size, granted = self._waiters.popleft()
+            self.used += size
+            granted.set_result(None)
+
+
 class KafkaServer:
     """Accepts Kafka clients and dispatches each request to its handler."""
 
@@ -37,6 +98,10 @@ class KafkaServer:
         # Requests whose connection is gone but which still finish (a Produce is applied as Kafka applies
         # one whose client left); held here so the loop's weak references do not drop them.
         self._detached: set[asyncio.Task[ApiMessage | None]] = set()
+        self._per_ip: Counter[str] = Counter()
+        self._budget = _ByteBudget(broker.settings.queued_max_request_bytes)
+        self._refused = 0  # connections refused since the last log line about it
+        self._refused_logged = 0.0
 
     async def start(self) -> None:
         settings = self.broker.settings
@@ -61,34 +126,59 @@ class KafkaServer:
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._connections.add(task)
-        self._writers.add(writer)
         peername = writer.get_extra_info("peername")
         peer = f"{peername[0]}:{peername[1]}" if peername else "?"
+        ip = str(peername[0]) if peername else "?"
+        if self._refuse(ip):
+            writer.transport.abort()
+            return
+        self._connections.add(task)
+        self._writers.add(writer)
+        self._per_ip[ip] += 1
         try:
             await self._serve(reader, writer, peer)
         finally:
             self._connections.discard(task)
             self._writers.discard(writer)
+            self._per_ip[ip] -= 1
+            if not self._per_ip[ip]:
+                del self._per_ip[ip]
+
+    def _refuse(self, ip: str) -> bool:
+        """max.connections / max.connections.per.ip reached: the new connection is closed unanswered."""
+        settings = self.broker.settings
+        if len(self._connections) >= settings.max_connections:
+            reason = f"max.connections={settings.max_connections}"
+        elif self._per_ip[ip] >= settings.max_connections_per_ip:
+            reason = f"max.connections.per.ip={settings.max_connections_per_ip} (from {ip})"
+        else:
+            return False
+        self._refused += 1
+        now = time.monotonic()
+        if now - self._refused_logged >= 10:  # one line per ten seconds however hard the flood
+            log.warning("refused %d connection(s): %s reached", self._refused, reason)
+            self._refused, self._refused_logged = 0, now
+        return True
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
         queue: asyncio.Queue[tuple[int, int, asyncio.Task[ApiMessage | None]] | None] = asyncio.Queue(MAX_IN_FLIGHT)
-        inflight: dict[asyncio.Task[ApiMessage | None], int] = {}  # handler task -> its API key
+        inflight = _InFlight()
         sender = asyncio.create_task(self._send_in_order(queue, writer, peer))
         peer_gone = False
         try:
             while not sender.done():
-                item = await self._read_request(reader, peer)
+                item = await self._read_request(reader, peer, inflight)
                 if item is None:
                     peer_gone = True
                     break
-                task = item[2]
-                inflight[task] = item[0] >> 16
-                task.add_done_callback(lambda done: inflight.pop(done, None))
+                inflight.add(item[2], item[0] >> 16)
                 await queue.put(item)
         except _Disconnect as exc:
             log.warning("closing connection from %s: %s", peer, exc)
         except (asyncio.IncompleteReadError, ConnectionError):
+            peer_gone = True
+        except _Idle:
+            log.debug("closing connection from %s: idle past connections.max.idle.ms", peer)
             peer_gone = True
         finally:
             if peer_gone or sender.done():
@@ -104,7 +194,7 @@ class KafkaServer:
                     await sender
             writer.close()
 
-    def _release(self, inflight: dict[asyncio.Task[ApiMessage | None], int], fetches_only: bool = False) -> None:
+    def _release(self, inflight: _InFlight, fetches_only: bool = False) -> None:
         """End a closing connection's long polls; its other requests run to completion unanswered."""
         for task, key in list(inflight.items()):
             if key == ApiKey.Fetch:
@@ -114,22 +204,50 @@ class KafkaServer:
                 task.add_done_callback(self._detached.discard)
 
     async def _read_request(
-        self, reader: asyncio.StreamReader, peer: str
+        self, reader: asyncio.StreamReader, peer: str, inflight: _InFlight
     ) -> tuple[int, int, asyncio.Task[ApiMessage | None]] | None:
-        try:
-            header = await reader.readexactly(4)
-        except asyncio.IncompleteReadError as exc:
-            if exc.partial:
-                raise _Disconnect("truncated size prefix") from None
-            return None
+        settings = self.broker.settings
+        idle_s = settings.connections_max_idle_ms / 1000
+        timeout = idle_s
+        while True:
+            try:
+                async with asyncio.timeout(timeout):
+                    header = await reader.readexactly(4)  # consumes nothing unless it completes
+                break
+            except TimeoutError:
+                # idle: no request for idle_s and none in flight (a long poll is not idleness)
+                timeout = idle_s if inflight else inflight.last_done + idle_s - time.monotonic()
+                if timeout <= 0:
+                    raise _Idle() from None
+            except asyncio.IncompleteReadError as exc:
+                if exc.partial:
+                    raise _Disconnect("truncated size prefix") from None
+                return None
         (size,) = _SIZE.unpack(header)
-        limit = self.broker.settings.socket_request_max_bytes
+        limit = settings.socket_request_max_bytes
         if size <= 0 or size > limit:
             raise _Disconnect(f"request size {size} is outside 1..socket.request.max.bytes={limit}")
+        if size > self._budget.limit:
+            raise _Disconnect(f"request size {size} is over queued.max.request.bytes={self._budget.limit}")
+        await self._budget.acquire(size)  # until then this socket is not read: back-pressure
         try:
-            frame = await reader.readexactly(size)
+            item = await self._read_frame(reader, peer, size, idle_s)
+        except BaseException:
+            self._budget.release(size)
+            raise
+        item[2].add_done_callback(lambda _: self._budget.release(size))
+        return item
+
+    async def _read_frame(
+        self, reader: asyncio.StreamReader, peer: str, size: int, idle_s: float
+    ) -> tuple[int, int, asyncio.Task[ApiMessage | None]]:
+        try:
+            async with asyncio.timeout(idle_s):
+                frame = await reader.readexactly(size)
         except asyncio.IncompleteReadError:
             raise _Disconnect(f"connection closed inside a {size}-byte request") from None
+        except TimeoutError:
+            raise _Disconnect(f"a {size}-byte request not complete within connections.max.idle.ms") from None
         try:
             prefix = codec.read_prefix(frame)
         except ValueError as exc:
