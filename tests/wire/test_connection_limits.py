@@ -207,3 +207,17 @@ def test_queued_request_bytes_bound_memory(fresh_broker: BrokerProcess, topic_na
     for sock in clients:
         sock.close()
     _producer_round_trips(broker, topic_name)
+
+
+def test_pipelined_long_polls_are_released_when_the_client_leaves(fresh_broker: BrokerProcess, topic_name: str) -> None:
+    """More long polls than a connection reads ahead: the broker stops reading it, but still sees it close."""
+    broker = fresh_broker.start()
+    create_topic(broker.bootstrap, topic_name)
+    pid = _pid(broker)
+    fds_before = _fd_count(pid)
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as sock:
+        sock.sendall(_long_poll(topic_name, max_wait_ms=600_000) * 400)
+        time.sleep(1)
+    assert _eventually(lambda: _close_wait_sockets(broker.port) == 0, 3), "the socket was left in CLOSE_WAIT"
+    assert _eventually(lambda: _fd_count(pid) <= fds_before + 2, 3), "its descriptor is still held"
+    _producer_round_trips(broker, topic_name)

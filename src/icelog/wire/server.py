@@ -8,6 +8,7 @@ import logging
 import struct
 import time
 from collections import Counter, deque
+from collections.abc import Coroutine
 from typing import Any
 
 from kafka.protocol.api_key import ApiKey
@@ -42,6 +43,36 @@ class _InFlight(dict[asyncio.Task[ApiMessage | None], int]):
     def _done(self, task: asyncio.Task[ApiMessage | None]) -> None:
         self.pop(task, None)
         self.last_done = time.monotonic()
+
+
+class _Reader(asyncio.StreamReader):
+    """A StreamReader that also says when its peer has gone, for waits that are not reads."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def feed_eof(self) -> None:
+        super().feed_eof()
+        if not self.gone.done():
+            self.gone.set_result(None)
+
+    def set_exception(self, exc: Exception) -> None:
+        super().set_exception(exc)
+        if not self.gone.done():
+            self.gone.set_result(None)
+
+    async def unless_gone(self, waiting: Coroutine[Any, Any, None]) -> None:
+        """Await `waiting`, or raise ConnectionError as soon as the peer goes (a full queue, the byte budget)."""
+        task = asyncio.ensure_future(waiting)
+        try:
+            await asyncio.wait((task, self.gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not task.done():
+                task.cancel()
+        if not task.done() or task.cancelled():
+            raise ConnectionResetError("the client closed the connection")
+        task.result()
 
 
 class _Idle(Exception):
@@ -105,9 +136,12 @@ class KafkaServer:
 
     async def start(self) -> None:
         settings = self.broker.settings
-        self._server = await asyncio.start_server(
-            self._on_connect, settings.host, settings.port, limit=1 << 20, reuse_address=True
-        )
+        loop = asyncio.get_running_loop()
+
+        def protocol() -> asyncio.StreamReaderProtocol:  # asyncio.start_server's, with our reader
+            return asyncio.StreamReaderProtocol(_Reader(1 << 20), self._on_connect)
+
+        self._server = await loop.create_server(protocol, settings.host, settings.port, reuse_address=True)
         sockets: Any = self._server.sockets or []
         if sockets:
             self.broker.advertised_port = sockets[0].getsockname()[1]
@@ -129,6 +163,7 @@ class KafkaServer:
         peername = writer.get_extra_info("peername")
         peer = f"{peername[0]}:{peername[1]}" if peername else "?"
         ip = str(peername[0]) if peername else "?"
+        assert isinstance(reader, _Reader)
         if self._refuse(ip):
             writer.transport.abort()
             return
@@ -160,7 +195,7 @@ class KafkaServer:
             self._refused, self._refused_logged = 0, now
         return True
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
+    async def _serve(self, reader: _Reader, writer: asyncio.StreamWriter, peer: str) -> None:
         queue: asyncio.Queue[tuple[int, int, asyncio.Task[ApiMessage | None]] | None] = asyncio.Queue(MAX_IN_FLIGHT)
         inflight = _InFlight()
         sender = asyncio.create_task(self._send_in_order(queue, writer, peer))
@@ -172,7 +207,10 @@ class KafkaServer:
                     peer_gone = True
                     break
                 inflight.add(item[2], item[0] >> 16)
-                await queue.put(item)
+                if queue.full():  # MAX_IN_FLIGHT requests wait: read no more, but notice the client leaving
+                    await reader.unless_gone(queue.put(item))
+                else:
+                    queue.put_nowait(item)
         except _Disconnect as exc:
             log.warning("closing connection from %s: %s", peer, exc)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -204,7 +242,7 @@ class KafkaServer:
                 task.add_done_callback(self._detached.discard)
 
     async def _read_request(
-        self, reader: asyncio.StreamReader, peer: str, inflight: _InFlight
+        self, reader: _Reader, peer: str, inflight: _InFlight
     ) -> tuple[int, int, asyncio.Task[ApiMessage | None]] | None:
         settings = self.broker.settings
         idle_s = settings.connections_max_idle_ms / 1000
@@ -229,7 +267,8 @@ class KafkaServer:
             raise _Disconnect(f"request size {size} is outside 1..socket.request.max.bytes={limit}")
         if size > self._budget.limit:
             raise _Disconnect(f"request size {size} is over queued.max.request.bytes={self._budget.limit}")
-        await self._budget.acquire(size)  # until then this socket is not read: back-pressure
+        # until then this socket is not read: back-pressure
+        await reader.unless_gone(self._budget.acquire(size))
         try:
             item = await self._read_frame(reader, peer, size, idle_s)
         except BaseException:
