@@ -6,6 +6,7 @@ and the test reads its descriptors, sockets and memory from /proc.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -221,3 +222,27 @@ def test_pipelined_long_polls_are_released_when_the_client_leaves(fresh_broker: 
     assert _eventually(lambda: _close_wait_sockets(broker.port) == 0, 3), "the socket was left in CLOSE_WAIT"
     assert _eventually(lambda: _fd_count(pid) <= fds_before + 2, 3), "its descriptor is still held"
     _producer_round_trips(broker, topic_name)
+
+
+def test_byte_budget_survives_cancelled_waiters() -> None:
+    """A reader that leaves while waiting for queued.max.request.bytes neither leaks bytes nor breaks the queue."""
+    from icelog.wire.server import _ByteBudget
+
+    async def scenario() -> None:
+        budget = _ByteBudget(10)
+        await budget.acquire(8)
+        leaving = asyncio.ensure_future(budget.acquire(5))
+        waiting = asyncio.ensure_future(budget.acquire(2))
+        await asyncio.sleep(0)
+        leaving.cancel()  # cancelled while queued, released before it runs its cancellation
+        budget.release(8)
+        await asyncio.wait_for(waiting, 1)
+        assert leaving.cancelled() and budget.used == 2
+        granted_then_gone = asyncio.ensure_future(budget.acquire(9))
+        await asyncio.sleep(0)
+        budget.release(2)  # grants it ...
+        granted_then_gone.cancel()  # ... just before it resumes: it gives the bytes back
+        await asyncio.sleep(0)
+        assert budget.used == 0
+
+    asyncio.run(scenario())

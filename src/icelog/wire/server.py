@@ -102,8 +102,9 @@ class _ByteBudget:
         except asyncio.CancelledError:
             if granted.done() and not granted.cancelled():
                 self.release(size)  # granted just as we were cancelled: give it back
-            else:
-                self._waiters.remove((size, granted))
+            else:  # still queued, unless a release already dropped it as cancelled
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove((size, granted))
                 self._wake()
             raise
 
@@ -114,6 +115,8 @@ class _ByteBudget:
     def _wake(self) -> None:
         while self._waiters and self.used + self._waiters[0][0] <= self.limit:
             size, granted = self._waiters.popleft()
+            if granted.cancelled():  # its waiter was cancelled and has not yet removed it
+                continue
             self.used += size
             granted.set_result(None)
 
@@ -239,7 +242,13 @@ class KafkaServer:
                 task.cancel()
             elif not fetches_only and not task.done():
                 self._detached.add(task)
-                task.add_done_callback(self._detached.discard)
+                task.add_done_callback(self._finished_unanswered)
+
+    def _finished_unanswered(self, task: asyncio.Task[ApiMessage | None]) -> None:
+        self._detached.discard(task)
+        exc = None if task.cancelled() else task.exception()  # retrieved: asyncio logs no traceback
+        if exc is not None:
+            log.warning("a request from a closed connection failed: %s", type(exc).__name__)
 
     async def _read_request(
         self, reader: _Reader, peer: str, inflight: _InFlight
