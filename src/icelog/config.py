@@ -168,6 +168,24 @@ class Settings(BaseSettings):
     auto_create_topics_enable: bool = Field(True, description="Kafka's auto.create.topics.enable.")
     num_partitions: int = Field(1, ge=1, description="Partitions of auto-created topics (Kafka's num.partitions).")
     socket_request_max_bytes: int = Field(100 * 1024 * 1024, gt=0, description="Largest request accepted.")
+    connections_max_idle_ms: int = Field(
+        600000, gt=0, description="Kafka's connections.max.idle.ms: close a connection with no request in flight "
+        "that sent no request for this long."
+    )
+    queued_max_request_bytes: int = Field(
+        200 * 1024 * 1024,
+        gt=0,
+        description="Kafka's queued.max.request.bytes: bytes of requests being read or handled, over all "
+        "connections; at the bound the broker stops reading requests until some finish, and a single request "
+        "larger than it closes its connection.",
+    )
+    max_connections: int = Field(
+        2147483647, gt=0, description="Kafka's max.connections: further connections are closed when accepted."
+    )
+    max_connections_per_ip: int = Field(
+        2147483647, gt=0, description="Kafka's max.connections.per.ip: further connections from one address "
+        "are closed when accepted."
+    )
     retention_check_interval_ms: int = Field(5000, gt=0)
     group_initial_rebalance_delay_ms: int = Field(
         3000, ge=0, description="Kafka's group.initial.rebalance.delay.ms: wait for more members of a new group."

@@ -6,6 +6,9 @@ import asyncio
 import contextlib
 import logging
 import struct
+import time
+from collections import Counter, deque
+from collections.abc import Coroutine
 from typing import Any
 
 from kafka.protocol.api_key import ApiKey
@@ -39,6 +42,98 @@ class _Disconnect(Exception):
     """Close this connection (bad framing, unknown API); other connections are unaffected."""
 
 
+class _InFlight(dict[asyncio.Task[ApiMessage | None], int]):
+    """A connection's requests being handled (task -> API key), and when the last of them finished."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last_done = time.monotonic()
+
+    def add(self, task: asyncio.Task[ApiMessage | None], key: int) -> None:
+        self[task] = key
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[ApiMessage | None]) -> None:
+        self.pop(task, None)
+        self.last_done = time.monotonic()
+
+
+class _Reader(asyncio.StreamReader):
+    """A StreamReader that also says when its peer has gone, for waits that are not reads."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def feed_eof(self) -> None:
+        super().feed_eof()
+        if not self.gone.done():
+            self.gone.set_result(None)
+
+    def set_exception(self, exc: Exception) -> None:
+        super().set_exception(exc)
+        if not self.gone.done():
+            self.gone.set_result(None)
+
+    async def unless_gone(self, waiting: Coroutine[Any, Any, None]) -> None:
+        """Await `waiting`, or raise ConnectionError as soon as the peer goes (a full queue, the byte budget)."""
+        task = asyncio.ensure_future(waiting)
+        try:
+            await asyncio.wait((task, self.gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not task.done():
+                task.cancel()
+        if not task.done() or task.cancelled():
+            raise ConnectionResetError("the client closed the connection")
+        task.result()
+
+
+class _Idle(Exception):
+    """connections.max.idle.ms passed with nothing in flight: close quietly, as Kafka does."""
+
+
+class _ByteBudget:
+    """queued.max.request.bytes: bytes of requests read or being handled, over all connections.
+
+    A reader that would pass the bound waits (and so stops reading its socket: back-pressure) until enough
+    is released; waiters are served in order, so a large request is not starved by small ones.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    async def acquire(self, size: int) -> None:
+        if not self._waiters and self.used + size <= self.limit:
+            self.used += size
+            return
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((size, granted))
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self.release(size)  # granted just as we were cancelled: give it back
+            else:  # still queued, unless a release already dropped it as cancelled
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove((size, granted))
+                self._wake()
+            raise
+
+    def release(self, size: int) -> None:
+        self.used -= size
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self.used + self._waiters[0][0] <= self.limit:
+            size, granted = self._waiters.popleft()
+            if granted.cancelled():  # its waiter was cancelled and has not yet removed it
+                continue
+            self.used += size
+            granted.set_result(None)
+
+
 class KafkaServer:
     """Accepts Kafka clients and dispatches each request to its handler."""
 
@@ -47,12 +142,22 @@ class KafkaServer:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        # Requests whose connection is gone but which still finish (a Produce is applied as Kafka applies
+        # one whose client left); held here so the loop's weak references do not drop them.
+        self._detached: set[asyncio.Task[ApiMessage | None]] = set()
+        self._per_ip: Counter[str] = Counter()
+        self._budget = _ByteBudget(broker.settings.queued_max_request_bytes)
+        self._refused = 0  # connections refused since the last log line about it
+        self._refused_logged = 0.0
 
     async def start(self) -> None:
         settings = self.broker.settings
-        self._server = await asyncio.start_server(
-            self._on_connect, settings.host, settings.port, limit=1 << 20, reuse_address=True
-        )
+        loop = asyncio.get_running_loop()
+
+        def protocol() -> asyncio.StreamReaderProtocol:  # asyncio.start_server's, with our reader
+            return asyncio.StreamReaderProtocol(_Reader(1 << 20), self._on_connect)
+
+        self._server = await loop.create_server(protocol, settings.host, settings.port, reuse_address=True)
         sockets: Any = self._server.sockets or []
         if sockets:
             self.broker.advertised_port = sockets[0].getsockname()[1]
@@ -71,53 +176,139 @@ class KafkaServer:
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._connections.add(task)
-        self._writers.add(writer)
         peername = writer.get_extra_info("peername")
         peer = f"{peername[0]}:{peername[1]}" if peername else "?"
+        ip = str(peername[0]) if peername else "?"
+        assert isinstance(reader, _Reader)
+        if self._refuse(ip):
+            writer.transport.abort()
+            return
+        self._connections.add(task)
+        self._writers.add(writer)
+        self._per_ip[ip] += 1
         try:
             await self._serve(reader, writer, peer)
         finally:
             self._connections.discard(task)
             self._writers.discard(writer)
+            self._per_ip[ip] -= 1
+            if not self._per_ip[ip]:
+                del self._per_ip[ip]
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
+    def _refuse(self, ip: str) -> bool:
+        """max.connections / max.connections.per.ip reached: the new connection is closed unanswered."""
+        settings = self.broker.settings
+        if len(self._connections) >= settings.max_connections:
+            reason = f"max.connections={settings.max_connections}"
+        elif self._per_ip[ip] >= settings.max_connections_per_ip:
+            reason = f"max.connections.per.ip={settings.max_connections_per_ip} (from {ip})"
+        else:
+            return False
+        self._refused += 1
+        now = time.monotonic()
+        if now - self._refused_logged >= 10:  # one line per ten seconds however hard the flood
+            log.warning("refused %d connection(s): %s reached", self._refused, reason)
+            self._refused, self._refused_logged = 0, now
+        return True
+
+    async def _serve(self, reader: _Reader, writer: asyncio.StreamWriter, peer: str) -> None:
         queue: asyncio.Queue[tuple[int, int, asyncio.Task[ApiMessage | None]] | None] = asyncio.Queue(MAX_IN_FLIGHT)
+        inflight = _InFlight()
         sender = asyncio.create_task(self._send_in_order(queue, writer, peer))
+        peer_gone = False
         try:
             while not sender.done():
-                item = await self._read_request(reader, peer)
+                item = await self._read_request(reader, peer, inflight)
                 if item is None:
+                    peer_gone = True
                     break
-                await queue.put(item)
+                inflight.add(item[2], item[0] >> 16)
+                if queue.full():  # MAX_IN_FLIGHT requests wait: read no more, but notice the client leaving
+                    await reader.unless_gone(queue.put(item))
+                else:
+                    queue.put_nowait(item)
         except _Disconnect as exc:
             log.warning("closing connection from %s: %s", peer, exc)
         except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+            peer_gone = True
+        except _Idle:
+            log.debug("closing connection from %s: idle past connections.max.idle.ms", peer)
+            peer_gone = True
         finally:
-            if not sender.done():
+            if peer_gone or sender.done():
+                # Nobody will read an answer: let go of the socket and every long poll at once, instead of
+                # holding a half-closed socket (CLOSE_WAIT) and its descriptor until max_wait_ms.
+                self._release(inflight)
+                writer.transport.abort()
+                sender.cancel()
+            else:  # a bad request: the answers to the requests before it still go out, then we close
+                self._release(inflight, fetches_only=True)
                 await queue.put(None)
                 with contextlib.suppress(Exception):
                     await sender
             writer.close()
 
+    def _release(self, inflight: _InFlight, fetches_only: bool = False) -> None:
+        """End a closing connection's long polls; its other requests run to completion unanswered."""
+        for task, key in list(inflight.items()):
+            if key == ApiKey.Fetch:
+                task.cancel()
+            elif not fetches_only and not task.done():
+                self._detached.add(task)
+                task.add_done_callback(self._finished_unanswered)
+
+    def _finished_unanswered(self, task: asyncio.Task[ApiMessage | None]) -> None:
+        self._detached.discard(task)
+        exc = None if task.cancelled() else task.exception()  # retrieved: asyncio logs no traceback
+        if exc is not None:
+            log.warning("a request from a closed connection failed: %s", type(exc).__name__)
+
     async def _read_request(
-        self, reader: asyncio.StreamReader, peer: str
+        self, reader: _Reader, peer: str, inflight: _InFlight
     ) -> tuple[int, int, asyncio.Task[ApiMessage | None]] | None:
-        try:
-            header = await reader.readexactly(4)
-        except asyncio.IncompleteReadError as exc:
-            if exc.partial:
-                raise _Disconnect("truncated size prefix") from None
-            return None
+        settings = self.broker.settings
+        idle_s = settings.connections_max_idle_ms / 1000
+        timeout = idle_s
+        while True:
+            try:
+                async with asyncio.timeout(timeout):
+                    header = await reader.readexactly(4)  # consumes nothing unless it completes
+                break
+            except TimeoutError:
+                # idle: no request for idle_s and none in flight (a long poll is not idleness)
+                timeout = idle_s if inflight else inflight.last_done + idle_s - time.monotonic()
+                if timeout <= 0:
+                    raise _Idle() from None
+            except asyncio.IncompleteReadError as exc:
+                if exc.partial:
+                    raise _Disconnect("truncated size prefix") from None
+                return None
         (size,) = _SIZE.unpack(header)
-        limit = self.broker.settings.socket_request_max_bytes
+        limit = settings.socket_request_max_bytes
         if size <= 0 or size > limit:
             raise _Disconnect(f"request size {size} is outside 1..socket.request.max.bytes={limit}")
+        if size > self._budget.limit:
+            raise _Disconnect(f"request size {size} is over queued.max.request.bytes={self._budget.limit}")
+        # until then this socket is not read: back-pressure
+        await reader.unless_gone(self._budget.acquire(size))
         try:
-            frame = await reader.readexactly(size)
+            item = await self._read_frame(reader, peer, size, idle_s)
+        except BaseException:
+            self._budget.release(size)
+            raise
+        item[2].add_done_callback(lambda _: self._budget.release(size))
+        return item
+
+    async def _read_frame(
+        self, reader: asyncio.StreamReader, peer: str, size: int, idle_s: float
+    ) -> tuple[int, int, asyncio.Task[ApiMessage | None]]:
+        try:
+            async with asyncio.timeout(idle_s):
+                frame = await reader.readexactly(size)
         except asyncio.IncompleteReadError:
             raise _Disconnect(f"connection closed inside a {size}-byte request") from None
+        except TimeoutError:
+            raise _Disconnect(f"a {size}-byte request not complete within connections.max.idle.ms") from None
         try:
             prefix = codec.read_prefix(frame)
         except ValueError as exc:
@@ -153,7 +344,8 @@ class KafkaServer:
                     return
                 key_version, correlation, task = item
                 try:
-                    response = await task
+                    # shielded: cancelling the sender (the client left) must not cancel a Produce midway
+                    response = await asyncio.shield(task)
                 except ConnectionAbortedError as exc:  # a handler asks to drop the connection (test hook)
                     log.warning("dropping the connection from %s: %s", peer, exc)
                     writer.close()
@@ -184,10 +376,8 @@ class KafkaServer:
         except (ConnectionError, asyncio.CancelledError):
             return
         finally:
-            while not queue.empty():
-                pending = queue.get_nowait()
-                if pending is not None:
-                    pending[2].cancel()
+            while not queue.empty():  # unblocks the reader; _serve decides what becomes of the requests
+                queue.get_nowait()
 
 
 def _api_name(key: int) -> str:
