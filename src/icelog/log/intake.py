@@ -51,6 +51,7 @@ class IntakeStats:
     appends: int = 0
     bytes_written: int = 0
     fsync_seconds: float = 0.0
+    bytes_submitted: int = 0  # frames queued (header included), written or not: the disk-space estimate's debit
 
 
 class IntakeFiles:
@@ -218,6 +219,7 @@ class IntakeWriter:
             raise KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, f"intake writer failed: {self.failed}")
         assert self._loop is not None, "start() the writer first"
         done: asyncio.Future[None] = self._loop.create_future()
+        self.stats.bytes_submitted += len(payload) + intake_file.FRAME_HEADER_SIZE
         with self._ready:
             self._pending.append(
                 _PendingAppend(topic_id, partition, payload, base_offset, end_offset, max_timestamp, done)
