@@ -124,3 +124,55 @@ def test_a_full_disk_refuses_produce_retriably_keeps_reads_and_resumes_when_spac
         assert "produce resumes" in broker.log()
     finally:
         broker.stop()
+
+
+@pytest.mark.slow
+def test_enospc_in_an_intake_write_fails_the_appends_retriably_and_the_broker_keeps_serving(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "data", env={"ICELOG_TEST_FAULT": "intake-enospc"}).start()
+    topic = "enospc"
+    try:
+        delivered: list[tuple[int, bytes]] = []
+        errors: list[Any] = []
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            if err is not None:
+                errors.append(err)
+            else:
+                delivered.append((msg.offset(), msg.value()))
+
+        producer = Producer({
+            "bootstrap.servers": broker.bootstrap, "enable.idempotence": True, "linger.ms": 5,
+            "message.timeout.ms": 600_000, "retry.backoff.max.ms": 500,
+        })
+        sent = [b"%06d" % i + os.urandom(994) for i in range(400)]
+        for value in sent[:200]:
+            producer.produce(topic, value=value, partition=0, on_delivery=on_delivery)
+        assert producer.flush(30) == 0 and not errors, errors
+
+        (broker.data_dir / "intake-enospc").touch()  # from now on every intake write finds the disk full
+        for value in sent[200:]:
+            producer.produce(topic, value=value, partition=0, on_delivery=on_delivery)
+        assert producer.flush(5) > 0, "acknowledged although nothing could be written"
+        assert broker.proc is not None and broker.proc.poll() is None, broker.log()
+        assert not errors, errors  # retried by the client, not failed
+        assert len(delivered) == 200
+
+        probe = Producer({"bootstrap.servers": broker.bootstrap, "retries": 0, "acks": "all"})
+        probe_errors: list[Any] = []
+        probe.produce(topic, value=b"refused", partition=0, on_delivery=lambda err, _m: probe_errors.append(err))
+        assert probe.flush(30) == 0
+        assert probe_errors[0] is not None
+        assert probe_errors[0].code() in (KafkaError.KAFKA_STORAGE_ERROR, KafkaError.NOT_ENOUGH_REPLICAS)
+
+        assert _read_all(broker.bootstrap, topic, 200)[:200] == sent[:200]  # reads go on
+
+        (broker.data_dir / "intake-enospc").unlink()  # space returns
+        assert producer.flush(60) == 0 and not errors, errors
+        assert broker.proc.poll() is None
+        assert [v for _, v in sorted(delivered)] == sent
+        assert [o for o, _ in sorted(delivered)] == list(range(len(sent)))
+        assert _read_all(broker.bootstrap, topic, len(sent)) == sent  # each once, in order, nothing half-written
+        log = broker.log()
+        assert log.count("refusing produce") == 1 and "produce resumes" in log and "Traceback" not in log, log
+    finally:
+        broker.stop()

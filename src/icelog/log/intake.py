@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import threading
@@ -26,10 +27,20 @@ from pathlib import Path
 
 from icelog.config import IntakeSettings
 from icelog.errors import ErrorCode, KafkaApiError
+from icelog.faults import armed
 from icelog.log import intake_file
 from icelog.meta.store import IntakeChunk, IntakeIndex, IntakeTail
 
 log = logging.getLogger(__name__)
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+# Test hook (faults.py): with ICELOG_TEST_FAULT=intake-enospc, intake writes fail with ENOSPC while a file of
+# this name exists next to the intake directory.
+ENOSPC_FAULT = "intake-enospc"
+
+
+class NoSpaceError(OSError):
+    """An intake write found the disk full: nothing of its group is written (the file is cut back)."""
 
 
 @dataclass
@@ -117,12 +128,16 @@ class IntakeWriter:
         store: IntakeIndex,
         settings: IntakeSettings,
         on_durable: Callable[[list[IntakeChunk]], None],
+        on_not_written: Callable[[list[tuple[uuid.UUID, int, int]]], None] | None = None,
     ) -> None:
         self.directory = directory
         self.store = store
         self.settings = settings
         self.stats = IntakeStats()
         self._on_durable = on_durable
+        # Appends a full disk refused, as (topic id, partition, base offset): their offsets are handed out again.
+        self._on_not_written = on_not_written
+        self._undoing = False  # a full disk refused a group: the I/O thread waits until the loop has undone it
         self._pending: list[_PendingAppend] = []  # guarded by _ready: the loop appends, the I/O thread takes
         self._ready = threading.Condition()
         self._closing = False
@@ -236,13 +251,18 @@ class IntakeWriter:
         assert self._loop is not None
         while True:
             with self._ready:
-                while not self._pending and not self._closing:
+                while (not self._pending or self._undoing) and not self._closing:
                     self._ready.wait()
-                if not self._pending:
+                if not self._pending or self._undoing:
                     return
                 group = self._take_group()
             try:
                 chunks = self._write_group(group)
+            except NoSpaceError as exc:  # nothing of the group is on disk: refuse it and what follows, go on
+                with self._ready:
+                    self._undoing = True
+                self._loop.call_soon_threadsafe(self._refuse, group, exc)
+                continue
             except BaseException as exc:  # disk or store failure: stop accepting, fail waiters
                 self._loop.call_soon_threadsafe(self._fail, group, exc)
                 return
@@ -261,6 +281,22 @@ class IntakeWriter:
         for item in group:
             if not item.done.done():
                 item.done.set_result(None)
+
+    def _refuse(self, group: list[_PendingAppend], exc: NoSpaceError) -> None:
+        """On the event loop: fail a group a full disk refused, and every append queued after it (their
+        offsets follow its offsets), retriably; the manager hands those offsets out again. Then resume."""
+        with self._ready:
+            refused, self._pending = group + self._pending, []
+            self._undoing = False
+            self._ready.notify()
+        if self._on_not_written is not None:
+            self._on_not_written([(i.topic_id, i.partition, i.base_offset) for i in refused])
+        self.stats.bytes_submitted -= sum(len(i.payload) + intake_file.FRAME_HEADER_SIZE for i in refused)
+        for item in refused:
+            if not item.done.done():
+                item.done.set_exception(KafkaApiError(
+                    ErrorCode.KAFKA_STORAGE_ERROR, f"the data directory is full ({exc.strerror}); retry later"
+                ))
 
     def _fail(self, group: list[_PendingAppend], exc: BaseException) -> None:
         if self.failed is None:
@@ -307,12 +343,23 @@ class IntakeWriter:
             position += intake_file.FRAME_HEADER_SIZE
             chunks.append(IntakeChunk(topic_id, partition, base, end, self.active_file_id, position, length, max_ts))
             position += length
-        self._allocate(position)
-        _write_all(self._fd, parts, self._active_size, total)
-        started = time.perf_counter()
-        if self.settings.fsync:
-            os.fdatasync(self._fd)
-        self.stats.fsync_seconds += time.perf_counter() - started
+        try:
+            if armed(ENOSPC_FAULT) and (self.directory.parent / ENOSPC_FAULT).exists():
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self._allocate(position)
+            _write_all(self._fd, parts, self._active_size, total)
+            started = time.perf_counter()
+            if self.settings.fsync:
+                os.fdatasync(self._fd)
+            self.stats.fsync_seconds += time.perf_counter() - started
+        except OSError as exc:
+            if exc.errno not in _NO_SPACE:
+                raise
+            # Cut what was written of the group (never indexed, never acknowledged): recovery would find
+            # whole frames of it, and the next group writes at this position anyway.
+            os.ftruncate(self._fd, self._active_size)
+            self._allocated = min(self._allocated, self._active_size)
+            raise NoSpaceError(exc.errno, exc.strerror) from exc
         self._active_size = position
         self.store.commit_intake(chunks, IntakeTail(self.active_file_id, position))
         self.stats.commits += 1
@@ -362,5 +409,5 @@ def _write_all(fd: int, parts: list[bytes | bytearray], position: int, total: in
     written = 0
     for start in range(0, len(parts), _IOV_MAX):
         written += os.pwritev(fd, parts[start : start + _IOV_MAX], position + written)
-    if written != total:
-        raise OSError(f"short write to intake file: {written} of {total} bytes")
+    if written != total:  # a regular file writes short only when the disk is full
+        raise OSError(errno.ENOSPC, f"short write to intake file: {written} of {total} bytes")

@@ -92,7 +92,7 @@ class LogManager:
         self.store = store
         self.intake_dir = Path(settings.data_dir) / "intake"
         self.files = IntakeFiles(self.intake_dir)
-        self.writer = IntakeWriter(self.intake_dir, store, settings.intake, self._on_durable)
+        self.writer = IntakeWriter(self.intake_dir, store, settings.intake, self._on_durable, self._on_not_written)
         self.topics: dict[str, TopicState] = {}
         self._by_id: dict[uuid.UUID, TopicState] = {}
         self._snapshot_offsets: dict[tuple[uuid.UUID, int], int] = {}  # last snapshot saved per partition
@@ -105,6 +105,7 @@ class LogManager:
         self.free_bytes: int | None = None
         self._free_mark = 0
         self.space_refusal: str | None = None  # why produce is refused for space (logged once), or None
+        self._disk_full = False  # an intake write found the disk full, none went through since
         # Set by the broker: the older offset range sources (the Iceberg table, readback/) of a partition
         # of a topic, plugged into each PartitionLog; None or [] means the intake is the whole log.
         self.older_sources: Callable[[TopicRecord, EffectiveConfig, int], list[OffsetRangeSource]] | None = None
@@ -224,10 +225,33 @@ class LogManager:
         return state
 
     def _on_durable(self, chunks: list[IntakeChunk]) -> None:
+        if self._disk_full:
+            self._disk_full = False
+            self.space_refusal = None
+            log.warning("produce resumes: intake writes go through again")
         for chunk in chunks:
             state = self._by_id.get(chunk.topic_id)
             if state is not None and chunk.partition < len(state.partitions):
                 state.partitions[chunk.partition].add_durable_chunk(chunk)
+
+    def _on_not_written(self, refused: list[tuple[uuid.UUID, int, int]]) -> None:
+        """A full disk refused these appends (and nothing after them was written): hand their offsets out again."""
+        # Until a write goes through, the disk counts as full (the estimate is 0 until the next reading).
+        self.free_bytes, self._free_mark = 0, self.writer.stats.bytes_written
+        self._disk_full = True
+        self._refuse_for_space(f"an intake write found the data directory full; {len(refused)} appends failed "
+                               "retriably (KAFKA_STORAGE_ERROR), produce resumes once space is freed")
+        first: dict[tuple[uuid.UUID, int], int] = {}
+        for topic_id, partition, base in refused:
+            key = (topic_id, partition)
+            first[key] = min(first.get(key, base), base)
+        for (topic_id, partition), base in first.items():
+            state = self._by_id.get(topic_id)
+            if state is not None and partition < len(state.partitions):
+                part = state.partitions[partition]
+                part.next_offset = max(base, part.high_watermark)
+                part.producers.forget_from(part.next_offset)
+                part.txn_index.forget_from(part.next_offset)
 
     # -- topics --------------------------------------------------------------------------------
     def get(self, name: str) -> TopicState | None:
@@ -356,7 +380,7 @@ class LogManager:
             reason = pressure.space_reason(free + pending, pending, floor)
             self._refuse_for_space(reason)
             raise KafkaApiError(ErrorCode.NOT_ENOUGH_REPLICAS, reason)
-        if self.space_refusal is not None and free is not None:
+        if self.space_refusal is not None and free is not None and not self._disk_full:
             log.warning("produce resumes: the data directory has %d bytes free after this append "
                         "(intake.min_free_bytes=%d)", free, floor)
             self.space_refusal = None
