@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,11 @@ def test_a_full_disk_refuses_produce_retriably_keeps_reads_and_resumes_when_spac
         log = broker.log()
         assert log.count("refusing produce: the data directory has") == 1, log  # once, not per request
         assert "Traceback" not in log
+        status = subprocess.run(
+            [sys.executable, "-m", "icelog", "status", "--data-dir", str(broker.data_dir)], capture_output=True,
+            text=True, env={**os.environ, "ICELOG_INTAKE__MIN_FREE_BYTES": str(FLOOR)}, check=True,
+        ).stderr
+        assert "min_free_bytes=16777216" in status and "refused" in status, status
 
         # A client that does not retry sees the retriable error (a batch of its that does not fit above the floor).
         probe = Producer({"bootstrap.servers": broker.bootstrap, "retries": 0, "acks": "all", "linger.ms": 50})
