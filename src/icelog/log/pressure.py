@@ -6,7 +6,8 @@ the intake grow. Two bounds keep it from filling the disk:
     Produce responses carry `throttle_time_ms` (clients wait before their next request); at the bound,
     batches are refused with NOT_ENOUGH_REPLICAS, which librdkafka, kafka-python and the Java client
     retry by themselves (with idempotence, in order and without duplicates);
-  - for every topic, `intake.min_free_bytes` of free space in the data directory.
+  - for every topic, `intake.min_free_bytes` of free space in the data directory, checked against each
+    append's own size (LogManager.free_estimate: the last reading less the intake bytes queued since).
 The check on the produce path is O(1): it reads counters that a background task refreshes from the
 metadata store's archive states (written by the archiver process) every REFRESH_INTERVAL_S, and that
 each accepted append raises in between. Nothing accepted is ever dropped: a refused batch stores nothing.
