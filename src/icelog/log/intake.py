@@ -52,6 +52,7 @@ class _PendingAppend:
     end_offset: int
     max_timestamp: int
     done: asyncio.Future[None] = field(repr=False)
+    marker: bool = False  # a transaction marker (its transaction's state already counts it written)
 
 
 @dataclass
@@ -227,7 +228,7 @@ class IntakeWriter:
     # -- appends -------------------------------------------------------------------------------
     def submit(
         self, topic_id: uuid.UUID, partition: int, payload: bytes | bytearray, base_offset: int, end_offset: int,
-        max_timestamp: int,
+        max_timestamp: int, marker: bool = False,
     ) -> asyncio.Future[None]:
         """Queue batches whose offsets are assigned; the future resolves once they are durable."""
         if self.failed is not None:
@@ -237,7 +238,7 @@ class IntakeWriter:
         self.stats.bytes_submitted += len(payload) + intake_file.FRAME_HEADER_SIZE
         with self._ready:
             self._pending.append(
-                _PendingAppend(topic_id, partition, payload, base_offset, end_offset, max_timestamp, done)
+                _PendingAppend(topic_id, partition, payload, base_offset, end_offset, max_timestamp, done, marker)
             )
             self._ready.notify()
         return done
@@ -285,6 +286,11 @@ class IntakeWriter:
     def _refuse(self, group: list[_PendingAppend], exc: NoSpaceError) -> None:
         """On the event loop: fail a group a full disk refused, and every append queued after it (their
         offsets follow its offsets), retriably; the manager hands those offsets out again. Then resume."""
+        if any(i.marker for i in group + self._pending):
+            # A transaction marker is not undone (the transaction's state counts it written): stop, as any
+            # failed commit does; start-up completes the prepared transaction.
+            self._fail(group, exc)
+            return
         with self._ready:
             refused, self._pending = group + self._pending, []
             self._undoing = False
@@ -305,6 +311,7 @@ class IntakeWriter:
         with self._ready:
             waiting, self._pending = group + self._pending, []
             self._closing = True  # the I/O thread stops after the group it may be writing
+            self._ready.notify()
         for item in waiting:
             if not item.done.done():
                 item.done.set_exception(KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, "intake write failed"))

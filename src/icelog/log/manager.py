@@ -471,7 +471,7 @@ class LogManager:
         buffer = bytearray(encode_marker_batch(producer_id, producer_epoch, commit, coordinator_epoch, now))
         base = partition.reserve(1)
         struct.pack_into(">q", buffer, 0, base)
-        done = self.writer.submit(partition.topic_id, partition.partition, buffer, base, base + 1, now)
+        done = self.writer.submit(partition.topic_id, partition.partition, buffer, base, base + 1, now, marker=True)
         partition.producers.observe_epoch(producer_id, producer_epoch)
         partition.txn_index.on_marker(producer_id, base, commit)
         return done
