@@ -173,8 +173,9 @@ class Broker:
             try:
                 states = await asyncio.to_thread(self.store.archive_states)
                 unarchived = await asyncio.to_thread(self.logs.count_unarchived, states)
+                written = self.logs.writer.stats.bytes_written  # what the reading can see, at least
                 free = await asyncio.to_thread(lambda: shutil.disk_usage(self.settings.data_dir).free)
-                self.logs.apply_pressure(unarchived, free)
+                self.logs.apply_pressure(unarchived, free, written)
             except Exception:
                 log.exception("back-pressure refresh failed; will retry")
             await asyncio.sleep(pressure.REFRESH_INTERVAL_S)

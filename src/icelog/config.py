@@ -49,7 +49,7 @@ class IntakeSettings(BaseModel):
     min_free_bytes: int = Field(
         1024 * 1024 * 1024,
         ge=0,
-        description="Refuse produce (retriable NOT_ENOUGH_REPLICAS) while the data dir has less free space.",
+        description="Refuse an append (retriable NOT_ENOUGH_REPLICAS) that would leave the data dir less free space.",
     )
 
 

@@ -13,6 +13,8 @@ The archive job's points (archive/archiver.py, archive/upsert.py):
   after-commit               the table has the archive, the metadata store does not know yet
   after-commit-before-index  an upsert table's snapshot is committed, its primary-key index not updated
   after-dead-letters         undecodable batches are in the dead-letter table, the archive not yet committed
+Not a kill, a failure:
+  intake-enospc       intake writes fail with ENOSPC while <data_dir>/intake-enospc exists (log/intake.py)
 Not a kill, a hold:
   maintenance-stall   a maintenance round holds one Spark task slot until <data_dir>/maintenance-stall.release
                       (archive/maintenance_schedule.py, checked with `armed`)

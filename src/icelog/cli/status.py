@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from datetime import UTC, datetime
 
 from icelog.archive.progress import ArchiveProgress, archive_progress
 from icelog.cli.archive import require_metadata
 from icelog.config import Settings, load_settings
+from icelog.log.pressure import space_reason
 from icelog.meta.backends import open_store
 from icelog.meta.store import TopicCatalog
 
@@ -114,4 +116,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     if len(rows) == 1:
         print("(no topics)")
+    print(f"icelog status: {_space_line(settings)}", file=sys.stderr)  # stdout stays one row per partition
     return 0
+
+
+def _space_line(settings: Settings) -> str:
+    """Whether the data directory's free space lets produce in (log/pressure.py; the broker checks each append)."""
+    free = shutil.disk_usage(settings.data_dir).free
+    floor = settings.intake.min_free_bytes
+    if free < floor:
+        return f"produce refused: {space_reason(free, 0, floor)}"
+    return (f"data directory: {free} bytes free, {free - floor} above intake.min_free_bytes={floor} "
+            "(an append that does not fit above it is refused, retriably)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import threading
@@ -26,10 +27,20 @@ from pathlib import Path
 
 from icelog.config import IntakeSettings
 from icelog.errors import ErrorCode, KafkaApiError
+from icelog.faults import armed
 from icelog.log import intake_file
 from icelog.meta.store import IntakeChunk, IntakeIndex, IntakeTail
 
 log = logging.getLogger(__name__)
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+# Test hook (faults.py): with ICELOG_TEST_FAULT=intake-enospc, intake writes fail with ENOSPC while a file of
+# this name exists next to the intake directory.
+ENOSPC_FAULT = "intake-enospc"
+
+
+class NoSpaceError(OSError):
+    """An intake write found the disk full: nothing of its group is written (the file is cut back)."""
 
 
 @dataclass
@@ -41,6 +52,7 @@ class _PendingAppend:
     end_offset: int
     max_timestamp: int
     done: asyncio.Future[None] = field(repr=False)
+    marker: bool = False  # a transaction marker (its transaction's state already counts it written)
 
 
 @dataclass
@@ -51,6 +63,7 @@ class IntakeStats:
     appends: int = 0
     bytes_written: int = 0
     fsync_seconds: float = 0.0
+    bytes_submitted: int = 0  # frames queued (header included), written or not: the disk-space estimate's debit
 
 
 class IntakeFiles:
@@ -116,12 +129,16 @@ class IntakeWriter:
         store: IntakeIndex,
         settings: IntakeSettings,
         on_durable: Callable[[list[IntakeChunk]], None],
+        on_not_written: Callable[[list[tuple[uuid.UUID, int, int]]], None] | None = None,
     ) -> None:
         self.directory = directory
         self.store = store
         self.settings = settings
         self.stats = IntakeStats()
         self._on_durable = on_durable
+        # Appends a full disk refused, as (topic id, partition, base offset): their offsets are handed out again.
+        self._on_not_written = on_not_written
+        self._undoing = False  # a full disk refused a group: the I/O thread waits until the loop has undone it
         self._pending: list[_PendingAppend] = []  # guarded by _ready: the loop appends, the I/O thread takes
         self._ready = threading.Condition()
         self._closing = False
@@ -211,16 +228,17 @@ class IntakeWriter:
     # -- appends -------------------------------------------------------------------------------
     def submit(
         self, topic_id: uuid.UUID, partition: int, payload: bytes | bytearray, base_offset: int, end_offset: int,
-        max_timestamp: int,
+        max_timestamp: int, marker: bool = False,
     ) -> asyncio.Future[None]:
         """Queue batches whose offsets are assigned; the future resolves once they are durable."""
         if self.failed is not None:
             raise KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, f"intake writer failed: {self.failed}")
         assert self._loop is not None, "start() the writer first"
         done: asyncio.Future[None] = self._loop.create_future()
+        self.stats.bytes_submitted += len(payload) + intake_file.FRAME_HEADER_SIZE
         with self._ready:
             self._pending.append(
-                _PendingAppend(topic_id, partition, payload, base_offset, end_offset, max_timestamp, done)
+                _PendingAppend(topic_id, partition, payload, base_offset, end_offset, max_timestamp, done, marker)
             )
             self._ready.notify()
         return done
@@ -234,13 +252,18 @@ class IntakeWriter:
         assert self._loop is not None
         while True:
             with self._ready:
-                while not self._pending and not self._closing:
+                while (not self._pending or self._undoing) and not self._closing:
                     self._ready.wait()
-                if not self._pending:
+                if not self._pending or self._undoing:
                     return
                 group = self._take_group()
             try:
                 chunks = self._write_group(group)
+            except NoSpaceError as exc:  # nothing of the group is on disk: refuse it and what follows, go on
+                with self._ready:
+                    self._undoing = True
+                self._loop.call_soon_threadsafe(self._refuse, group, exc)
+                continue
             except BaseException as exc:  # disk or store failure: stop accepting, fail waiters
                 self._loop.call_soon_threadsafe(self._fail, group, exc)
                 return
@@ -260,6 +283,27 @@ class IntakeWriter:
             if not item.done.done():
                 item.done.set_result(None)
 
+    def _refuse(self, group: list[_PendingAppend], exc: NoSpaceError) -> None:
+        """On the event loop: fail a group a full disk refused, and every append queued after it (their
+        offsets follow its offsets), retriably; the manager hands those offsets out again. Then resume."""
+        if any(i.marker for i in group + self._pending):
+            # A transaction marker is not undone (the transaction's state counts it written): stop, as any
+            # failed commit does; start-up completes the prepared transaction.
+            self._fail(group, exc)
+            return
+        with self._ready:
+            refused, self._pending = group + self._pending, []
+            self._undoing = False
+            self._ready.notify()
+        if self._on_not_written is not None:
+            self._on_not_written([(i.topic_id, i.partition, i.base_offset) for i in refused])
+        self.stats.bytes_submitted -= sum(len(i.payload) + intake_file.FRAME_HEADER_SIZE for i in refused)
+        for item in refused:
+            if not item.done.done():
+                item.done.set_exception(KafkaApiError(
+                    ErrorCode.KAFKA_STORAGE_ERROR, f"the data directory is full ({exc.strerror}); retry later"
+                ))
+
     def _fail(self, group: list[_PendingAppend], exc: BaseException) -> None:
         if self.failed is None:
             self.failed = exc
@@ -267,6 +311,7 @@ class IntakeWriter:
         with self._ready:
             waiting, self._pending = group + self._pending, []
             self._closing = True  # the I/O thread stops after the group it may be writing
+            self._ready.notify()
         for item in waiting:
             if not item.done.done():
                 item.done.set_exception(KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, "intake write failed"))
@@ -305,12 +350,23 @@ class IntakeWriter:
             position += intake_file.FRAME_HEADER_SIZE
             chunks.append(IntakeChunk(topic_id, partition, base, end, self.active_file_id, position, length, max_ts))
             position += length
-        self._allocate(position)
-        _write_all(self._fd, parts, self._active_size, total)
-        started = time.perf_counter()
-        if self.settings.fsync:
-            os.fdatasync(self._fd)
-        self.stats.fsync_seconds += time.perf_counter() - started
+        try:
+            if armed(ENOSPC_FAULT) and (self.directory.parent / ENOSPC_FAULT).exists():
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self._allocate(position)
+            _write_all(self._fd, parts, self._active_size, total)
+            started = time.perf_counter()
+            if self.settings.fsync:
+                os.fdatasync(self._fd)
+            self.stats.fsync_seconds += time.perf_counter() - started
+        except OSError as exc:
+            if exc.errno not in _NO_SPACE:
+                raise
+            # Cut what was written of the group (never indexed, never acknowledged): recovery would find
+            # whole frames of it, and the next group writes at this position anyway.
+            os.ftruncate(self._fd, self._active_size)
+            self._allocated = min(self._allocated, self._active_size)
+            raise NoSpaceError(exc.errno, exc.strerror) from exc
         self._active_size = position
         self.store.commit_intake(chunks, IntakeTail(self.active_file_id, position))
         self.stats.commits += 1
@@ -360,5 +416,5 @@ def _write_all(fd: int, parts: list[bytes | bytearray], position: int, total: in
     written = 0
     for start in range(0, len(parts), _IOV_MAX):
         written += os.pwritev(fd, parts[start : start + _IOV_MAX], position + written)
-    if written != total:
-        raise OSError(f"short write to intake file: {written} of {total} bytes")
+    if written != total:  # a regular file writes short only when the disk is full
+        raise OSError(errno.ENOSPC, f"short write to intake file: {written} of {total} bytes")

@@ -92,7 +92,7 @@ class LogManager:
         self.store = store
         self.intake_dir = Path(settings.data_dir) / "intake"
         self.files = IntakeFiles(self.intake_dir)
-        self.writer = IntakeWriter(self.intake_dir, store, settings.intake, self._on_durable)
+        self.writer = IntakeWriter(self.intake_dir, store, settings.intake, self._on_durable, self._on_not_written)
         self.topics: dict[str, TopicState] = {}
         self._by_id: dict[uuid.UUID, TopicState] = {}
         self._snapshot_offsets: dict[tuple[uuid.UUID, int], int] = {}  # last snapshot saved per partition
@@ -100,7 +100,12 @@ class LogManager:
         # Set by the transaction coordinator: raises KafkaApiError unless (topic, partition, producer id,
         # epoch) is in an Ongoing transaction it opened (None: no verification, e.g. tools and tests).
         self.txn_verifier: Callable[[str, int, int, int], None] | None = None
-        self.free_bytes: int | None = None  # of the data directory; refreshed by apply_pressure
+        # Free space of the data directory as last read (apply_pressure), and the intake bytes written by
+        # then: each append is checked against the reading less everything queued since (free_estimate).
+        self.free_bytes: int | None = None
+        self._free_mark = 0
+        self.space_refusal: str | None = None  # why produce is refused for space (logged once), or None
+        self._disk_full = False  # an intake write found the disk full, none went through since
         # Set by the broker: the older offset range sources (the Iceberg table, readback/) of a partition
         # of a topic, plugged into each PartitionLog; None or [] means the intake is the whole log.
         self.older_sources: Callable[[TopicRecord, EffectiveConfig, int], list[OffsetRangeSource]] | None = None
@@ -220,10 +225,33 @@ class LogManager:
         return state
 
     def _on_durable(self, chunks: list[IntakeChunk]) -> None:
+        if self._disk_full:
+            self._disk_full = False
+            self.space_refusal = None
+            log.warning("produce resumes: intake writes go through again")
         for chunk in chunks:
             state = self._by_id.get(chunk.topic_id)
             if state is not None and chunk.partition < len(state.partitions):
                 state.partitions[chunk.partition].add_durable_chunk(chunk)
+
+    def _on_not_written(self, refused: list[tuple[uuid.UUID, int, int]]) -> None:
+        """A full disk refused these appends (and nothing after them was written): hand their offsets out again."""
+        # Until a write goes through, the disk counts as full (the estimate is 0 until the next reading).
+        self.free_bytes, self._free_mark = 0, self.writer.stats.bytes_written
+        self._disk_full = True
+        self._refuse_for_space(f"an intake write found the data directory full; {len(refused)} appends failed "
+                               "retriably (KAFKA_STORAGE_ERROR), produce resumes once space is freed")
+        first: dict[tuple[uuid.UUID, int], int] = {}
+        for topic_id, partition, base in refused:
+            key = (topic_id, partition)
+            first[key] = min(first.get(key, base), base)
+        for (topic_id, partition), base in first.items():
+            state = self._by_id.get(topic_id)
+            if state is not None and partition < len(state.partitions):
+                part = state.partitions[partition]
+                part.next_offset = max(base, part.high_watermark)
+                part.producers.forget_from(part.next_offset)
+                part.txn_index.forget_from(part.next_offset)
 
     # -- topics --------------------------------------------------------------------------------
     def get(self, name: str) -> TopicState | None:
@@ -319,10 +347,43 @@ class LogManager:
     # -- back-pressure -------------------------------------------------------------------------
     def admission(self, topic: TopicState) -> int:
         """Throttle (ms) for a produce to `topic`, or a retriable refusal past a bound; O(1) (log/pressure.py)."""
-        return pressure.admission(
-            topic.name, topic.unarchived_bytes, topic.max_lag_bytes, self.free_bytes,
-            self.settings.intake.min_free_bytes,
-        )
+        try:
+            return pressure.admission(
+                topic.name, topic.unarchived_bytes, topic.max_lag_bytes, self.free_estimate(),
+                self.settings.intake.min_free_bytes,
+            )
+        except KafkaApiError as exc:
+            if "min_free_bytes" in exc.message:
+                self._refuse_for_space(exc.message)
+            raise
+
+    def free_estimate(self, pending: int = 0) -> int | None:
+        """Free bytes of the data directory once what is queued, and `pending` more, is written.
+
+        The last reading less every intake byte submitted since the writes it could have seen: O(1), and
+        never above the truth by more than what other processes wrote since the reading.
+        """
+        if self.free_bytes is None:
+            return None
+        return self.free_bytes - (self.writer.stats.bytes_submitted - self._free_mark) - pending
+
+    def _refuse_for_space(self, reason: str) -> None:
+        if self.space_refusal is None:
+            log.warning("refusing produce: %s", reason)  # once per episode, not per request
+        self.space_refusal = reason
+
+    def _check_space(self, pending: int) -> None:
+        """Refuse (retriable NOT_ENOUGH_REPLICAS) an append that would take free space below the floor."""
+        floor = self.settings.intake.min_free_bytes
+        free = self.free_estimate(pending)
+        if free is not None and free < floor:
+            reason = pressure.space_reason(free + pending, pending, floor)
+            self._refuse_for_space(reason)
+            raise KafkaApiError(ErrorCode.NOT_ENOUGH_REPLICAS, reason)
+        if self.space_refusal is not None and free is not None and not self._disk_full:
+            log.warning("produce resumes: the data directory has %d bytes free after this append "
+                        "(intake.min_free_bytes=%d)", free, floor)
+            self.space_refusal = None
 
     def count_unarchived(self, archived: Iterable[ArchiveState]) -> dict[uuid.UUID, int]:
         """Unarchived intake bytes per archived topic, from the archiver's recorded offsets.
@@ -349,9 +410,15 @@ class LogManager:
         below = self.store.intake_bytes_below(part.topic_id, part.partition, archived_offset)
         return max(part.intake_bytes - below, 0)
 
-    def apply_pressure(self, unarchived: dict[uuid.UUID, int], free_bytes: int) -> None:
-        """Install counts from count_unarchived and the data directory's free space (on the event loop)."""
+    def apply_pressure(
+        self, unarchived: dict[uuid.UUID, int], free_bytes: int, written_before: int | None = None
+    ) -> None:
+        """Install counts from count_unarchived and the data directory's free space (on the event loop).
+
+        `written_before`: the writer's bytes_written when the free space was read (default: now).
+        """
         self.free_bytes = free_bytes
+        self._free_mark = self.writer.stats.bytes_written if written_before is None else written_before
         for topic_id, size in unarchived.items():
             state = self._by_id.get(topic_id)
             if state is not None and state.max_lag_bytes is not None:
@@ -379,6 +446,7 @@ class LogManager:
             set_log_append_time(buffer, batches, append_time)
         else:
             repair_headers(buffer, batches)  # the records' max timestamp, whatever the producer's header said
+        self._check_space(len(buffer) + intake_file.FRAME_HEADER_SIZE)  # before any state changes
         record_count = sum(b.last_offset_delta + 1 for b in batches)
         base = partition.reserve(record_count)
         assign_offsets(buffer, batches, base)
@@ -403,7 +471,7 @@ class LogManager:
         buffer = bytearray(encode_marker_batch(producer_id, producer_epoch, commit, coordinator_epoch, now))
         base = partition.reserve(1)
         struct.pack_into(">q", buffer, 0, base)
-        done = self.writer.submit(partition.topic_id, partition.partition, buffer, base, base + 1, now)
+        done = self.writer.submit(partition.topic_id, partition.partition, buffer, base, base + 1, now, marker=True)
         partition.producers.observe_epoch(producer_id, producer_epoch)
         partition.txn_index.on_marker(producer_id, base, commit)
         return done

@@ -143,6 +143,14 @@ class ProducerStateTable:
                 )
             offset += batch.last_offset_delta + 1
 
+    def forget_from(self, offset: int) -> None:
+        """Forget batches given offsets from `offset` on (never written: a full disk refused them)."""
+        for entry in self.entries.values():
+            if entry.batches and entry.batches[-1].base_offset >= offset:
+                kept = [b for b in entry.batches if b.base_offset < offset]
+                entry.batches.clear()
+                entry.batches.extend(kept)
+
     def observe_epoch(self, producer_id: int, epoch: int) -> None:
         """A transaction marker carries the producer's (possibly bumped) epoch: older epochs are fenced."""
         entry = self.entries.get(producer_id)

@@ -58,6 +58,12 @@ class TxnIndex:
             self.open[producer_id] = base_offset
             self.opened_at[producer_id] = time.monotonic()
 
+    def forget_from(self, offset: int) -> None:
+        """Data batches from `offset` on were never written (a full disk refused them): they open nothing."""
+        for pid in [pid for pid, first in self.open.items() if first >= offset]:
+            del self.open[pid]
+            self.opened_at.pop(pid, None)
+
     def on_marker(self, producer_id: int, offset: int, commit: bool) -> None:
         """A commit or abort marker was given `offset`: the producer's transaction here is over."""
         first = self.open.pop(producer_id, None)
