@@ -26,7 +26,7 @@ from google.protobuf import descriptor_pb2, message_factory
 from icelog.schema.codec.proto_values import FieldPart, column_values, struct_converter, struct_parts
 from icelog.schema.codec.rebuild import invertible
 from icelog.schema.codec.registry_source import SchemaSource, open_source
-from icelog.schema.codec.sides import SideDecoding, error_row
+from icelog.schema.codec.sides import SideDecoding, error_row, side_array
 from icelog.schema.protobuf_schema import build_pool, main_file_of, message_name_at, parse_envelope
 from icelog.schema.registry_client import RegistryUnavailableError
 from icelog.table.iceberg_types import PREFIX, RAW
@@ -196,22 +196,5 @@ class ProtoSideDecoder:
             filled = column_values(self._decoders[main].parts, messages) if main is not None else {}
         except Exception:  # some message does not convert: find which, row by row
             return pa.array([self.decode(p) for p in payloads], type=struct_type)
-        arrays = []
-        for field in struct_type:
-            name = field.name
-            if name == PREFIX:
-                column: list[Any] = prefixes
-            elif name == RAW:
-                column = raws
-            elif len(rows) == n and name in filled:  # every payload is a main row: the column as converted
-                column = filled[name]
-            else:
-                column = [None] * n
-                for i, value in zip(rows, filled.get(name, ()), strict=False):
-                    column[i] = value
-            for i, row in others.items():
-                column[i] = row.get(name)
-            arrays.append(pa.array(column, type=field.type))
-        mask = pa.array([p is None for p in payloads], type=pa.bool_())
-        return pa.StructArray.from_arrays(arrays, fields=list(struct_type), mask=mask)
+        return side_array(struct_type, payloads, rows, filled, prefixes, raws, others)
 

@@ -26,7 +26,7 @@ from icelog.schema.avro_schema import AvroSchema
 from icelog.schema.codec.avro_codec import AvroRows
 from icelog.schema.codec.json_codec import JSONRows
 from icelog.schema.codec.registry_source import SchemaSource, open_source
-from icelog.schema.codec.sides import SideDecoding, error_row
+from icelog.schema.codec.sides import SideDecoding, error_row, side_array
 from icelog.schema.compiled import AVRO, CompiledSchema
 from icelog.schema.json_schema import JSONSchema
 from icelog.schema.registry_client import RegistryUnavailableError
@@ -165,21 +165,4 @@ class RecordSideDecoder:
         for j, i in enumerate(rows):
             # __raw__ is dropped only for an enveloped payload whose row was checked to rebuild it
             raws[i] = None if rebuilt is not None and prefixes[i] is not None and rebuilt[j] else payloads[i]
-        arrays = []
-        for field in struct_type:
-            name = field.name
-            if name == PREFIX:
-                column: list[object] = list(prefixes)
-            elif name == RAW:
-                column = list(raws)
-            elif len(rows) == n and name in filled:  # every payload is a main row: the codec's column as is
-                column = filled[name]
-            else:
-                column = [None] * n
-                for i, value in zip(rows, filled.get(name, ()), strict=False):
-                    column[i] = value
-            for i, row_or_none in others.items():
-                column[i] = None if row_or_none is None else row_or_none.get(name)
-            arrays.append(pa.array(column, type=field.type))
-        mask = pa.array([p is None for p in payloads], type=pa.bool_())
-        return pa.StructArray.from_arrays(arrays, fields=list(struct_type), mask=mask)
+        return side_array(struct_type, payloads, rows, filled, prefixes, raws, others)

@@ -10,12 +10,13 @@ decode) and `__raw__` (the payload, kept unless the row provably rebuilds it).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from icelog.schema.codec.registry_source import SourceSpec
 from icelog.schema.compiled import PROTOBUF, CompiledSchema
-from icelog.table.iceberg_types import ERR, RAW, Column
+from icelog.table.iceberg_types import ERR, PREFIX, RAW, Column
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -47,3 +48,37 @@ class SideDecoder(Protocol):
 def error_row(exc: Exception, payload: bytes) -> dict[str, object]:
     """The row of a payload that does not decode: only __err__ and __raw__."""
     return {ERR: f"{type(exc).__name__}: {exc}"[:1000] or type(exc).__name__, RAW: payload}
+
+
+def side_array(
+    struct_type: pa.StructType,
+    payloads: Sequence[bytes | None],
+    rows: Sequence[int],
+    filled: Mapping[str, list[object]],
+    prefixes: list[bytes | None],
+    raws: list[bytes | None],
+    others: Mapping[int, Mapping[str, object] | None],
+) -> pa.StructArray:
+    """A side's Arrow struct array: the main rows' values from `filled` (column name → values, one per index in
+    `rows`), the other rows (other schemas, errors) from their dicts, `__prefix__` and `__raw__` as given."""
+    import pyarrow as pa
+
+    n = len(payloads)
+    arrays = []
+    for field in struct_type:
+        name = field.name
+        if name == PREFIX:
+            column: list[object] = list(prefixes)
+        elif name == RAW:
+            column = list(raws)
+        elif len(rows) == n and name in filled:  # every payload is a main row: the codec's column as is
+            column = filled[name]
+        else:
+            column = [None] * n
+            for i, value in zip(rows, filled.get(name, ()), strict=False):
+                column[i] = value
+        for i, row in others.items():
+            column[i] = None if row is None else row.get(name)
+        arrays.append(pa.array(column, type=field.type))
+    mask = pa.array([p is None for p in payloads], type=pa.bool_())
+    return pa.StructArray.from_arrays(arrays, fields=list(struct_type), mask=mask)
