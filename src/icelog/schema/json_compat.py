@@ -569,17 +569,28 @@ def _object_dependencies(ctx: _Context, old: _View, new: _View) -> None:
                     _compare(ctx, old_node, SchemaNode(new_schemas[name], new.node.resolver))
 
 
-def _object_additional(ctx: _Context, old: _View, new: _View) -> None:
-    (old_permits, old_schema), (new_permits, new_schema) = _additional(old), _additional(new)
-    with ctx.at("additionalProperties"):
+def _compare_additional(
+    ctx: _Context,
+    keyword: str,
+    difference: str,
+    old: tuple[bool, SchemaNode | None],
+    new: tuple[bool, SchemaNode | None],
+) -> None:
+    """additionalProperties / additionalItems: (permitted, schema) pairs, Confluent's <difference>_* types."""
+    (old_permits, old_schema), (new_permits, new_schema) = old, new
+    with ctx.at(keyword):
         if old_permits != new_permits:
-            ctx.add("ADDITIONAL_PROPERTIES_ADDED" if new_permits else "ADDITIONAL_PROPERTIES_REMOVED")
+            ctx.add(f"{difference}_ADDED" if new_permits else f"{difference}_REMOVED")
         elif old_schema is None and new_schema is not None:
-            ctx.add("ADDITIONAL_PROPERTIES_NARROWED")
+            ctx.add(f"{difference}_NARROWED")
         elif old_schema is not None and new_schema is None:
-            ctx.add("ADDITIONAL_PROPERTIES_EXTENDED")
+            ctx.add(f"{difference}_EXTENDED")
         else:
             _compare(ctx, old_schema, new_schema)
+
+
+def _object_additional(ctx: _Context, old: _View, new: _View) -> None:
+    _compare_additional(ctx, "additionalProperties", "ADDITIONAL_PROPERTIES", _additional(old), _additional(new))
 
 
 # --- arrays -------------------------------------------------------------------------------------------------
@@ -659,16 +670,7 @@ def _item_added(ctx: _Context, old: _View, added: SchemaNode) -> None:
 
 
 def _array_additional(ctx: _Context, old: _View, new: _View) -> None:
-    (old_permits, old_schema), (new_permits, new_schema) = _additional_items(old), _additional_items(new)
-    with ctx.at("additionalItems"):
-        if old_permits != new_permits:
-            ctx.add("ADDITIONAL_ITEMS_ADDED" if new_permits else "ADDITIONAL_ITEMS_REMOVED")
-        elif old_schema is None and new_schema is not None:
-            ctx.add("ADDITIONAL_ITEMS_NARROWED")
-        elif old_schema is not None and new_schema is None:
-            ctx.add("ADDITIONAL_ITEMS_EXTENDED")
-        else:
-            _compare(ctx, old_schema, new_schema)
+    _compare_additional(ctx, "additionalItems", "ADDITIONAL_ITEMS", _additional_items(old), _additional_items(new))
 
 
 _BY_KIND = {
