@@ -50,6 +50,13 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def cached_decoder(cache: dict[str, SideDecoder], side: str, decoding: SideDecoding) -> SideDecoder:
+    """The side's decoder from a task's cache, built on first use (message classes and codecs are built once)."""
+    if side not in cache:
+        cache[side] = side_decoder(decoding)
+    return cache[side]
+
+
 def _side_array(raw_struct: pa.StructArray, decoder: SideDecoder | None, target: pa.DataType) -> pa.Array:
     import pyarrow as pa
 
@@ -78,14 +85,8 @@ def decode_archive_schema(
     import pyarrow as pa
 
     cache = decoders if decoders is not None else {}
-    sides: dict[str, SideDecoder | None] = {}
-    for name, decoding in (("key", key), ("value", value)):
-        if decoding is None:
-            sides[name] = None
-        else:
-            if name not in cache:
-                cache[name] = side_decoder(decoding)
-            sides[name] = cache[name]
+    sides = {name: None if decoding is None else cached_decoder(cache, name, decoding)
+             for name, decoding in (("key", key), ("value", value))}
     for batch in decode_archive(intake_dir, archive):
         arrays = [
             _side_array(batch.column(0), sides["key"], schema.field("key").type),

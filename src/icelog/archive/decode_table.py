@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from icelog.archive.decode import decode_archive
-from icelog.archive.decode_schema import gc_paused, side_decoder
+from icelog.archive.decode_schema import cached_decoder, gc_paused
 from icelog.archive.plan import PlannedArchive
 from icelog.schema.codec.sides import SideDecoder, SideDecoding
 from icelog.table.config import (
@@ -65,7 +65,7 @@ def decode_archive_table(
 
     cache = decoders if decoders is not None else {}
     sides = [
-        (name, column, decoding, cache.setdefault(name, side_decoder(decoding)), _side_type(decoding, schema))
+        (name, column, decoding, cached_decoder(cache, name, decoding), _side_type(decoding, schema))
         for name, column, decoding in (("key", 0, key), ("value", 1, value))
         if decoding is not None
     ]
