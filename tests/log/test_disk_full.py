@@ -27,6 +27,21 @@ VALUE_SIZE = 10_000
 SLACK = 2 * MB  # the metadata store's own writes (its WAL) between two readings of the free space
 
 
+class Deliveries:
+    """A producer's delivery reports: (offset, value) of each acknowledged record, and the errors."""
+
+    def __init__(self) -> None:
+        self.delivered: list[tuple[int, bytes]] = []
+        self.errors: list[Any] = []
+
+    def on_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self.errors.append(err)
+        else:
+            self.delivered.append((msg.offset(), msg.value()))
+
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     mount = tmp_path / "disk"
@@ -74,14 +89,8 @@ def test_a_full_disk_refuses_produce_retriably_keeps_reads_and_resumes_when_spac
     broker.start()
     topic = "disk-full"
     try:
-        delivered: list[tuple[int, bytes]] = []
-        errors: list[Any] = []
-
-        def on_delivery(err: Any, msg: Any) -> None:
-            if err is not None:
-                errors.append(err)
-            else:
-                delivered.append((msg.offset(), msg.value()))
+        deliveries = Deliveries()
+        delivered, errors, on_delivery = deliveries.delivered, deliveries.errors, deliveries.on_delivery
 
         producer = Producer({
             "bootstrap.servers": broker.bootstrap, "enable.idempotence": True, "linger.ms": 5,
@@ -137,14 +146,8 @@ def test_enospc_in_an_intake_write_fails_the_appends_retriably_and_the_broker_ke
     broker = BrokerProcess(tmp_path / "data", env={"ICELOG_TEST_FAULT": "intake-enospc"}).start()
     topic = "enospc"
     try:
-        delivered: list[tuple[int, bytes]] = []
-        errors: list[Any] = []
-
-        def on_delivery(err: Any, msg: Any) -> None:
-            if err is not None:
-                errors.append(err)
-            else:
-                delivered.append((msg.offset(), msg.value()))
+        deliveries = Deliveries()
+        delivered, errors, on_delivery = deliveries.delivered, deliveries.errors, deliveries.on_delivery
 
         producer = Producer({
             "bootstrap.servers": broker.bootstrap, "enable.idempotence": True, "linger.ms": 5,
