@@ -413,11 +413,21 @@ def test_lz4_frames_without_content_size_and_concatenated() -> None:
 
 
 @pytest.mark.parametrize("codec", sorted(ENCODERS), ids=["gzip", "snappy", "lz4", "zstd"])
-def test_decompression_bomb_is_refused(monkeypatch: pytest.MonkeyPatch, codec: int) -> None:
-    monkeypatch.setattr(records, "MAX_UNCOMPRESSED_BYTES", 1 << 20)
+def test_decompression_bomb_is_refused(codec: int) -> None:
     bomb = ENCODERS[codec](b"\x00" * (4 << 20))
     with pytest.raises(KafkaApiError) as caught:
-        records.decompress(codec, bomb)
+        records.decompress(codec, bomb, limit=1 << 20)
+    assert caught.value.code == ErrorCode.MESSAGE_TOO_LARGE
+    assert len(records.decompress(codec, bomb, limit=4 << 20)) == 4 << 20, "exactly the limit is allowed"
+
+
+@pytest.mark.parametrize("codec", [1, 3, 4], ids=["gzip", "lz4", "zstd"])
+def test_records_over_what_librdkafka_reads_are_refused(codec: int) -> None:
+    # librdkafka's decompression stops at receive.message.max.bytes (100000000): _BAD_COMPRESSION. (Snappy
+    # cannot expand that far within max.message.bytes: at most ~21x.)
+    bomb = ENCODERS[codec](b"\x00" * (records.MAX_UNCOMPRESSED_BYTES + 1))
+    with pytest.raises(KafkaApiError) as caught:
+        records.decompress(codec, bomb, one_frame=True)
     assert caught.value.code == ErrorCode.MESSAGE_TOO_LARGE
 
 

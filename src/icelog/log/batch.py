@@ -34,7 +34,7 @@ from icelog.log.record_format import (
     UINT32,
     batch_crc,
 )
-from icelog.log.records import decompress, read_batch, validate_records
+from icelog.log.records import MAX_UNCOMPRESSED_BYTES, decompress, read_batch, validate_records
 
 NO_TIMESTAMP = -1
 _LEGACY_RECORD_OVERHEAD = 14  # Kafka's LegacyRecord.RECORD_OVERHEAD_V0: no batch length is smaller
@@ -74,10 +74,12 @@ class BatchHeader(BatchAttributes):
     producer_epoch: int
     base_sequence: int
     records_count: int
+    records_size: int  # bytes of its records section once decompressed
 
 
 def parse_produced_batches(
-    records: bytes | bytearray, max_batch_bytes: int, compacted: bool = False, log_append_time: bool = False
+    records: bytes | bytearray, max_batch_bytes: int, compacted: bool = False, log_append_time: bool = False,
+    inflation_limit: int = MAX_UNCOMPRESSED_BYTES,
 ) -> list[BatchHeader]:
     """Split and validate the batches of one partition in a Produce request, records included.
 
@@ -88,7 +90,9 @@ def parse_produced_batches(
     the last offset delta + 1, a control batch, a bad sequence from a producer, or a keyless record of a
     compacted topic (with the record's index); CORRUPT_MESSAGE for a CRC mismatch, a batch length shorter
     than a header, another magic, or records that do not decompress; INVALID_TIMESTAMP with the record's
-    index; MESSAGE_TOO_LARGE. Nothing is stored on error.
+    index; MESSAGE_TOO_LARGE, InflationLimitError when the batches' records decompress to more than
+    `inflation_limit` bytes together (or one batch's to more than MAX_UNCOMPRESSED_BYTES). Nothing is stored on
+    error.
 
     What Kafka repairs is not an error: the returned headers carry what it stores, the records' max
     timestamp whatever the producer's header said, and CreateTime for a batch the producer marked
@@ -101,6 +105,7 @@ def parse_produced_batches(
         raise KafkaApiError(ErrorCode.INVALID_RECORD, "a Produce must have at least one record batch per partition")
     batches: list[BatchHeader] = []
     pos = 0
+    inflated = 0
     while pos < total:
         # In Kafka's order (ByteBufferLogInputStream, ProduceRequest.validateRecords, then
         # DefaultRecordBatch.ensureValid): bytes that do not hold a whole batch are no batch (INVALID_RECORD),
@@ -145,7 +150,11 @@ def parse_produced_batches(
             raise KafkaApiError(
                 ErrorCode.INVALID_RECORD, f"invalid sequence number {base_seq} in a batch of producer {pid}"
             )
-        records_max = _validate_records(view[pos + RECORDS : pos + size], attributes, count, base_ts, compacted)
+        limit = min(MAX_UNCOMPRESSED_BYTES, inflation_limit - inflated)
+        records_max, records_size = _validate_records(
+            view[pos + RECORDS : pos + size], attributes, count, base_ts, compacted, limit
+        )
+        inflated += records_size
         if attributes & ATTR_LOG_APPEND_TIME:
             # Every record of such a batch reads as its header's max timestamp (Kafka's LogValidator).
             if log_append_time or max_ts == NO_TIMESTAMP:
@@ -153,7 +162,9 @@ def parse_produced_batches(
                 raise KafkaApiError(ErrorCode.INVALID_TIMESTAMP, message, [(i, message) for i in range(count)])
             attributes &= ~ATTR_LOG_APPEND_TIME  # stored as CreateTime, its records' own timestamps
         batches.append(
-            BatchHeader(pos, size, attributes, last_delta, base_ts, records_max, pid, epoch, base_seq, count)
+            BatchHeader(
+                pos, size, attributes, last_delta, base_ts, records_max, pid, epoch, base_seq, count, records_size
+            )
         )
         pos += size
     return batches
@@ -166,13 +177,15 @@ def first_batch_codec(records: bytes | bytearray) -> int | None:
     return int(records[ATTRIBUTES + 1] & ATTR_COMPRESSION_MASK)
 
 
-def _validate_records(payload: memoryview, attributes: int, count: int, base_ts: int, require_keys: bool) -> int:
-    """The records' max timestamp of a batch's records section (compressed or not); raise the Kafka error for
-    its first bad record."""
-    section = decompress(attributes & ATTR_COMPRESSION_MASK, payload, one_frame=True)
+def _validate_records(
+    payload: memoryview, attributes: int, count: int, base_ts: int, require_keys: bool, limit: int
+) -> tuple[int, int]:
+    """The records' max timestamp and decompressed size of a batch's records section (compressed or not, to
+    at most `limit` bytes); raise the Kafka error for its first bad record."""
+    section = decompress(attributes & ATTR_COMPRESSION_MASK, payload, one_frame=True, limit=limit)
     answer = validate_records(section, count, base_ts, require_keys)
     if isinstance(answer, int):
-        return answer
+        return answer, len(section)
     code, index, message = answer
     # The walker calls bytes that do not parse CORRUPT_MESSAGE (as read_batch does for a stored batch);
     # Kafka's broker answers a produced batch whose records do not parse with INVALID_RECORD

@@ -18,10 +18,17 @@ from icelog.config import Settings
 from icelog.errors import ErrorCode, KafkaApiError, StoreError, TopicExistsError, UnknownTopicError
 from icelog.faults import fault_point, hold_point
 from icelog.log import intake_file, pressure
-from icelog.log.batch import assign_offsets, parse_produced_batches, repair_headers, set_log_append_time
+from icelog.log.batch import (
+    BatchHeader,
+    assign_offsets,
+    parse_produced_batches,
+    repair_headers,
+    set_log_append_time,
+)
 from icelog.log.intake import IntakeFiles, IntakeWriter
 from icelog.log.partition import OffsetRangeSource, PartitionLog
 from icelog.log.producers import iter_stored_headers
+from icelog.log.records import MAX_UNCOMPRESSED_BYTES
 from icelog.log.snapshots import decode_state, encode_state
 from icelog.log.transactions import encode_marker_batch, marker_type
 from icelog.meta.store import (
@@ -425,12 +432,22 @@ class LogManager:
                 state.unarchived_bytes = size
 
     # -- appends -------------------------------------------------------------------------------
-    def append(
-        self, topic: TopicState, partition: PartitionLog, records: bytes
-    ) -> tuple[AppendResult, asyncio.Future[None]]:
-        """Validate, assign offsets and queue batches; the future resolves when they are durable."""
+    @staticmethod
+    def validate(topic: TopicState, records: bytes, inflation_limit: int = MAX_UNCOMPRESSED_BYTES) -> list[BatchHeader]:
+        """The produced batches of `records` for `topic`, checked as Kafka checks them before an append
+        (`parse_produced_batches`). Touches no state: safe on any thread."""
         config = topic.config
-        batches = parse_produced_batches(records, config.max_message_bytes, config.compacted, config.log_append_time)
+        return parse_produced_batches(
+            records, config.max_message_bytes, config.compacted, config.log_append_time, inflation_limit
+        )
+
+    def append(
+        self, topic: TopicState, partition: PartitionLog, records: bytes, batches: list[BatchHeader] | None = None
+    ) -> tuple[AppendResult, asyncio.Future[None]]:
+        """Validate (unless `batches` are those `validate` gave for `records`), assign offsets and queue
+        batches; the future resolves when they are durable."""
+        if batches is None:
+            batches = self.validate(topic, records)
         retry = partition.producers.check(batches)
         if retry is not None:  # an idempotent producer resent a batch we have: answer with its offsets
             return AppendResult(retry.base_offset, -1), _when_durable(retry.done)

@@ -39,9 +39,17 @@ from icelog.log.record_format import (
 )
 from icelog.log.varint import VARINT_BYTES, VARLONG_BYTES, VarintError, read_uvarint, read_varint
 
-# A batch whose records decompress to more than this is refused (MESSAGE_TOO_LARGE) before it is all in
-# memory: a few kilobytes of zstd or gzip can otherwise expand to gigabytes and take the broker down.
-MAX_UNCOMPRESSED_BYTES = 256 * 1024 * 1024
+# A batch whose records decompress to more than this is refused (MESSAGE_TOO_LARGE, Java's
+# RecordTooLargeException) as soon as its decompression passes it, never all in memory: a few kilobytes of
+# zstd or gzip can otherwise expand to gigabytes. It is what librdkafka reads back: its decompression stops
+# at receive.message.max.bytes (default 100000000) and answers _BAD_COMPRESSION past it.
+MAX_UNCOMPRESSED_BYTES = 100_000_000
+# Decompression writes at most this much per library call (gzip, lz4), so a thread decompressing a big batch
+# holds the GIL for about a millisecond at a time and the event loop keeps its turn.
+DECOMPRESS_STEP = 4 << 20
+# A produced partition whose records decompress to at most this is checked where it arrives, on the event
+# loop (a few milliseconds at most); a bigger one on a worker thread, so a bomb stalls no other client.
+INLINE_INFLATION = 4 << 20
 
 _NO_TIMESTAMP = -1
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -390,11 +398,23 @@ class _TooLarge(Exception):
     pass
 
 
-def decompress(codec: int, payload: bytes | memoryview, one_frame: bool = False) -> bytes | memoryview:
+class InflationLimitError(KafkaApiError):
+    """Records that decompress to more than the `limit` their caller allowed (MESSAGE_TOO_LARGE)."""
+
+    def __init__(self, codec: int, limit: int) -> None:
+        message = f"{CODEC_NAMES[codec]} records decompress to more than {limit} bytes"
+        super().__init__(ErrorCode.MESSAGE_TOO_LARGE, message)
+        self.limit = limit
+
+
+def decompress(
+    codec: int, payload: bytes | memoryview, one_frame: bool = False, limit: int | None = None
+) -> bytes | bytearray | memoryview:
     """The records section of a batch compressed with `codec` (0-4), decompressed.
 
-    Raises CORRUPT_MESSAGE if the payload does not decompress completely, MESSAGE_TOO_LARGE past
-    MAX_UNCOMPRESSED_BYTES, and CORRUPT_MESSAGE for a codec id Kafka does not define. With `one_frame`
+    Raises CORRUPT_MESSAGE if the payload does not decompress completely, InflationLimitError
+    (MESSAGE_TOO_LARGE) as soon as the output passes `limit` bytes (default MAX_UNCOMPRESSED_BYTES), and
+    CORRUPT_MESSAGE for a codec id Kafka does not define. With `one_frame`
     (a produced batch) also CORRUPT_MESSAGE for a gzip payload of more than one member or with bytes after
     it, and an lz4 payload of more than one frame or that starts with a skippable frame: librdkafka cannot
     read those (it stops after the first member or frame) and Kafka's Java consumer reads them otherwise.
@@ -405,46 +425,47 @@ def decompress(codec: int, payload: bytes | memoryview, one_frame: bool = False)
     decoder = _DECODERS.get(codec)
     if decoder is None:
         raise KafkaApiError(ErrorCode.CORRUPT_MESSAGE, f"compression codec {codec} is not one of 0-4")
+    if limit is None:
+        limit = MAX_UNCOMPRESSED_BYTES
     try:
-        return decoder(payload, MAX_UNCOMPRESSED_BYTES, one_frame)
+        return decoder(payload, limit, one_frame)
     except _TooLarge:
-        raise KafkaApiError(
-            ErrorCode.MESSAGE_TOO_LARGE,
-            f"{CODEC_NAMES[codec]} records decompress to more than {MAX_UNCOMPRESSED_BYTES} bytes",
-        ) from None
+        raise InflationLimitError(codec, limit) from None
     except Exception as exc:  # noqa: BLE001 - each codec library raises its own types for bad input
         raise KafkaApiError(
             ErrorCode.CORRUPT_MESSAGE, f"{CODEC_NAMES[codec]} records do not decompress: {exc or type(exc).__name__}"
         ) from None
 
 
-def _gzip(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytes:
+def _gzip(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytearray:
     # Java's GZIPInputStream reads concatenated members as one stream, librdkafka only the first (and then
     # finds the record count wrong: _BAD_MSG): a produced batch must be one member and nothing after it.
-    out: list[bytes] = []
-    size = 0
+    out = bytearray()
     rest = bytes(payload)
     while True:
         member = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        chunk = member.decompress(rest, limit - size + 1)
-        size += len(chunk)
-        if size > limit or member.unconsumed_tail:
-            raise _TooLarge()
-        out.append(chunk)
+        data = rest
+        while True:
+            chunk = member.decompress(data, min(DECOMPRESS_STEP, limit - len(out) + 1))
+            out += chunk
+            if len(out) > limit:
+                raise _TooLarge()
+            data = member.unconsumed_tail
+            if member.eof or not data and not chunk:
+                break
         if not member.eof:
             raise ValueError("gzip stream is truncated")
         rest = member.unused_data
         if rest and one_frame:
             raise ValueError(f"{len(rest)} bytes follow the first gzip member (one member per batch)")
         if not rest:
-            return b"".join(out)
+            return out
 
 
-_LZ4_MIN_STEP = 4 << 20
 _LZ4_FRAME_MAGIC = b"\x04\x22\x4d\x18"  # 0x184D2204 little-endian; a skippable frame's is 0x184D2A5?
 
 
-def _lz4(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytes:
+def _lz4(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytes | bytearray:
     # librdkafka stops at the end of the first frame and answers _BAD_MSG for bytes after it (refetching
     # that offset forever); Kafka's KafkaLZ4BlockInputStream reads one frame and refuses another magic, a
     # skippable frame's included: a produced batch must be one lz4 frame and nothing after it.
@@ -454,18 +475,15 @@ def _lz4(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytes:
     if one_frame and rest[:4] != _LZ4_FRAME_MAGIC:
         raise ValueError("the payload does not start with an lz4 frame (a skippable frame or another magic)")
     while True:
-        # max_length is allocated up front, so it is not the whole limit: twice the size the frame header
-        # declares, else 8x the compressed size, and at least 4 MiB. Not just the declared size: python-lz4
-        # is ~8x slower when the output only just fits max_length (1.7 ms instead of 0.2 ms for a 1 MB
-        # batch), and pages of the buffer that are never written cost nothing.
         declared = lz4.frame.get_frame_info(rest)["content_size"]
         if declared > limit - size:
             raise _TooLarge()
-        step = max(_LZ4_MIN_STEP, 2 * declared + 1 if declared else 8 * len(rest))
         frame = lz4.frame.LZ4FrameDecompressor()
         data = rest
         while True:
-            chunk = frame.decompress(data, max_length=min(step, limit - size + 1))
+            # max_length is allocated up front: DECOMPRESS_STEP, not the whole limit (and not a size that the
+            # output only just fits: python-lz4 is ~8x slower then).
+            chunk = frame.decompress(data, max_length=min(DECOMPRESS_STEP, limit - size + 1))
             data = b""
             size += len(chunk)
             if size > limit:
@@ -479,10 +497,18 @@ def _lz4(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytes:
         if rest and one_frame:
             raise ValueError(f"{len(rest)} bytes follow the first lz4 frame (one frame per batch)")
         if not rest:
-            return out[0] if len(out) == 1 else b"".join(out)
+            return out[0] if len(out) == 1 else _joined(out)
 
 
-def _zstd(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytes:
+def _joined(chunks: list[bytes]) -> bytearray:
+    """The chunks as one buffer, copied a chunk at a time (one join of 100 MB holds the GIL for ~20 ms)."""
+    out = bytearray()
+    for chunk in chunks:
+        out += chunk
+    return out
+
+
+def _zstd(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytes | bytearray:
     # Several frames are one stream for librdkafka (ZSTD_decompress) and zstd-jni alike: `one_frame` does
     # not apply.
     data = bytes(payload)
@@ -510,10 +536,10 @@ def _zstd(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytes:
         if not frame.eof:
             raise ValueError("zstd frame is truncated")
         rest = frame.unused_data
-    return b"".join(frames)
+    return frames[0] if len(frames) == 1 else _joined(frames)
 
 
-def _snappy(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytes:
+def _snappy(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytes | bytearray:
     # Kafka's Java clients and kafka-python write xerial's block framing; librdkafka reads both and the
     # Java consumer falls back to raw snappy when the xerial magic is absent (`one_frame` does not apply:
     # xerial's blocks are read one after another by both).
@@ -536,7 +562,7 @@ def _snappy(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytes:
         size += len(block)
         out.append(block)
         pos += block_size
-    return b"".join(out)
+    return out[0] if len(out) == 1 else _joined(out)
 
 
 def _snappy_block(block: memoryview, limit: int) -> bytes:
@@ -548,7 +574,7 @@ def _snappy_block(block: memoryview, limit: int) -> bytes:
     return out
 
 
-_DECODERS: dict[int, Callable[[bytes | memoryview, int, bool], bytes]] = {
+_DECODERS: dict[int, Callable[[bytes | memoryview, int, bool], bytes | bytearray]] = {
     CODEC_GZIP: _gzip,
     CODEC_SNAPPY: _snappy,
     CODEC_LZ4: _lz4,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -30,12 +31,36 @@ class BrokerState:
     enforcer: Enforcer | None = None  # schema data enforcement on produce (set by the Broker)
 
 
+class Connection:
+    """What the requests of one client connection share."""
+
+    def __init__(self, peer: str) -> None:
+        self.peer = peer
+        self._produce_turn: asyncio.Future[None] | None = None
+
+    def produce_turn(self) -> tuple[asyncio.Future[None] | None, asyncio.Future[None]]:
+        """(the previous Produce's turn or None, this one's): a Produce appends once the one before it on the
+        connection has (`pass_turn`), so requests that validate off the event loop keep the client's order
+        (an idempotent producer pipelines up to five, and Kafka's broker handles them one by one)."""
+        previous = self._produce_turn
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._produce_turn = mine
+        return (None if previous is None or previous.done() else previous), mine
+
+    def pass_turn(self, mine: asyncio.Future[None]) -> None:
+        if not mine.done():
+            mine.set_result(None)
+        if self._produce_turn is mine:
+            self._produce_turn = None
+
+
 @dataclass(frozen=True, slots=True)
 class RequestContext:
     broker: BrokerState
     api_version: int
     client_id: str | None
     peer: str
+    connection: Connection
 
 
 Handler = Callable[[RequestContext, ApiMessage], Awaitable[ApiMessage | None]]

@@ -16,7 +16,7 @@ from kafka.protocol.api_message import ApiMessage
 
 from icelog.errors import ErrorCode
 from icelog.wire import codec, handlers  # noqa: F401  (handlers register themselves)
-from icelog.wire.context import HANDLERS, BrokerState, RequestContext
+from icelog.wire.context import HANDLERS, BrokerState, Connection, RequestContext
 from icelog.wire.versions import build_api_versions_response, is_supported
 
 log = logging.getLogger(__name__)
@@ -214,11 +214,12 @@ class KafkaServer:
     async def _serve(self, reader: _Reader, writer: asyncio.StreamWriter, peer: str) -> None:
         queue: asyncio.Queue[tuple[int, int, asyncio.Task[ApiMessage | None]] | None] = asyncio.Queue(MAX_IN_FLIGHT)
         inflight = _InFlight()
+        connection = Connection(peer)
         sender = asyncio.create_task(self._send_in_order(queue, writer, peer))
         peer_gone = False
         try:
             while not sender.done():
-                item = await self._read_request(reader, peer, inflight)
+                item = await self._read_request(reader, connection, inflight)
                 if item is None:
                     peer_gone = True
                     break
@@ -264,7 +265,7 @@ class KafkaServer:
             log.warning("a request from a closed connection failed: %s", type(exc).__name__)
 
     async def _read_request(
-        self, reader: _Reader, peer: str, inflight: _InFlight
+        self, reader: _Reader, connection: Connection, inflight: _InFlight
     ) -> tuple[int, int, asyncio.Task[ApiMessage | None]] | None:
         settings = self.broker.settings
         idle_s = settings.connections_max_idle_ms / 1000
@@ -292,7 +293,7 @@ class KafkaServer:
         # until then this socket is not read: back-pressure
         await reader.unless_gone(self._budget.acquire(size))
         try:
-            item = await self._read_frame(reader, peer, size, idle_s)
+            item = await self._read_frame(reader, connection, size, idle_s)
         except BaseException:
             self._budget.release(size)
             raise
@@ -300,7 +301,7 @@ class KafkaServer:
         return item
 
     async def _read_frame(
-        self, reader: asyncio.StreamReader, peer: str, size: int, idle_s: float
+        self, reader: asyncio.StreamReader, connection: Connection, size: int, idle_s: float
     ) -> tuple[int, int, asyncio.Task[ApiMessage | None]]:
         try:
             async with asyncio.timeout(idle_s):
@@ -329,7 +330,7 @@ class KafkaServer:
             raise _Disconnect(f"malformed {ApiKey(key).name} v{version} request: {null} is null, "
                               "which Kafka's schema does not allow")
         client_id = request.header.client_id if request.header is not None else None
-        context = RequestContext(self.broker, version, client_id, peer)
+        context = RequestContext(self.broker, version, client_id, connection.peer, connection)
         task: asyncio.Task[ApiMessage | None] = asyncio.ensure_future(HANDLERS[key](context, request))
         return (key << 16) | version, correlation, task
 

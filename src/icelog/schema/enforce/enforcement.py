@@ -27,9 +27,9 @@ except ImportError:  # pragma: no cover - aiokafka without its extension
     from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.log.batch import parse_produced_batches
+from icelog.log.batch import BatchHeader
 from icelog.log.record_format import ATTR_COMPRESSION_MASK
-from icelog.log.records import RecordBatch, read_batch
+from icelog.log.records import INLINE_INFLATION, RecordBatch, read_batch
 from icelog.schema.avro_schema import AvroSchema
 from icelog.schema.codec import avro_codec, json_codec
 from icelog.schema.codec.record_decode import ENVELOPE_BYTES, split_envelope
@@ -51,6 +51,7 @@ from icelog.table.rules import BUCKETABLE, check_spec_columns
 from icelog.topic_configs.schema import SIDES, SideSchemaConfig, side_config
 
 _PARSER_CACHE_SIZE = 4096
+_SLICE = 1024  # records checked between two turns of the event loop
 
 
 class SchemaSource(Protocol):
@@ -186,17 +187,20 @@ class Enforcer:
             self._plans[topic.name] = plan
         return bool(plan.sides) or plan.bucket_key is not None
 
-    async def enforce(self, topic: ProducedTopic, records: bytes, max_batch_bytes: int, partition: int = -1) -> bytes:
-        """Check (and with coerce, rewrite) one partition's produced batches; raise InvalidRecordsError."""
+    async def enforce(
+        self, topic: ProducedTopic, records: bytes, batches: list[BatchHeader], partition: int = -1
+    ) -> bytes:
+        """Check (and with coerce, rewrite) one partition's produced batches, `batches` as the broker validated
+        them (`LogManager.validate`); raise InvalidRecordsError."""
         plan = self._plans[topic.name]
         # One lock per topic: while a cold look-up waits, later produces to the topic queue behind it, so
         # batches of an idempotent producer still reach the log in the order they arrived.
         lock = self._locks.setdefault(topic.name, asyncio.Lock())
         async with lock:
-            return await self._enforce(plan, records, max_batch_bytes, partition, len(topic.partitions))
+            return await self._enforce(plan, records, batches, partition, len(topic.partitions))
 
     async def _enforce(
-        self, plan: TopicPlan, records: bytes, max_batch_bytes: int, partition: int, buckets: int
+        self, plan: TopicPlan, records: bytes, batches: list[BatchHeader], partition: int, buckets: int
     ) -> bytes:
         sides = plan.sides
         view = memoryview(records)
@@ -211,12 +215,19 @@ class Enforcer:
             for s in plan.schema_sides:
                 if s.side not in latest and s.subject is not None and plan.bucket_key != KEY_BYTES:
                     latest[s.side] = await self._latest_id(s.subject)
-        for header in parse_produced_batches(records, max_batch_bytes):
+        for header in batches:
             raw = bytes(view[header.position : header.position + header.size])
-            batch = read_batch(raw)
+            # Big batches are read on a worker thread, and the loop below gives other clients their turn
+            # every _SLICE records: no request holds the event loop for long.
+            if header.records_size <= INLINE_INFLATION:
+                batch = read_batch(raw)
+            else:
+                batch = await asyncio.to_thread(read_batch, raw)
             rows = []
             batch_changed = False
             for offset, timestamp, key, value, headers in batch.records:
+                if index % _SLICE == _SLICE - 1:
+                    await asyncio.sleep(0)
                 for side in sides:
                     payload = key if side.side == "key" else value
                     if payload is None:

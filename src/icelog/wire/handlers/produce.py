@@ -1,35 +1,117 @@
-"""Produce: validate batches, assign offsets, wait for the group commit (acks=1/all)."""
+"""Produce: validate batches, assign offsets, wait for the group commit (acks=1/all).
+
+Records are checked where they arrive, on the event loop, while that is cheap: a partition whose records
+decompress to at most INLINE_INFLATION. A bigger one (a large batch, or a compression bomb) is checked on
+the one validation thread, so it delays no other client; a Produce's records may decompress to
+MAX_REQUEST_INFLATION together, each batch's to MAX_UNCOMPRESSED_BYTES (what librdkafka reads back).
+The Produce requests of one connection append in the order they were sent (`Connection.produce_turn`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kafka.protocol.api_key import ApiKey
 from kafka.protocol.producer import ProduceResponse
 
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.log.batch import first_batch_codec
+from icelog.log.batch import BatchHeader, first_batch_codec
 from icelog.log.record_format import CODEC_ZSTD
+from icelog.log.records import INLINE_INFLATION, MAX_UNCOMPRESSED_BYTES, InflationLimitError
 from icelog.wire.context import RequestContext, handles
 
 if TYPE_CHECKING:
     from kafka.protocol.api_message import ApiMessage
 
+    from icelog.log.manager import LogManager, TopicState
+    from icelog.log.partition import PartitionLog
+
 PartitionResponse = ProduceResponse.TopicProduceResponse.PartitionProduceResponse
+
+# What the records of one Produce may decompress to, over all its partitions (each batch's alone: at most
+# MAX_UNCOMPRESSED_BYTES): the work one request can ask of the validation thread.
+MAX_REQUEST_INFLATION = 256 << 20
+# One thread: big requests are checked one after another, and the other core stays the event loop's.
+_VALIDATOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="produce-validate")
 
 # Test hook (fault injection for the idempotence tests): drop the connection instead of answering the
 # first N Produce requests that appended data, after the data is durable, so clients must retry.
 _drop_responses_left = int(os.environ.get("ICELOG_TEST_DROP_PRODUCE_RESPONSES", "0") or 0)
 
 
+@dataclass
+class _Part:
+    """One partition of the request, on its way to the log."""
+
+    result: ApiMessage  # a PartitionResponse
+    topic: TopicState
+    partition: PartitionLog
+    records: bytes
+    batches: list[BatchHeader] | None = None
+
+
+class _Inflation:
+    """The decompressed bytes a request's records may still take."""
+
+    def __init__(self) -> None:
+        self.left = MAX_REQUEST_INFLATION
+
+    async def validate(self, logs: LogManager, topic: TopicState, records: bytes) -> list[BatchHeader]:
+        """`records` checked for `topic` (LogManager.validate): here if they are small once decompressed, else
+        on the validation thread."""
+        left = self.left
+        try:
+            batches = logs.validate(topic, records, min(INLINE_INFLATION, left))
+        except InflationLimitError:
+            if left <= INLINE_INFLATION:
+                raise self._spent() from None
+            try:
+                batches = await asyncio.get_running_loop().run_in_executor(
+                    _VALIDATOR, logs.validate, topic, records, left
+                )
+            except InflationLimitError as exc:
+                raise (exc if exc.limit >= MAX_UNCOMPRESSED_BYTES else self._spent()) from None
+        self.left -= sum(b.records_size for b in batches)
+        return batches
+
+    @staticmethod
+    def _spent() -> KafkaApiError:
+        return KafkaApiError(
+            ErrorCode.MESSAGE_TOO_LARGE,
+            f"the records of one Produce may decompress to {MAX_REQUEST_INFLATION} bytes, and these are more",
+        )
+
+
 @handles(ApiKey.Produce)
 async def produce(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
+    previous, mine = ctx.connection.produce_turn()
+    try:
+        return await _produce(ctx, request, previous, mine)
+    finally:
+        ctx.connection.pass_turn(mine)
+
+
+def _refuse(result: ApiMessage, exc: KafkaApiError) -> None:
+    result.error_code = int(exc.code)
+    result.error_message = exc.message
+    if exc.record_errors:
+        result.record_errors = [
+            PartitionResponse.BatchIndexAndErrorMessage(batch_index=i, batch_index_error_message=m)
+            for i, m in exc.record_errors
+        ]
+
+
+async def _produce(
+    ctx: RequestContext, request: ApiMessage, previous: asyncio.Future[None] | None, mine: asyncio.Future[None]
+) -> ApiMessage:
     logs = ctx.broker.logs
     acks = request.acks
-    pending: list[tuple[Any, asyncio.Future[None]]] = []
     responses = []
+    parts: list[_Part] = []
     throttle_ms = 0  # back-pressure (log/pressure.py): the largest throttle of the partitions written
     for topic_data in request.topic_data:
         partition_responses = []
@@ -51,25 +133,41 @@ async def produce(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
                     raise KafkaApiError(  # as Kafka's ProduceRequest.validateRecords (zstd came with v7)
                         ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, f"Produce v{ctx.api_version} may not use zstd (v7+)"
                     )
-                enforcer = ctx.broker.enforcer
-                if enforcer is not None and records and enforcer.applies(topic):
-                    records = await enforcer.enforce(topic, records, topic.config.max_message_bytes, data.index)
-                appended, done = logs.append(topic, partition, records)
             except KafkaApiError as exc:
-                result.error_code = int(exc.code)
-                result.error_message = exc.message
-                if exc.record_errors:
-                    result.record_errors = [
-                        PartitionResponse.BatchIndexAndErrorMessage(batch_index=i, batch_index_error_message=m)
-                        for i, m in exc.record_errors
-                    ]
+                _refuse(result, exc)
                 continue
-            result.base_offset = appended.base_offset
-            result.log_append_time_ms = appended.log_append_time
-            pending.append((result, done))
+            parts.append(_Part(result, topic, partition, records))
         responses.append(
             ProduceResponse.TopicProduceResponse(name=topic_data.name, partition_responses=partition_responses)
         )
+    inflation = _Inflation()
+    enforcer = ctx.broker.enforcer
+    for part in parts:
+        try:
+            part.batches = await inflation.validate(logs, part.topic, part.records)
+            if enforcer is not None and enforcer.applies(part.topic):
+                enforced = await enforcer.enforce(part.topic, part.records, part.batches, part.result.index)
+                if enforced is not part.records:  # coerced: the rewritten batches are checked again
+                    part.records = enforced
+                    part.batches = await inflation.validate(logs, part.topic, enforced)
+        except KafkaApiError as exc:
+            _refuse(part.result, exc)
+            part.batches = None
+    if previous is not None:
+        await previous  # the connection's Produce before this one has appended
+    pending: list[tuple[ApiMessage, asyncio.Future[None]]] = []
+    for part in parts:
+        if part.batches is None:
+            continue
+        try:
+            appended, done = logs.append(part.topic, part.partition, part.records, part.batches)
+        except KafkaApiError as exc:
+            _refuse(part.result, exc)
+            continue
+        part.result.base_offset = appended.base_offset
+        part.result.log_append_time_ms = appended.log_append_time
+        pending.append((part.result, done))
+    ctx.connection.pass_turn(mine)
     if acks == 0:
         return None
     for result, done in pending:
