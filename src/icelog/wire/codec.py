@@ -79,8 +79,9 @@ def decode_request(frame: bytes, api_key: int, api_version: int) -> ApiMessage:
     return request
 
 
-def null_array(request: ApiMessage, api_version: int) -> str | None:
-    """The first array field that came as null (length -1) where Kafka's schema says it cannot be, or None.
+def null_field(request: ApiMessage, api_version: int) -> str | None:
+    """The first array, string or bytes field that came as null (length -1) where Kafka's schema says it cannot
+    be, or None.
 
     kafka-python decodes a -1 length as None whatever the schema says; Kafka's own parser refuses such a
     request ("non-nullable field ... was serialized as null") and closes the connection, so the server
@@ -88,51 +89,56 @@ def null_array(request: ApiMessage, api_version: int) -> str | None:
     only (e.g. "topics[].partitions"), never client data.
     """
     struct: Any = type(request)._struct
-    return _null_array(struct, request, api_version, "")
+    return _null_field(struct, request, api_version, "")
 
 
 @dataclass(frozen=True, slots=True)
-class _ArrayCheck:
-    """One field to look at: an array that may not be null, or a struct (array) with such arrays inside."""
+class _NullCheck:
+    """One field to look at: an array, string or bytes that may not be null, or a struct (array) with such fields
+    inside."""
 
     name: str
-    nullable: bool  # a null array is allowed here (only arrays are checked for null)
+    nullable: bool  # null is allowed here (only arrays, strings and bytes are checked for null)
     is_array: bool
-    inner: tuple[_ArrayCheck, ...]  # checks for each element (struct arrays) or for the struct itself
+    is_value: bool  # a string or bytes
+    inner: tuple[_NullCheck, ...]  # checks for each element (struct arrays) or for the struct itself
 
 
-_CHECKS: dict[tuple[int, int], tuple[_ArrayCheck, ...]] = {}
+_CHECKS: dict[tuple[int, int], tuple[_NullCheck, ...]] = {}
+_NULLABLE_KINDS = ("string", "bytes", "records")  # the field types whose length may say -1 (null)
 
 
-def _checks(struct: Any, version: int) -> tuple[_ArrayCheck, ...]:
+def _checks(struct: Any, version: int) -> tuple[_NullCheck, ...]:
     """The fields of `struct` worth walking at `version`, computed once (the schema objects live forever), so
-    a Fetch of 500 partitions does not visit the partitions, whose structs hold no arrays."""
+    a Fetch of 500 partitions visits only the fields that can be null."""
     key = (id(struct), version)
     cached = _CHECKS.get(key)
     if cached is not None:
         return cached
-    out: list[_ArrayCheck] = []
+    out: list[_NullCheck] = []
     for field in struct.untagged_fields(version):
         if field.is_array():
             inner = _checks(field.array_of, version) if field.is_struct_array() else ()
-            out.append(_ArrayCheck(field.name, field.nullable_for_version_q(version), True, inner))
+            out.append(_NullCheck(field.name, field.nullable_for_version_q(version), True, False, inner))
         elif field.is_struct():
             inner = _checks(field, version)
             if inner:
-                out.append(_ArrayCheck(field.name, True, False, inner))
+                out.append(_NullCheck(field.name, True, False, False, inner))
+        elif getattr(field, "_type_str", None) in _NULLABLE_KINDS and not field.nullable_for_version_q(version):
+            out.append(_NullCheck(field.name, False, False, True, ()))
     _CHECKS[key] = result = tuple(out)
     return result
 
 
-def _null_array(struct: Any, value: Any, version: int, path: str) -> str | None:
+def _null_field(struct: Any, value: Any, version: int, path: str) -> str | None:
     return _find_null(_checks(struct, version), value, path)
 
 
-def _find_null(checks: tuple[_ArrayCheck, ...], value: Any, path: str) -> str | None:
+def _find_null(checks: tuple[_NullCheck, ...], value: Any, path: str) -> str | None:
     for check in checks:
         item = getattr(value, check.name, None)
         if item is None:
-            if check.is_array and not check.nullable:
+            if (check.is_array or check.is_value) and not check.nullable:
                 return f"{path}{check.name}"
             continue
         if not check.inner:

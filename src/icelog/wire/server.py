@@ -325,7 +325,7 @@ class KafkaServer:
             request = codec.decode_request(frame, key, version)
         except Exception as exc:
             raise _Disconnect(f"malformed {ApiKey(key).name} v{version} request: {describe(exc)}") from None
-        null = codec.null_array(request, version)
+        null = codec.null_field(request, version)
         if null is not None:  # Kafka's parser refuses these and closes the connection; handlers would crash
             raise _Disconnect(f"malformed {ApiKey(key).name} v{version} request: {null} is null, "
                               "which Kafka's schema does not allow")
