@@ -10,97 +10,29 @@ the order they were sent when a big one is checked off the event loop.
 from __future__ import annotations
 
 import socket
-import struct
-import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
-from kafka.protocol.producer import ProduceRequest, ProduceResponse
-from kafka.record.default_records import DefaultRecordBatchBuilder
+from confluent_kafka import Consumer, TopicPartition
 
 from tests.support.broker import BrokerProcess
 from tests.support.clients_util import create_topic
+from tests.support.hostile import (
+    LIBRDKAFKA_LIMIT,
+    InnocentProducer,
+    gzip_batch,
+    produce_frame,
+    read_produce_response,
+)
 
-CODEC_GZIP = 1
 MESSAGE_TOO_LARGE = 10
-LIBRDKAFKA_LIMIT = 100_000_000  # receive.message.max.bytes: what its decompression reads
-
-
-def _gzip_batch(value_size: int, first_value: bytes = b"") -> bytes:
-    """One gzip batch of one record whose value is `value_size` zero bytes (a few hundred KB compressed)."""
-    builder = DefaultRecordBatchBuilder(2, CODEC_GZIP, 0, -1, -1, -1, value_size + (1 << 20))
-    builder.append(0, timestamp=None, key=None, value=first_value + b"\x00" * (value_size - len(first_value)),
-                   headers=[])
-    return bytes(builder.build())
-
-
-def _produce_request(topic: str, batches: dict[int, bytes], correlation_id: int) -> bytes:
-    request = ProduceRequest(transactional_id=None, acks=-1, timeout_ms=30_000, topic_data=[
-        ProduceRequest.TopicProduceData(name=topic, partition_data=[
-            ProduceRequest.TopicProduceData.PartitionProduceData(index=p, records=records)
-            for p, records in batches.items()
-        ])
-    ])
-    request.API_VERSION = 8
-    request.with_header(correlation_id=correlation_id, client_id="bomb-test")
-    return bytes(request.encode(version=8, header=True, framed=True))
-
-
-def _read_response(sock: socket.socket) -> Any:
-    def exactly(n: int) -> bytes:
-        out = b""
-        while len(out) < n:
-            chunk = sock.recv(n - len(out))
-            assert chunk, "the broker closed the connection instead of answering"
-            out += chunk
-        return out
-
-    size = struct.unpack(">i", exactly(4))[0]
-    return ProduceResponse.decode(exactly(size), version=8, header=True)
 
 
 @pytest.fixture(scope="module")
 def bomb() -> bytes:
     """Just past what librdkafka reads: ~100 KB of gzip."""
-    return _gzip_batch(LIBRDKAFKA_LIMIT + 1)
-
-
-class InnocentProducer:
-    """confluent-kafka, acks=all, one record at a time: the send and ack time of each."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.topic = topic
-        self.producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0})
-        self.acks: list[tuple[float, float]] = []
-        self.errors: list[KafkaError] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            sent = time.monotonic()
-
-            def delivered(err: KafkaError | None, _msg: Message, sent: float = sent) -> None:
-                if err is not None:
-                    self.errors.append(err)
-                else:
-                    self.acks.append((sent, time.monotonic()))
-
-            self.producer.produce(self.topic, b"innocent", on_delivery=delivered)
-            self.producer.flush(30)
-
-    def __enter__(self) -> InnocentProducer:
-        self.producer.produce(self.topic, b"warm-up")  # metadata and connection before the attack
-        assert self.producer.flush(30) == 0
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(60)
+    return gzip_batch(LIBRDKAFKA_LIMIT + 1)
 
 
 @pytest.fixture
@@ -131,8 +63,8 @@ def test_bomb_is_refused_while_an_innocent_producer_keeps_going(
         sent = time.monotonic()
         # Three requests pipelined: one batch over librdkafka's limit per partition, each request ~300 KB.
         for correlation in (1, 2, 3):
-            sock.sendall(_produce_request(topic, {0: bomb, 1: bomb, 2: bomb}, correlation))
-        answers = [_read_response(sock) for _ in range(3)]
+            sock.sendall(produce_frame(topic, {0: bomb, 1: bomb, 2: bomb}, correlation))
+        answers = [read_produce_response(sock) for _ in range(3)]
         answered = time.monotonic()
         time.sleep(0.2)
     codes = [p.error_code for answer in answers for p in answer.responses[0].partition_responses]
@@ -151,10 +83,10 @@ def test_one_request_may_inflate_only_so_far(bombed: tuple[BrokerProcess, str]) 
     """Three batches of 95 MB each are each readable, but one request may not make the broker decompress them
     all: the partition past the request's budget is refused, the others are stored and read back."""
     broker, topic = bombed
-    big = _gzip_batch(95_000_000, first_value=b"big")
+    big = gzip_batch(95_000_000, first_value=b"big")
     with socket.create_connection(("127.0.0.1", broker.port), timeout=60) as sock:
-        sock.sendall(_produce_request(topic, {0: big, 1: big, 2: big}, 1))
-        answer = _read_response(sock)
+        sock.sendall(produce_frame(topic, {0: big, 1: big, 2: big}, 1))
+        answer = read_produce_response(sock)
     codes = {p.index: p.error_code for p in answer.responses[0].partition_responses}
     assert codes == {0: 0, 1: 0, 2: MESSAGE_TOO_LARGE}, codes
     assert _end_offsets(broker.bootstrap, topic, 3) == [1, 1, 0]
@@ -164,11 +96,11 @@ def test_a_connections_requests_append_in_order(bombed: tuple[BrokerProcess, str
     """A big batch checked on the validation thread, then a small one checked at once, pipelined on one
     connection: they get offsets in the order they were sent, as from Kafka."""
     broker, topic = bombed
-    big = _gzip_batch(40_000_000, first_value=b"first")
-    small = _gzip_batch(10, first_value=b"second")
+    big = gzip_batch(40_000_000, first_value=b"first")
+    small = gzip_batch(10, first_value=b"second")
     with socket.create_connection(("127.0.0.1", broker.port), timeout=60) as sock:
-        sock.sendall(_produce_request(topic, {0: big}, 1) + _produce_request(topic, {0: small}, 2))
-        first, second = (_read_response(sock).responses[0].partition_responses[0] for _ in range(2))
+        sock.sendall(produce_frame(topic, {0: big}, 1) + produce_frame(topic, {0: small}, 2))
+        first, second = (read_produce_response(sock).responses[0].partition_responses[0] for _ in range(2))
     assert (first.error_code, first.base_offset) == (0, 0)
     assert (second.error_code, second.base_offset) == (0, 1)
     consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "bomb-order",

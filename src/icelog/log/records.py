@@ -45,11 +45,11 @@ from icelog.log.varint import VARINT_BYTES, VARLONG_BYTES, VarintError, read_uva
 # at receive.message.max.bytes (default 100000000) and answers _BAD_COMPRESSION past it.
 MAX_UNCOMPRESSED_BYTES = 100_000_000
 # Decompression writes at most this much per library call (gzip, lz4), so a thread decompressing a big batch
-# holds the GIL for about a millisecond at a time and the event loop keeps its turn.
-DECOMPRESS_STEP = 4 << 20
+# holds the GIL for a fraction of a millisecond at a time (copying a step) and the event loop keeps its turn.
+DECOMPRESS_STEP = 1 << 20
 # A produced partition whose records decompress to at most this is checked where it arrives, on the event
 # loop (a few milliseconds at most); a bigger one on a worker thread, so a bomb stalls no other client.
-INLINE_INFLATION = 4 << 20
+INLINE_INFLATION = 1 << 20
 
 _NO_TIMESTAMP = -1
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -419,6 +419,9 @@ def decompress(
     it, and an lz4 payload of more than one frame or that starts with a skippable frame: librdkafka cannot
     read those (it stops after the first member or frame) and Kafka's Java consumer reads them otherwise.
     Without it (a stored batch, accepted before this was checked) every member and frame is read.
+
+    Past INLINE_INFLATION a gzip or lz4 payload is first decompressed without keeping the output, only
+    counting it: a bomb is refused without ever holding (and then freeing) `limit` bytes.
     """
     if codec == CODEC_NONE:
         return payload
@@ -428,7 +431,9 @@ def decompress(
     if limit is None:
         limit = MAX_UNCOMPRESSED_BYTES
     try:
-        return decoder(payload, limit, one_frame)
+        if limit > INLINE_INFLATION and codec in (CODEC_GZIP, CODEC_LZ4):
+            decoder(payload, limit, one_frame, False)
+        return decoder(payload, limit, one_frame, True)
     except _TooLarge:
         raise InflationLimitError(codec, limit) from None
     except Exception as exc:  # noqa: BLE001 - each codec library raises its own types for bad input
@@ -437,19 +442,22 @@ def decompress(
         ) from None
 
 
-def _gzip(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytearray:
+def _gzip(payload: bytes | memoryview, limit: int, one_frame: bool, keep: bool) -> bytearray:
     # Java's GZIPInputStream reads concatenated members as one stream, librdkafka only the first (and then
     # finds the record count wrong: _BAD_MSG): a produced batch must be one member and nothing after it.
     out = bytearray()
+    size = 0
     rest = bytes(payload)
     while True:
         member = zlib.decompressobj(16 + zlib.MAX_WBITS)
         data = rest
         while True:
-            chunk = member.decompress(data, min(DECOMPRESS_STEP, limit - len(out) + 1))
-            out += chunk
-            if len(out) > limit:
+            chunk = member.decompress(data, min(DECOMPRESS_STEP, limit - size + 1))
+            size += len(chunk)
+            if size > limit:
                 raise _TooLarge()
+            if keep:
+                out += chunk
             data = member.unconsumed_tail
             if member.eof or not data and not chunk:
                 break
@@ -465,7 +473,7 @@ def _gzip(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytearray
 _LZ4_FRAME_MAGIC = b"\x04\x22\x4d\x18"  # 0x184D2204 little-endian; a skippable frame's is 0x184D2A5?
 
 
-def _lz4(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytes | bytearray:
+def _lz4(payload: bytes | memoryview, limit: int, one_frame: bool, keep: bool) -> bytes | bytearray:
     # librdkafka stops at the end of the first frame and answers _BAD_MSG for bytes after it (refetching
     # that offset forever); Kafka's KafkaLZ4BlockInputStream reads one frame and refuses another magic, a
     # skippable frame's included: a produced batch must be one lz4 frame and nothing after it.
@@ -481,14 +489,14 @@ def _lz4(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytes | by
         frame = lz4.frame.LZ4FrameDecompressor()
         data = rest
         while True:
-            # max_length is allocated up front: DECOMPRESS_STEP, not the whole limit (and not a size that the
-            # output only just fits: python-lz4 is ~8x slower then).
+            # max_length is allocated up front: a step, not the whole limit.
             chunk = frame.decompress(data, max_length=min(DECOMPRESS_STEP, limit - size + 1))
             data = b""
             size += len(chunk)
             if size > limit:
                 raise _TooLarge()
-            out.append(chunk)
+            if keep:
+                out.append(chunk)
             if frame.eof or frame.needs_input:
                 break
         if not frame.eof:
@@ -497,7 +505,7 @@ def _lz4(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytes | by
         if rest and one_frame:
             raise ValueError(f"{len(rest)} bytes follow the first lz4 frame (one frame per batch)")
         if not rest:
-            return out[0] if len(out) == 1 else _joined(out)
+            return out[0] if len(out) == 1 else _joined(out)  # empty when not kept
 
 
 def _joined(chunks: list[bytes]) -> bytearray:
@@ -508,7 +516,7 @@ def _joined(chunks: list[bytes]) -> bytearray:
     return out
 
 
-def _zstd(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytes | bytearray:
+def _zstd(payload: bytes | memoryview, limit: int, one_frame: bool, keep: bool) -> bytes | bytearray:
     # Several frames are one stream for librdkafka (ZSTD_decompress) and zstd-jni alike: `one_frame` does
     # not apply.
     data = bytes(payload)
@@ -539,7 +547,7 @@ def _zstd(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytes | b
     return frames[0] if len(frames) == 1 else _joined(frames)
 
 
-def _snappy(payload: bytes | memoryview, limit: int, one_frame: bool) -> bytes | bytearray:
+def _snappy(payload: bytes | memoryview, limit: int, one_frame: bool, keep: bool) -> bytes | bytearray:
     # Kafka's Java clients and kafka-python write xerial's block framing; librdkafka reads both and the
     # Java consumer falls back to raw snappy when the xerial magic is absent (`one_frame` does not apply:
     # xerial's blocks are read one after another by both).
@@ -574,7 +582,9 @@ def _snappy_block(block: memoryview, limit: int) -> bytes:
     return out
 
 
-_DECODERS: dict[int, Callable[[bytes | memoryview, int, bool], bytes | bytearray]] = {
+# (payload, limit, one_frame, keep): gzip and lz4 only count the output unless `keep`; zstd and snappy know
+# their size before decompressing (they count on their own when a zstd frame does not say).
+_DECODERS: dict[int, Callable[[bytes | memoryview, int, bool, bool], bytes | bytearray]] = {
     CODEC_GZIP: _gzip,
     CODEC_SNAPPY: _snappy,
     CODEC_LZ4: _lz4,

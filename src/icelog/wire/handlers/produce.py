@@ -10,7 +10,9 @@ The Produce requests of one connection append in the order they were sent (`Conn
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,8 +37,17 @@ PartitionResponse = ProduceResponse.TopicProduceResponse.PartitionProduceRespons
 # What the records of one Produce may decompress to, over all its partitions (each batch's alone: at most
 # MAX_UNCOMPRESSED_BYTES): the work one request can ask of the validation thread.
 MAX_REQUEST_INFLATION = 256 << 20
+
+
+def _lower_priority() -> None:
+    """The validation thread runs only when a core has nothing else to do (Linux's SCHED_IDLE, per thread):
+    when the CPU is short, the event loop (everyone else's requests) goes first."""
+    with contextlib.suppress(OSError, AttributeError):  # elsewhere the thread keeps the process's priority
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+
+
 # One thread: big requests are checked one after another, and the other core stays the event loop's.
-_VALIDATOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="produce-validate")
+_VALIDATOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="produce-validate", initializer=_lower_priority)
 
 # Test hook (fault injection for the idempotence tests): drop the connection instead of answering the
 # first N Produce requests that appended data, after the data is durable, so clients must retry.
