@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
     ("broker_bench.py", ["--replay-only", "--records", "20000"], "produce_replayed"),
     ("groups_bench.py", ["--records", "5000", "--txns", "5", "--rounds", "1"], "transactions"),
     ("registry_bench.py", ["--lookups", "50", "--records", "2000", "--out", "none"], "produce_records_per_s"),
+    ("hostile_bench.py", ["--seconds", "1", "--attacks", "bomb,flood"], "p99_vs_baseline"),
+    ("fuzz_broker.py", ["--seconds", "5"], "tracebacks"),
 ])
 def test_bench_script_runs(script: str, args: list[str], key: str, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}

@@ -34,7 +34,8 @@ from icelog.log.record_format import (
     UINT32,
     batch_crc,
 )
-from icelog.log.records import MAX_UNCOMPRESSED_BYTES, decompress, read_batch, validate_records
+from icelog.log.records import CHECK_COST, MAX_UNCOMPRESSED_BYTES, decompress, read_batch, validate_records
+from icelog.log.records import inflation_hint as records_inflation_hint
 
 NO_TIMESTAMP = -1
 _LEGACY_RECORD_OVERHEAD = 14  # Kafka's LegacyRecord.RECORD_OVERHEAD_V0: no batch length is smaller
@@ -168,6 +169,28 @@ def parse_produced_batches(
         )
         pos += size
     return batches
+
+
+def check_cost(records: bytes | bytearray) -> int | None:
+    """What checking one partition's produced records will cost, in bytes of uncompressed records that cost
+    as much (`records.CHECK_COST`), from the sizes their batch headers and payload headers declare
+    (`records.inflation_hint`); None if one does not say or the batches do not parse. A decompression never
+    keeps more than its payload declares, so a payload that lies costs no more than it said."""
+    view = memoryview(records)
+    total, pos = 0, 0
+    while pos < len(view):
+        if len(view) - pos < HEADER_SIZE:
+            return None
+        size = LOG_OVERHEAD + INT32.unpack_from(view, pos + BATCH_LENGTH)[0]
+        if size < HEADER_SIZE or pos + size > len(view):
+            return None
+        codec = INT16.unpack_from(view, pos + ATTRIBUTES)[0] & ATTR_COMPRESSION_MASK
+        hint = records_inflation_hint(codec, view[pos + RECORDS : pos + size])
+        if hint is None or codec not in CHECK_COST:
+            return None
+        total += hint * CHECK_COST[codec]
+        pos += size
+    return total
 
 
 def first_batch_codec(records: bytes | bytearray) -> int | None:

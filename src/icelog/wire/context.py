@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kafka.protocol.api_message import ApiMessage
 
 from icelog.config import Settings
 from icelog.log.manager import LogManager
+from icelog.wire.validator import Validator
 
 if TYPE_CHECKING:
     from icelog.coordinator.groups import GroupCoordinator
@@ -29,6 +30,7 @@ class BrokerState:
     groups: GroupCoordinator | None = None  # set by the Broker
     transactions: TransactionCoordinator | None = None
     enforcer: Enforcer | None = None  # schema data enforcement on produce (set by the Broker)
+    validator: Validator = field(default_factory=Validator)  # checks big produced records off the event loop
 
 
 class Connection:

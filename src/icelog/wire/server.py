@@ -172,6 +172,7 @@ class KafkaServer:
                 writer.transport.abort()
             await asyncio.wait(self._connections, timeout=5) if self._connections else None
             await self._server.wait_closed()
+        self.broker.validator.close()
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

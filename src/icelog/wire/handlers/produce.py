@@ -1,8 +1,9 @@
 """Produce: validate batches, assign offsets, wait for the group commit (acks=1/all).
 
-Records are checked where they arrive, on the event loop, while that is cheap: a partition whose records
-decompress to at most INLINE_INFLATION. A bigger one (a large batch, or a compression bomb) is checked on
-the one validation thread, so it delays no other client; a Produce's records may decompress to
+Records are checked where they arrive, on the event loop, while that is cheap: up to INLINE_CHECK_COST per
+request, as their headers declare it (`batch.check_cost`: ~4 ms of work). The others (large batches,
+compression bombs, payloads that do not say) are checked in the validation process (`wire/validator.py`),
+so they delay no other client; a Produce's records may decompress to
 MAX_REQUEST_INFLATION together, each batch's to MAX_UNCOMPRESSED_BYTES (what librdkafka reads back).
 The Produce requests of one connection append in the order they were sent (`Connection.produce_turn`).
 """
@@ -10,10 +11,7 @@ The Produce requests of one connection append in the order they were sent (`Conn
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,9 +19,9 @@ from kafka.protocol.api_key import ApiKey
 from kafka.protocol.producer import ProduceResponse
 
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.log.batch import BatchHeader, first_batch_codec
+from icelog.log.batch import BatchHeader, check_cost, first_batch_codec
 from icelog.log.record_format import CODEC_ZSTD
-from icelog.log.records import INLINE_INFLATION, MAX_UNCOMPRESSED_BYTES, InflationLimitError
+from icelog.log.records import MAX_UNCOMPRESSED_BYTES, InflationLimitError
 from icelog.wire.context import RequestContext, handles
 
 if TYPE_CHECKING:
@@ -31,23 +29,17 @@ if TYPE_CHECKING:
 
     from icelog.log.manager import LogManager, TopicState
     from icelog.log.partition import PartitionLog
+    from icelog.wire.validator import Validator
 
 PartitionResponse = ProduceResponse.TopicProduceResponse.PartitionProduceResponse
 
 # What the records of one Produce may decompress to, over all its partitions (each batch's alone: at most
-# MAX_UNCOMPRESSED_BYTES): the work one request can ask of the validation thread.
+# MAX_UNCOMPRESSED_BYTES): the work one request can ask of the validation process.
 MAX_REQUEST_INFLATION = 256 << 20
+# The check work one request may do on the event loop, in bytes of uncompressed records (`batch.check_cost`):
+# 16 MiB is ~4 ms here (16 MiB uncompressed, ~5 MiB of lz4 or snappy, 4 MiB of zstd, 1.3 MiB of gzip).
+INLINE_CHECK_COST = 16 << 20
 
-
-def _lower_priority() -> None:
-    """The validation thread runs only when a core has nothing else to do (Linux's SCHED_IDLE, per thread):
-    when the CPU is short, the event loop (everyone else's requests) goes first."""
-    with contextlib.suppress(OSError, AttributeError):  # elsewhere the thread keeps the process's priority
-        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
-
-
-# One thread: big requests are checked one after another, and the other core stays the event loop's.
-_VALIDATOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="produce-validate", initializer=_lower_priority)
 
 # Test hook (fault injection for the idempotence tests): drop the connection instead of answering the
 # first N Produce requests that appended data, after the data is durable, so clients must retry.
@@ -66,25 +58,34 @@ class _Part:
 
 
 class _Inflation:
-    """The decompressed bytes a request's records may still take."""
+    """The decompressed bytes a request's records may still take, and the check work left to the event loop."""
 
     def __init__(self) -> None:
         self.left = MAX_REQUEST_INFLATION
+        self.inline_left = INLINE_CHECK_COST
 
-    async def validate(self, logs: LogManager, topic: TopicState, records: bytes) -> list[BatchHeader]:
-        """`records` checked for `topic` (LogManager.validate): here if they are small once decompressed, else
-        on the validation thread."""
-        left = self.left
-        try:
-            batches = logs.validate(topic, records, min(INLINE_INFLATION, left))
-        except InflationLimitError:
-            if left <= INLINE_INFLATION:
-                raise self._spent() from None
+    async def validate(
+        self, logs: LogManager, validator: Validator, topic: TopicState, records: bytes
+    ) -> list[BatchHeader]:
+        """`records` checked for `topic` (LogManager.validate): here if what their headers declare costs no more
+        than the request's share of the event loop, else in the validation process."""
+        cost = check_cost(records)
+        if cost is not None and cost <= self.inline_left:
+            self.inline_left -= cost
             try:
-                batches = await asyncio.get_running_loop().run_in_executor(
-                    _VALIDATOR, logs.validate, topic, records, left
+                batches = logs.validate(topic, records, self.left)
+            except InflationLimitError as exc:
+                raise (exc if exc.limit >= MAX_UNCOMPRESSED_BYTES else self._spent()) from None
+        else:
+            if self.left <= 0:
+                raise self._spent()
+            config = topic.config
+            try:
+                batches = await validator.check(
+                    records, config.max_message_bytes, config.compacted, config.log_append_time, self.left
                 )
             except InflationLimitError as exc:
+                self.left -= exc.limit  # the work it took to find out
                 raise (exc if exc.limit >= MAX_UNCOMPRESSED_BYTES else self._spent()) from None
         self.left -= sum(b.records_size for b in batches)
         return batches
@@ -152,15 +153,16 @@ async def _produce(
             ProduceResponse.TopicProduceResponse(name=topic_data.name, partition_responses=partition_responses)
         )
     inflation = _Inflation()
+    validator = ctx.broker.validator
     enforcer = ctx.broker.enforcer
     for part in parts:
         try:
-            part.batches = await inflation.validate(logs, part.topic, part.records)
+            part.batches = await inflation.validate(logs, validator, part.topic, part.records)
             if enforcer is not None and enforcer.applies(part.topic):
                 enforced = await enforcer.enforce(part.topic, part.records, part.batches, part.result.index)
                 if enforced is not part.records:  # coerced: the rewritten batches are checked again
                     part.records = enforced
-                    part.batches = await inflation.validate(logs, part.topic, enforced)
+                    part.batches = await inflation.validate(logs, validator, part.topic, enforced)
         except KafkaApiError as exc:
             _refuse(part.result, exc)
             part.batches = None
