@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 import struct
 import time
@@ -22,6 +21,7 @@ from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
 
 from tests.support.broker import BrokerProcess
 from tests.support.clients_util import create_topic
+from tests.support.proc import fd_count, rss_bytes
 
 FetchTopic = FetchRequest.FetchTopic
 FetchPartition = FetchTopic.FetchPartition
@@ -73,9 +73,6 @@ def _pid(broker: BrokerProcess) -> int:
     return broker.proc.pid
 
 
-def _fd_count(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
 
 def _close_wait_sockets(port: int) -> int:
     """Sockets on the broker's listening port that the peer closed and the broker has not (CLOSE_WAIT)."""
@@ -89,13 +86,6 @@ def _close_wait_sockets(port: int) -> int:
                     count += 1
     return count
 
-
-def _rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def _eventually(check: Callable[[], bool], within_s: float) -> bool:
@@ -124,22 +114,22 @@ def test_abandoned_long_polls_are_released_at_once(fresh_broker: BrokerProcess, 
     create_topic(broker.bootstrap, topic_name)
     _producer_round_trips(broker, topic_name + "-warm")
     pid = _pid(broker)
-    fds_before = _fd_count(pid)
+    fds_before = fd_count(pid)
 
     request = _long_poll(topic_name + "-empty", max_wait_ms=600_000)
     create_topic(broker.bootstrap, topic_name + "-empty")
     sockets = [socket.create_connection(("127.0.0.1", broker.port), timeout=10) for _ in range(200)]
     for sock in sockets:
         sock.sendall(request)
-    assert _eventually(lambda: _fd_count(pid) >= fds_before + 200, 10), "the broker did not accept the polls"
+    assert _eventually(lambda: fd_count(pid) >= fds_before + 200, 10), "the broker did not accept the polls"
     for sock in sockets:
         sock.close()
 
     assert _eventually(lambda: _close_wait_sockets(broker.port) == 0, 3), (
         f"{_close_wait_sockets(broker.port)} sockets left in CLOSE_WAIT"
     )
-    assert _eventually(lambda: _fd_count(pid) <= fds_before + 5, 3), (
-        f"{_fd_count(pid) - fds_before} descriptors still held"
+    assert _eventually(lambda: fd_count(pid) <= fds_before + 5, 3), (
+        f"{fd_count(pid) - fds_before} descriptors still held"
     )
     _producer_round_trips(broker, topic_name)
 
@@ -185,7 +175,7 @@ def test_queued_request_bytes_bound_memory(fresh_broker: BrokerProcess, topic_na
     fresh_broker.env = {"ICELOG_QUEUED_MAX_REQUEST_BYTES": str(16 * 1024 * 1024)}
     broker = fresh_broker.start()
     pid = _pid(broker)
-    rss_before = _rss_bytes(pid)
+    rss_before = rss_bytes(pid)
     chunk = struct.pack(">i", frame) + b"\0" * (frame - 1)  # all of a frame but its last byte
     clients = [socket.create_connection(("127.0.0.1", broker.port), timeout=10) for _ in range(12)]
     for sock in clients:
@@ -199,7 +189,7 @@ def test_queued_request_bytes_bound_memory(fresh_broker: BrokerProcess, topic_na
                     sent[index] += sock.send(chunk[sent[index]:sent[index] + (1 << 20)])
         time.sleep(0.01)
     time.sleep(1)
-    grown = _rss_bytes(pid) - rss_before
+    grown = rss_bytes(pid) - rss_before
     assert grown < 80 * 1024 * 1024, f"the broker grew by {grown >> 20} MiB holding partial requests"
     # one larger than the bound is refused by closing
     with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as big:
@@ -215,12 +205,12 @@ def test_pipelined_long_polls_are_released_when_the_client_leaves(fresh_broker: 
     broker = fresh_broker.start()
     create_topic(broker.bootstrap, topic_name)
     pid = _pid(broker)
-    fds_before = _fd_count(pid)
+    fds_before = fd_count(pid)
     with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as sock:
         sock.sendall(_long_poll(topic_name, max_wait_ms=600_000) * 400)
         time.sleep(1)
     assert _eventually(lambda: _close_wait_sockets(broker.port) == 0, 3), "the socket was left in CLOSE_WAIT"
-    assert _eventually(lambda: _fd_count(pid) <= fds_before + 2, 3), "its descriptor is still held"
+    assert _eventually(lambda: fd_count(pid) <= fds_before + 2, 3), "its descriptor is still held"
     _producer_round_trips(broker, topic_name)
 
 

@@ -4,7 +4,6 @@ produces and consumes, and its descriptors and memory are back near where they s
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from tests.support.broker import BrokerProcess
 from tests.support.clients_util import create_topic
 from tests.support.fuzz import FUZZ_TOPIC, fuzz
 from tests.support.hostile import gzip_batch, produce_frame, read_produce_response
+from tests.support.proc import fd_count, rss_bytes
 
 FUZZ_SECONDS = 40
 SEED = 2029
@@ -22,16 +22,6 @@ MAX_LOG_LINE = 1_000  # one bounded line per bad request: no quote of unbounded 
 MEMORY_SLACK = 256 << 20  # Python keeps freed arenas; a leak of what the fuzz sent would be far more
 
 
-def _fd_count(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def _rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def _round_trip(bootstrap: str, topic: str) -> None:
@@ -69,7 +59,7 @@ def test_fuzzed_requests_leave_the_broker_serving(fresh_broker: BrokerProcess) -
     create_topic(broker.bootstrap, FUZZ_TOPIC, partitions=2)
     create_topic(broker.bootstrap, "after-fuzz")
     _start_validation_process(broker)  # its pipes are the broker's for good: counted before, not as a leak
-    fds, rss = _fd_count(pid), _rss_bytes(pid)
+    fds, rss = fd_count(pid), rss_bytes(pid)
     log_start = Path(broker.log_path).stat().st_size
 
     stats = fuzz("127.0.0.1", broker.port, SEED, FUZZ_SECONDS)
@@ -79,10 +69,10 @@ def test_fuzzed_requests_leave_the_broker_serving(fresh_broker: BrokerProcess) -
     assert stats.sent > 1_000, stats
     _round_trip(broker.bootstrap, "after-fuzz")
     deadline = time.monotonic() + 30
-    while _fd_count(pid) > fds + 10 and time.monotonic() < deadline:
+    while fd_count(pid) > fds + 10 and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _fd_count(pid) <= fds + 10, f"descriptors {fds} before, {_fd_count(pid)} after"
-    assert _rss_bytes(pid) <= rss + MEMORY_SLACK, f"memory {rss >> 20} MiB before, {_rss_bytes(pid) >> 20} after"
+    assert fd_count(pid) <= fds + 10, f"descriptors {fds} before, {fd_count(pid)} after"
+    assert rss_bytes(pid) <= rss + MEMORY_SLACK, f"memory {rss >> 20} MiB before, {rss_bytes(pid) >> 20} after"
     text = Path(broker.log_path).read_bytes()[log_start:].decode(errors="replace")
     assert "Traceback" not in text, text[text.index("Traceback") - 2000 : text.index("Traceback") + 3000]
     longest = max((len(line) for line in text.splitlines()), default=0)

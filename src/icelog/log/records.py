@@ -489,6 +489,17 @@ def _snappy_size(data: memoryview) -> int | None:
     return total
 
 
+def _grown(size: int, chunk: bytes, limit: int, declared_end: int | None, declared_by: str) -> int:
+    """`size` plus the chunk just decompressed; _TooLarge past `limit`, and CORRUPT_MESSAGE (ValueError) past
+    the end the payload declared (it lies: the codec would find it at the end, after keeping all of it)."""
+    size += len(chunk)
+    if size > limit:
+        raise _TooLarge()
+    if declared_end is not None and size > declared_end:
+        raise ValueError(f"the payload holds more than its {declared_by} says")
+    return size
+
+
 def _gzip(payload: bytes | memoryview, limit: int, one_frame: bool, keep: bool) -> bytearray:
     # Java's GZIPInputStream reads concatenated members as one stream, librdkafka only the first (and then
     # finds the record count wrong: _BAD_MSG): a produced batch must be one member and nothing after it.
@@ -501,11 +512,7 @@ def _gzip(payload: bytes | memoryview, limit: int, one_frame: bool, keep: bool) 
         data = rest
         while True:
             chunk = member.decompress(data, min(DECOMPRESS_STEP, limit - size + 1))
-            size += len(chunk)
-            if size > limit:
-                raise _TooLarge()
-            if declared is not None and size > declared:
-                raise ValueError(f"the gzip member holds more than the {declared} bytes its trailer says")
+            size = _grown(size, chunk, limit, declared, "gzip member's trailer")
             if keep:
                 out += chunk
             data = member.unconsumed_tail
@@ -543,11 +550,7 @@ def _lz4(payload: bytes | memoryview, limit: int, one_frame: bool, keep: bool) -
             # max_length is allocated up front: a step, not the whole limit.
             chunk = frame.decompress(data, max_length=min(DECOMPRESS_STEP, limit - size + 1))
             data = b""
-            size += len(chunk)
-            if size > limit:
-                raise _TooLarge()
-            if frame_end is not None and size > frame_end:
-                raise ValueError(f"the lz4 frame holds more than the {declared} bytes its header says")
+            size = _grown(size, chunk, limit, frame_end, "lz4 frame's header")
             if keep:
                 out.append(chunk)
             if frame.eof or frame.needs_input:
