@@ -125,12 +125,12 @@ def _request(bootstrap: str, request: Any, response_cls: Any, version: int) -> A
     request.with_header(correlation_id=1, client_id="icelog-tests")
     with socket.create_connection((host, int(port)), timeout=WAIT_S) as sock:
         sock.sendall(bytes(request.encode(header=True, framed=True)))
-        size = struct.unpack(">i", _recv_exactly(sock, 4))[0]
-        payload = _recv_exactly(sock, size)
+        size = struct.unpack(">i", recv_exactly(sock, 4))[0]
+        payload = recv_exactly(sock, size)
     return response_cls.decode(payload, version=version, header=True)
 
 
-def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+def recv_exactly(sock: socket.socket, size: int) -> bytes:
     """Read exactly `size` bytes or fail."""
     buf = bytearray()
     while len(buf) < size:

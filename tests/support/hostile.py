@@ -14,6 +14,8 @@ from kafka.protocol.consumer import FetchRequest
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
+from tests.support.clients_util import recv_exactly
+
 CODEC_GZIP = 1
 LIBRDKAFKA_LIMIT = 100_000_000  # receive.message.max.bytes: what librdkafka's decompression reads
 
@@ -56,17 +58,8 @@ def long_poll_frame(topic: str, max_wait_ms: int, partitions: int = 1) -> bytes:
 
 def read_produce_response(sock: socket.socket) -> Any:
     """The next Produce v8 response on `sock`."""
-    def exactly(n: int) -> bytes:
-        out = b""
-        while len(out) < n:
-            chunk = sock.recv(n - len(out))
-            if not chunk:
-                raise ConnectionError("the broker closed the connection instead of answering")
-            out += chunk
-        return out
-
-    size = struct.unpack(">i", exactly(4))[0]
-    return ProduceResponse.decode(exactly(size), version=8, header=True)
+    size = struct.unpack(">i", recv_exactly(sock, 4))[0]
+    return ProduceResponse.decode(recv_exactly(sock, size), version=8, header=True)
 
 
 class InnocentProducer:

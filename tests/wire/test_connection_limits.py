@@ -20,7 +20,7 @@ from kafka.protocol.consumer import FetchRequest
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
 
 from tests.support.broker import BrokerProcess
-from tests.support.clients_util import create_topic
+from tests.support.clients_util import create_topic, recv_exactly
 from tests.support.proc import fd_count, rss_bytes
 
 FetchTopic = FetchRequest.FetchTopic
@@ -45,17 +45,9 @@ def _long_poll(topic: str, max_wait_ms: int) -> bytes:
 def _api_versions(sock: socket.socket) -> None:
     """One request/response round trip on a raw socket."""
     sock.sendall(_frame(ApiVersionsRequest[0]()))
-    size = struct.unpack(">i", _recv_exactly(sock, 4))[0]
-    ApiVersionsResponse[0].decode(_recv_exactly(sock, size), header=True)
+    size = struct.unpack(">i", recv_exactly(sock, 4))[0]
+    ApiVersionsResponse[0].decode(recv_exactly(sock, size), header=True)
 
-
-def _recv_exactly(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        assert chunk, "the broker closed the connection instead of answering"
-        data += chunk
-    return data
 
 
 def _closed_by_broker(sock: socket.socket, within_s: float) -> bool:
@@ -144,8 +136,8 @@ def test_idle_connections_are_closed(fresh_broker: BrokerProcess, topic_name: st
         # a long poll in flight is not idleness: it is answered after its max_wait_ms, past the idle time
         polling.sendall(_long_poll(topic_name, max_wait_ms=2500))
         assert _closed_by_broker(idle, within_s=5), "an idle connection stayed open"
-        size = struct.unpack(">i", _recv_exactly(polling, 4))[0]
-        assert len(_recv_exactly(polling, size)) == size
+        size = struct.unpack(">i", recv_exactly(polling, 4))[0]
+        assert len(recv_exactly(polling, size)) == size
 
 
 @pytest.mark.parametrize("setting", ["max.connections", "max.connections.per.ip"])

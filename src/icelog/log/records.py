@@ -44,8 +44,9 @@ from icelog.log.varint import VARINT_BYTES, VARLONG_BYTES, VarintError, read_uva
 # zstd or gzip can otherwise expand to gigabytes. It is what librdkafka reads back: its decompression stops
 # at receive.message.max.bytes (default 100000000) and answers _BAD_COMPRESSION past it.
 MAX_UNCOMPRESSED_BYTES = 100_000_000
-# Decompression writes at most this much per library call (gzip, lz4), so a thread decompressing a big batch
-# holds the GIL for a fraction of a millisecond at a time (copying a step) and the event loop keeps its turn.
+# Decompression writes at most this much per library call (gzip, lz4): what one call allocates, and so what a
+# count-only pass holds at a time (a thread reading a big batch, as enforcement does, also lets go of the GIL
+# between steps).
 DECOMPRESS_STEP = 1 << 20
 # Records that decompress to at most this are read where they are (enforcement's reads, the produce path's
 # count-first rule below); more are read off the event loop.

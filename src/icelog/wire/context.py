@@ -61,8 +61,11 @@ class RequestContext:
     broker: BrokerState
     api_version: int
     client_id: str | None
-    peer: str
     connection: Connection
+
+    @property
+    def peer(self) -> str:
+        return self.connection.peer
 
 
 Handler = Callable[[RequestContext, ApiMessage], Awaitable[ApiMessage | None]]

@@ -331,7 +331,7 @@ class KafkaServer:
             raise _Disconnect(f"malformed {ApiKey(key).name} v{version} request: {null} is null, "
                               "which Kafka's schema does not allow")
         client_id = request.header.client_id if request.header is not None else None
-        context = RequestContext(self.broker, version, client_id, connection.peer, connection)
+        context = RequestContext(self.broker, version, client_id, connection)
         task: asyncio.Task[ApiMessage | None] = asyncio.ensure_future(HANDLERS[key](context, request))
         return (key << 16) | version, correlation, task
 

@@ -82,7 +82,7 @@ class _Inflation:
                 batches = logs.validate(topic, records, limit)
             except InflationLimitError as exc:
                 if limit == self.left:
-                    raise (exc if exc.limit >= MAX_UNCOMPRESSED_BYTES else self._spent()) from None
+                    raise self._refusal(exc) from None
                 self.inline_left = 0
             else:
                 self.inline_left -= sum(b.records_size for b in batches) * _DEAREST
@@ -91,7 +91,7 @@ class _Inflation:
             try:
                 batches = logs.validate(topic, records, self.left)
             except InflationLimitError as exc:
-                raise (exc if exc.limit >= MAX_UNCOMPRESSED_BYTES else self._spent()) from None
+                raise self._refusal(exc) from None
         if batches is None:
             if self.left <= 0:
                 raise self._spent()
@@ -102,9 +102,14 @@ class _Inflation:
                 )
             except InflationLimitError as exc:
                 self.left -= exc.limit  # the work it took to find out
-                raise (exc if exc.limit >= MAX_UNCOMPRESSED_BYTES else self._spent()) from None
+                raise self._refusal(exc) from None
         self.left -= sum(b.records_size for b in batches)
         return batches
+
+    def _refusal(self, exc: InflationLimitError) -> KafkaApiError:
+        """What to answer for records past a limit: a batch's own (its limit is MAX_UNCOMPRESSED_BYTES) as it
+        is, the request's as the request's."""
+        return exc if exc.limit >= MAX_UNCOMPRESSED_BYTES else self._spent()
 
     @staticmethod
     def _spent() -> KafkaApiError:
