@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -19,6 +20,86 @@ from icelog.errors import ConfigError
 
 DEFAULT_CONFIG_FILE = "icelog.yaml"
 SETTINGS_ENV = "ICELOG_ARCHIVER_SETTINGS"  # a parent broker's Settings as JSON, for its archiver and maintenance
+
+
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+@dataclass(frozen=True)
+class Listener:
+    """One Kafka listener: its name, security protocol, where it binds and what Metadata tells its clients."""
+
+    name: str
+    protocol: str
+    host: str
+    port: int
+    advertised_host: str | None = None
+    advertised_port: int | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+    def authenticates(self, ssl_client_auth: str) -> bool:
+        """Whether every client of this listener proves who it is (SASL, or a required client certificate)."""
+        return self.sasl or (self.protocol == "SSL" and ssl_client_auth == "required")
+
+    @property
+    def loopback(self) -> bool:
+        return self.host in ("localhost", "127.0.0.1", "::1") or self.host.startswith("127.")
+
+
+def _endpoints(value: str, setting: str) -> list[tuple[str, str, int]]:
+    """NAME://HOST:PORT,... as (NAME, HOST, PORT); an empty host binds every interface, as Kafka's."""
+    out = []
+    for item in (v.strip() for v in value.split(",")):
+        name, sep, rest = item.partition("://")
+        host, colon, port = rest.rpartition(":")
+        if not sep or not name or not colon or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ValueError(f"{setting}: {item!r} is not NAME://HOST:PORT (e.g. SASL_SSL://0.0.0.0:9093)")
+        out.append((name.upper(), host.strip("[]"), int(port)))
+    names = [n for n, _, _ in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{setting}: each listener name may appear once, got {', '.join(names)}")
+    return out
+
+
+def parse_listeners(settings: Settings) -> list[Listener]:
+    """`listeners` (or PLAINTEXT://<listen>), with protocols from the name or listener_security_protocol_map,
+    and the advertised address of each from `advertised_listeners` (or advertised_host)."""
+    if settings.listeners is None:
+        return [Listener("PLAINTEXT", "PLAINTEXT", settings.host, settings.port, settings.advertised_host)]
+    protocol_map = {}
+    if settings.listener_security_protocol_map:
+        for pair in settings.listener_security_protocol_map.split(","):
+            name, sep, protocol = pair.strip().partition(":")
+            if not sep or protocol.upper() not in SECURITY_PROTOCOLS:
+                raise ValueError(f"listener_security_protocol_map: {pair.strip()!r} is not NAME:PROTOCOL with "
+                                 f"PROTOCOL one of {', '.join(SECURITY_PROTOCOLS)}")
+            protocol_map[name.upper()] = protocol.upper()
+    advertised = {}
+    if settings.advertised_listeners:
+        advertised = {n: (h, p) for n, h, p in _endpoints(settings.advertised_listeners, "advertised_listeners")}
+    specs = []
+    for name, host, port in _endpoints(settings.listeners, "listeners"):
+        protocol = protocol_map.get(name, name)
+        if protocol not in SECURITY_PROTOCOLS:
+            raise ValueError(f"listeners: {name} is neither a security protocol ({', '.join(SECURITY_PROTOCOLS)}) "
+                             "nor named in listener_security_protocol_map")
+        if name in advertised and advertised[name][0] in ("", "0.0.0.0", "::"):
+            raise ValueError(f"advertised_listeners: {name} must name a host clients can reach, not "
+                             f"{advertised[name][0] or 'an empty host'}")
+        adv_host, adv_port = advertised.get(name, (settings.advertised_host, None))
+        specs.append(Listener(name, protocol, host or "0.0.0.0", port, adv_host, adv_port))
+    unknown = set(advertised) - {s.name for s in specs}
+    if unknown:
+        raise ValueError(f"advertised_listeners: {', '.join(sorted(unknown))} is not in listeners")
+    return specs
 
 
 class IntakeSettings(BaseModel):
@@ -186,6 +267,39 @@ class Settings(BaseSettings):
         2147483647, gt=0, description="Kafka's max.connections.per.ip: further connections from one address "
         "are closed when accepted."
     )
+    # -- security, named after Kafka's broker settings (docs/security.md) -------------------------------------
+    listeners: str | None = Field(
+        None,
+        description="Kafka's listeners: comma-separated PROTOCOL://HOST:PORT (PLAINTEXT, SSL, SASL_PLAINTEXT, "
+        "SASL_SSL), or NAME://HOST:PORT with listener_security_protocol_map; unset: PLAINTEXT://<listen>.",
+    )
+    advertised_listeners: str | None = Field(
+        None, description="Kafka's advertised.listeners: the HOST:PORT Metadata names for each listener, by name."
+    )
+    listener_security_protocol_map: str | None = Field(
+        None, description="Kafka's listener.security.protocol.map: NAME:PROTOCOL pairs for named listeners."
+    )
+    ssl_certfile: Path | None = Field(None, description="PEM certificate (chain) of the SSL/SASL_SSL listeners.")
+    ssl_keyfile: Path | None = Field(None, description="PEM private key of ssl_certfile (not readable by others).")
+    ssl_keyfile_password: SecretStr | None = Field(None, description="Password of an encrypted ssl_keyfile.")
+    ssl_cafile: Path | None = Field(None, description="PEM CA certificates that client certificates must chain to.")
+    ssl_client_auth: str = Field(
+        "none", pattern="^(none|requested|required)$",
+        description="Kafka's ssl.client.auth: ask TLS clients for a certificate; its subject is the principal.",
+    )
+    sasl_enabled_mechanisms: str = Field(
+        "SCRAM-SHA-512,SCRAM-SHA-256,PLAIN",
+        description="Kafka's sasl.enabled.mechanisms on SASL listeners (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512).",
+    )
+    super_users: str = Field("", description="Kafka's super.users: User:NAME;User:OTHER may do anything.")
+    authorizer_enabled: bool | None = Field(
+        None,
+        description="Whether ACLs apply (Kafka's authorizer.class.name); default: on when a listener "
+        "authenticates clients (SASL_*, or SSL with ssl_client_auth=required).",
+    )
+    allow_everyone_if_no_acl_found: bool = Field(
+        False, description="Kafka's allow.everyone.if.no.acl.found: a resource with no ACL is open to all."
+    )
     retention_check_interval_ms: int = Field(5000, gt=0)
     group_initial_rebalance_delay_ms: int = Field(
         3000, ge=0, description="Kafka's group.initial.rebalance.delay.ms: wait for more members of a new group."
@@ -216,6 +330,41 @@ class Settings(BaseSettings):
         if not sep or not port.isdigit():
             raise ValueError(f"listen must be HOST:PORT, got {value!r}")
         return value
+
+    @property
+    def listener_specs(self) -> list[Listener]:
+        """The Kafka listeners, parsed (the checks ran when the settings loaded)."""
+        return parse_listeners(self)
+
+    @property
+    def authorizes(self) -> bool:
+        """Whether ACLs apply: set explicitly, or on as soon as some listener authenticates its clients."""
+        if self.authorizer_enabled is not None:
+            return self.authorizer_enabled
+        return any(spec.authenticates(self.ssl_client_auth) for spec in self.listener_specs)
+
+    @property
+    def super_user_set(self) -> frozenset[str]:
+        """super.users as principals ("User:admin"); Kafka separates them with ';' (',' accepted too)."""
+        return frozenset(p.strip() for p in self.super_users.replace(",", ";").split(";") if p.strip())
+
+    @property
+    def sasl_mechanisms(self) -> tuple[str, ...]:
+        return tuple(m.strip().upper() for m in self.sasl_enabled_mechanisms.split(",") if m.strip())
+
+    @model_validator(mode="after")
+    def _check_security(self) -> Settings:
+        specs = parse_listeners(self)  # raises ValueError with the fix
+        unknown = [m for m in self.sasl_mechanisms if m not in SASL_MECHANISMS]
+        if unknown:
+            raise ValueError(f"sasl_enabled_mechanisms: {', '.join(unknown)} not supported; use some of "
+                             f"{', '.join(SASL_MECHANISMS)}")
+        bad = [p for p in self.super_user_set if not p.startswith("User:") or p == "User:"]
+        if bad:
+            raise ValueError(f"super_users: {', '.join(bad)} is not a principal; write User:NAME;User:OTHER")
+        if any(spec.tls for spec in specs) and (self.ssl_certfile is None or self.ssl_keyfile is None):
+            raise ValueError("an SSL or SASL_SSL listener needs ssl_certfile and ssl_keyfile (PEM files)")
+        return self
 
     @property
     def host(self) -> str:
@@ -288,7 +437,10 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
+        problems = "; ".join(
+            ": ".join(filter(None, (".".join(str(p) for p in err["loc"]), err["msg"].removeprefix("Value error, "))))
+            for err in exc.errors()
+        )
         where = path if path.exists() else "environment/flags"
         raise ConfigError(f"invalid configuration ({where}): {problems}") from exc
     finally:

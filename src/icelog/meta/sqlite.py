@@ -13,6 +13,7 @@ from pathlib import Path
 
 from icelog.errors import StoreError, TopicExistsError, UnknownTopicError
 from icelog.meta.sqlite_registry import SqliteRegistry
+from icelog.meta.sqlite_security import SqliteSecurity
 from icelog.meta.store import (
     ArchiveState,
     CommittedOffset,
@@ -147,7 +148,7 @@ _FROM_OFFSET = (
 )
 
 
-class SqliteStore(SqliteRegistry, MetadataStore):
+class SqliteStore(SqliteRegistry, SqliteSecurity, MetadataStore):
     """One SQLite database in WAL mode: a lock serialises the broker's threads on the write connection; reads
     of the intake index go through a second connection (see __init__)."""
 
@@ -187,6 +188,7 @@ class SqliteStore(SqliteRegistry, MetadataStore):
                     "ALTER TABLE intake_chunks ADD COLUMN ingest_timestamp INTEGER NOT NULL DEFAULT -1"
                 )
         self._migrate_intake_totals()
+        self._create_security_tables()
         # Reads of the intake index (Fetch pages on worker threads, back-pressure aggregates, ListOffsets)
         # use a second connection: in WAL mode they then never wait for the intake writer's commits, nor
         # it for them. Each SELECT sees everything committed before it (autocommit).

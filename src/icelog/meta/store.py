@@ -2,7 +2,8 @@
 
 Every method is one atomic transaction in every backend. `MetadataStore` is every slice; a backend implements
 it, a consumer depends on the slices it uses (TopicCatalog, IntakeIndex, ArchiveLedger, ConsumerOffsets,
-TransactionLog, ProducerSnapshots, RegistryStore in meta/registry.py, StoreConnection).
+TransactionLog, ProducerSnapshots, RegistryStore in meta/registry.py, SecurityStore in meta/security.py,
+StoreConnection).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from icelog.meta.registry import RegistryStore
+from icelog.meta.security import SecurityStore
 from icelog.table.field_ids import TableColumn
 
 
@@ -377,7 +379,7 @@ class StoreConnection(Protocol):
 @runtime_checkable
 class MetadataStore(
     TopicCatalog, IntakeIndex, ArchiveLedger, ConsumerOffsets, TransactionLog, ProducerSnapshots, RegistryStore,
-    StoreConnection, Protocol,
+    SecurityStore, StoreConnection, Protocol,
 ):
     """Durable metadata shared by every layer: every slice above. Each method commits atomically or raises
     StoreError. A backend subclasses this class; a consumer takes the slice it uses.
@@ -385,6 +387,7 @@ class MetadataStore(
     Writes a client is answered about (topics, producer-id blocks, committed offsets, transactions,
     registry writes, intake trims) are durable against power loss when the method returns.
 
-    The schema registry's methods (`registry_*`) are declared in meta/registry.py. Declare no method here:
+    The schema registry's methods (`registry_*`) are declared in meta/registry.py, users' and ACLs' in
+    meta/security.py. Declare no method here:
     a new one goes into the slice of the data it keeps (tests/meta/test_meta_slices.py checks).
     """

@@ -9,14 +9,16 @@ from typing import TYPE_CHECKING
 
 from kafka.protocol.api_message import ApiMessage
 
-from icelog.config import Settings
+from icelog.config import Listener, Settings
 from icelog.log.manager import LogManager
+from icelog.security.acl import ACLOperation, ACLResourceType
 from icelog.wire.validator import Validator
 
 if TYPE_CHECKING:
     from icelog.coordinator.groups import GroupCoordinator
     from icelog.coordinator.transactions import TransactionCoordinator
     from icelog.schema.enforce.enforcement import Enforcer
+    from icelog.security.authorizer import Authorizer
 
 
 @dataclass
@@ -31,13 +33,22 @@ class BrokerState:
     transactions: TransactionCoordinator | None = None
     enforcer: Enforcer | None = None  # schema data enforcement on produce (set by the Broker)
     validator: Validator = field(default_factory=Validator)  # checks big produced records off the event loop
+    authorizer: Authorizer | None = None  # ACLs (None: every principal may do anything)
+
+
+ANONYMOUS = "User:ANONYMOUS"
 
 
 class Connection:
     """What the requests of one client connection share."""
 
-    def __init__(self, peer: str) -> None:
-        self.peer = peer
+    def __init__(self, peer: str, host: str = "", listener: Listener | None = None) -> None:
+        self.peer = peer  # host:port, for log lines
+        self.host = host  # the client's address, as ACLs name hosts
+        self.listener = listener
+        # Kafka's principal: User:ANONYMOUS until SASL or a client certificate says otherwise
+        self.principal = ANONYMOUS
+        self.authenticated = listener is None or not listener.sasl  # SASL listeners serve nothing else before
         self._produce_turn: asyncio.Future[None] | None = None
 
     def produce_turn(self) -> tuple[asyncio.Future[None] | None, asyncio.Future[None]]:
@@ -66,6 +77,13 @@ class RequestContext:
     @property
     def peer(self) -> str:
         return self.connection.peer
+
+    def authorize(self, operation: ACLOperation, resource_type: ACLResourceType, name: str) -> bool:
+        """Whether this connection's principal may do `operation` on the resource (always, without ACLs)."""
+        authorizer = self.broker.authorizer
+        if authorizer is None:
+            return True
+        return authorizer.authorize(self.connection.principal, self.connection.host, operation, resource_type, name)
 
 
 Handler = Callable[[RequestContext, ApiMessage], Awaitable[ApiMessage | None]]
