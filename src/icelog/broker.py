@@ -7,7 +7,6 @@ import concurrent.futures
 import logging
 import shutil
 import signal
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -43,8 +42,9 @@ class Broker:
         # The whole store; each part below is handed the slices it uses (the log closes it on shutdown).
         self.store = open_store(settings.metadata_url)
         self.logs = LogManager(settings, self.store)
-        host = settings.advertised_host or _advertisable(settings.host)
-        self.state = BrokerState(settings, self.logs, host, settings.port)
+        first = settings.listener_specs[0]  # the listeners' own addresses are known once they are bound
+        self.state = BrokerState(settings, self.logs, first.advertised_host or first.host, first.port)
+        self.state.security = self.store
         self.groups = GroupCoordinator(self.store, GroupSettings(
             settings.group_initial_rebalance_delay_ms, settings.group_min_session_timeout_ms,
             settings.group_max_session_timeout_ms,
@@ -99,8 +99,8 @@ class Broker:
             await self.server.start()
         except OSError as exc:
             raise SystemExit(
-                f"icelog: cannot serve Kafka on {self.settings.listen}: {exc} (another broker on that port? set "
-                "listen / --listen)"
+                f"icelog: cannot serve Kafka: {exc} (another broker on that port? set listeners, or listen / "
+                "--listen)"
             ) from exc
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -201,7 +201,3 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> Callable[[Callable[[], None]], 
     return run
 
 
-def _advertisable(host: str) -> str:
-    if host in ("", "0.0.0.0", "::"):
-        return socket.gethostname()
-    return host

@@ -17,8 +17,10 @@ from icelog.wire.validator import Validator
 if TYPE_CHECKING:
     from icelog.coordinator.groups import GroupCoordinator
     from icelog.coordinator.transactions import TransactionCoordinator
+    from icelog.meta.security import SecurityStore
     from icelog.schema.enforce.enforcement import Enforcer
     from icelog.security.authorizer import Authorizer
+    from icelog.security.sasl import SaslSession
 
 
 @dataclass
@@ -34,6 +36,7 @@ class BrokerState:
     enforcer: Enforcer | None = None  # schema data enforcement on produce (set by the Broker)
     validator: Validator = field(default_factory=Validator)  # checks big produced records off the event loop
     authorizer: Authorizer | None = None  # ACLs (None: every principal may do anything)
+    security: SecurityStore | None = None  # users' credentials, for SASL logins (set by the Broker)
 
 
 ANONYMOUS = "User:ANONYMOUS"
@@ -49,6 +52,10 @@ class Connection:
         # Kafka's principal: User:ANONYMOUS until SASL or a client certificate says otherwise
         self.principal = ANONYMOUS
         self.authenticated = listener is None or not listener.sasl  # SASL listeners serve nothing else before
+        self.sasl: SaslSession | None = None  # the login under way (after SaslHandshake)
+        self.sasl_raw = False  # a v0 handshake: the next frames are bare SASL tokens
+        self.close_after_response = False  # a failed login: answer, then close (as Kafka)
+        self.advertised = ("", 0)  # (host, port) Metadata names for this listener
         self._produce_turn: asyncio.Future[None] | None = None
 
     def produce_turn(self) -> tuple[asyncio.Future[None] | None, asyncio.Future[None]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import struct
 import time
 from collections import Counter, deque
@@ -14,15 +15,21 @@ from typing import Any
 from kafka.protocol.api_key import ApiKey
 from kafka.protocol.api_message import ApiMessage
 
+from icelog.config import Listener
 from icelog.errors import ErrorCode
+from icelog.security.tls import certificate_principal, server_context
 from icelog.wire import codec, handlers  # noqa: F401  (handlers register themselves)
 from icelog.wire.context import HANDLERS, BrokerState, Connection, RequestContext
+from icelog.wire.handlers import sasl
 from icelog.wire.versions import build_api_versions_response, is_supported
 
 log = logging.getLogger(__name__)
 
 _SIZE = struct.Struct(">i")
 MAX_IN_FLIGHT = 256  # requests read ahead per connection before we stop reading
+TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a client that opens a TLS connection and says nothing holds it no longer
+# What a SASL listener serves before the client has logged in (Kafka's SaslServerAuthenticator)
+_BEFORE_LOGIN = frozenset({ApiKey.ApiVersions, ApiKey.SaslHandshake, ApiKey.SaslAuthenticate})
 LOG_QUOTE_CHARS = 200  # at most this much of anything a client sent goes into a log line
 
 
@@ -139,7 +146,8 @@ class KafkaServer:
 
     def __init__(self, broker: BrokerState) -> None:
         self.broker = broker
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
+        self._advertised: dict[str, tuple[str, int]] = {}  # listener name -> what Metadata tells its clients
         self._connections: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         # Requests whose connection is gone but which still finish (a Produce is applied as Kafka applies
@@ -151,30 +159,51 @@ class KafkaServer:
         self._refused_logged = 0.0
 
     async def start(self) -> None:
-        settings = self.broker.settings
+        """Serve every listener (Kafka's `listeners`); the broker's advertised address is the first one's."""
         loop = asyncio.get_running_loop()
+        context = server_context(self.broker.settings)
+        for spec in self.broker.settings.listener_specs:
+            def protocol(spec: Listener = spec) -> asyncio.StreamReaderProtocol:  # asyncio.start_server's, our reader
+                return asyncio.StreamReaderProtocol(
+                    _Reader(1 << 20), lambda r, w: self._on_connect(r, w, spec)
+                )
 
-        def protocol() -> asyncio.StreamReaderProtocol:  # asyncio.start_server's, with our reader
-            return asyncio.StreamReaderProtocol(_Reader(1 << 20), self._on_connect)
-
-        self._server = await loop.create_server(protocol, settings.host, settings.port, reuse_address=True)
-        sockets: Any = self._server.sockets or []
-        if sockets:
-            self.broker.advertised_port = sockets[0].getsockname()[1]
-        log.info("Kafka listener on %s:%d", settings.host, self.broker.advertised_port)
+            try:
+                server = await loop.create_server(
+                    protocol, spec.host, spec.port, reuse_address=True, ssl=context if spec.tls else None,
+                    ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if spec.tls else None,
+                )
+            except OSError as exc:
+                raise OSError(exc.errno, f"listener {spec.name}://{spec.host}:{spec.port}: {exc.strerror}") from None
+            self._servers.append(server)
+            sockets: Any = server.sockets or []
+            port = sockets[0].getsockname()[1] if sockets else spec.port
+            self._advertised[spec.name] = (spec.advertised_host or advertisable(spec.host),
+                                           spec.advertised_port or port)
+            log.info("Kafka listener %s on %s:%d (%s)", spec.name, spec.host, port, spec.protocol)
+            if not spec.loopback and not spec.authenticates(self.broker.settings.ssl_client_auth):
+                log.warning(
+                    "LISTENER %s ON %s:%d AUTHENTICATES NOBODY: any client that can reach it may produce, read, delete "
+                    "topics and change configs. Use SASL_SSL (or SSL with ssl_client_auth=required) on shared "
+                    "networks; see docs/security.md", spec.name, spec.host, port,
+                )
+        first = self.broker.settings.listener_specs[0]
+        self.broker.advertised_host, self.broker.advertised_port = self._advertised[first.name]
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        if self._servers:
+            for server in self._servers:
+                server.close()
             # Closing the sockets ends each connection's read loop normally; cancelling the stream
             # callbacks instead makes asyncio log a traceback per connection.
             for writer in list(self._writers):
                 writer.transport.abort()
             await asyncio.wait(self._connections, timeout=5) if self._connections else None
-            await self._server.wait_closed()
+            for server in self._servers:
+                await server.wait_closed()
         self.broker.validator.close()
 
-    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, spec: Listener) -> None:
         task = asyncio.current_task()
         assert task is not None
         peername = writer.get_extra_info("peername")
@@ -187,8 +216,15 @@ class KafkaServer:
         self._connections.add(task)
         self._writers.add(writer)
         self._per_ip[ip] += 1
+        connection = Connection(peer, ip, spec)
+        connection.advertised = self._advertised[spec.name]
+        ssl_object = writer.get_extra_info("ssl_object")
+        if ssl_object is not None:  # mTLS: the certificate's subject is the principal (SASL's wins if both)
+            principal = certificate_principal(ssl_object.getpeercert(binary_form=True))
+            if principal is not None:
+                connection.principal = principal
         try:
-            await self._serve(reader, writer, peer)
+            await self._serve(reader, writer, connection)
         finally:
             self._connections.discard(task)
             self._writers.discard(writer)
@@ -212,11 +248,11 @@ class KafkaServer:
             self._refused, self._refused_logged = 0, now
         return True
 
-    async def _serve(self, reader: _Reader, writer: asyncio.StreamWriter, peer: str) -> None:
+    async def _serve(self, reader: _Reader, writer: asyncio.StreamWriter, connection: Connection) -> None:
         queue: asyncio.Queue[tuple[int, int, asyncio.Task[ApiMessage | None]] | None] = asyncio.Queue(MAX_IN_FLIGHT)
         inflight = _InFlight()
-        connection = Connection(peer)
-        sender = asyncio.create_task(self._send_in_order(queue, writer, peer))
+        peer = connection.peer
+        sender = asyncio.create_task(self._send_in_order(queue, writer, connection))
         peer_gone = False
         try:
             while not sender.done():
@@ -311,6 +347,8 @@ class KafkaServer:
             raise _Disconnect(f"connection closed inside a {size}-byte request") from None
         except TimeoutError:
             raise _Disconnect(f"a {size}-byte request not complete within connections.max.idle.ms") from None
+        if connection.sasl_raw:  # after a v0 SaslHandshake: a bare token, no request header
+            return -1, 0, asyncio.ensure_future(sasl.raw_token(connection, frame))
         try:
             prefix = codec.read_prefix(frame)
         except ValueError as exc:
@@ -322,6 +360,9 @@ class KafkaServer:
         if key not in HANDLERS or not is_supported(key, version):
             name = _api_name(key)
             raise _Disconnect(f"{name} v{version} is not supported (UNSUPPORTED_VERSION)")
+        if not connection.authenticated and key not in _BEFORE_LOGIN:  # as Kafka's SaslServerAuthenticator
+            raise _Disconnect(f"{_api_name(key)} request before SASL authentication on listener "
+                              f"{connection.listener.name if connection.listener else '?'}")
         try:
             request = codec.decode_request(frame, key, version)
         except Exception as exc:
@@ -337,8 +378,9 @@ class KafkaServer:
 
     async def _send_in_order(
         self, queue: asyncio.Queue[tuple[int, int, asyncio.Task[ApiMessage | None]] | None],
-        writer: asyncio.StreamWriter, peer: str,
+        writer: asyncio.StreamWriter, connection: Connection,
     ) -> None:
+        peer = connection.peer
         try:
             while True:
                 item = await queue.get()
@@ -373,6 +415,10 @@ class KafkaServer:
                     writer.close()
                     return
                 writer.write(frame)
+                if connection.close_after_response:  # a failed login or a SASL request out of turn
+                    await writer.drain()
+                    writer.close()
+                    return
                 if queue.empty() or writer.transport.get_write_buffer_size() > 1 << 20:
                     await writer.drain()
         except (ConnectionError, asyncio.CancelledError):
@@ -388,3 +434,10 @@ def _api_name(key: int) -> str:
 
 async def _unsupported_api_versions() -> ApiMessage:
     return build_api_versions_response(0, ErrorCode.UNSUPPORTED_VERSION)
+
+
+def advertisable(host: str) -> str:
+    """The host Metadata names for a listener bound to `host` (a wildcard bind names this machine)."""
+    if host in ("", "0.0.0.0", "::"):
+        return socket.gethostname()
+    return host

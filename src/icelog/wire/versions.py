@@ -43,6 +43,9 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     ApiKey.AddOffsetsToTxn: (0, 3),
     ApiKey.EndTxn: (0, 3),
     ApiKey.TxnOffsetCommit: (0, 3),
+    # Logins on SASL listeners (v0's bare tokens included; Kafka 4 dropped that form, older clients send it).
+    ApiKey.SaslHandshake: (0, 1),
+    ApiKey.SaslAuthenticate: (0, 2),
 }
 
 

@@ -54,8 +54,8 @@ async def find_coordinator(ctx: RequestContext, request: ApiMessage) -> ApiMessa
         error_code=int(error),
         error_message=None if not error else "unknown key type",
         node_id=broker.settings.node_id,
-        host=broker.advertised_host,
-        port=broker.advertised_port,
+        host=ctx.connection.advertised[0],
+        port=ctx.connection.advertised[1],
     )
 
 

@@ -61,7 +61,7 @@ async def metadata(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
         )
     brokers = [
         MetadataResponse.MetadataResponseBroker(
-            node_id=node, host=broker.advertised_host, port=broker.advertised_port, rack=None
+            node_id=node, host=ctx.connection.advertised[0], port=ctx.connection.advertised[1], rack=None
         )
     ]
     return MetadataResponse(
