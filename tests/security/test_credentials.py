@@ -156,3 +156,36 @@ def test_credential_repr_shows_no_keys() -> None:
     for secret in (credential.salt, credential.stored_key, credential.server_key):
         assert secret.hex() not in shown and repr(secret) not in shown
     assert "stored_key" not in shown and "server_key" not in shown
+
+
+def _hand_login(store: SqliteStore, password: str, echo: str) -> bytes:
+    """A SCRAM-SHA-512 login computed by hand, echoing the nonce as `echo` says: 'server' (RFC 5802),
+    'librdkafka' (client nonce + server nonce, as librdkafka before 2.6.1 sends it) or 'client' (wrong)."""
+    import base64
+    import hmac
+
+    server = ScramServer("SCRAM-SHA-512", store)
+    client_nonce = "rdkafkaNonce0123"
+    first_bare = f"n=alice,r={client_nonce}"
+    server_first = server.first(f"n,,{first_bare}".encode()).decode()
+    fields = dict(part.split("=", 1) for part in server_first.split(","))
+    nonce = {"server": fields["r"], "librdkafka": client_nonce + fields["r"], "client": client_nonce}[echo]
+    without_proof = f"c=biws,r={nonce}"
+    salted = hashlib.pbkdf2_hmac("sha512", password.encode(), base64.b64decode(fields["s"]), int(fields["i"]))
+    client_key = hmac.new(salted, b"Client Key", "sha512").digest()
+    auth_message = f"{first_bare},{server_first},{without_proof}".encode()
+    signature = hmac.new(hashlib.sha512(client_key).digest(), auth_message, "sha512").digest()
+    proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature, strict=True))).decode()
+    return server.final(f"{without_proof},p={proof}".encode())
+
+
+def test_librdkafka_before_2_6_1_nonce_is_accepted_as_kafka_3_9_does(store: SqliteStore) -> None:
+    """librdkafka < 2.6.1 (Debian's kcat) echoes client nonce + server nonce; Kafka 3.8.1-3.9 accept it. Only
+    that form: a nonce without the server's part still fails, and so does a wrong password in that form."""
+    store.save_scram_credential(make_credential("alice", "SCRAM-SHA-512", "pw"))
+    assert _hand_login(store, "pw", "server").startswith(b"v=")
+    assert _hand_login(store, "pw", "librdkafka").startswith(b"v=")
+    with pytest.raises(AuthenticationError):
+        _hand_login(store, "pw", "client")
+    with pytest.raises(AuthenticationError):
+        _hand_login(store, "not-pw", "librdkafka")

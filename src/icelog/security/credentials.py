@@ -162,6 +162,7 @@ class ScramServer:
         self._user: str | None = None
         self._authenticated = False
         self._failed = False
+        self._client_nonce: str | None = None
         self._server = scramp.ScramMechanism(mechanism).make_server(self._auth_info)
 
     def _auth_info(self, user: str) -> tuple[bytes, bytes, bytes, int]:
@@ -185,6 +186,7 @@ class ScramServer:
             if not message.startswith("n,"):  # a gs2 flag of y or p asks for channel binding, which Kafka has not
                 raise self._fail()
             self._server.set_client_first(message)
+            self._client_nonce = next((p[2:] for p in message.split(",") if p.startswith("r=")), None)
             server_first: bytes = self._server.get_server_first().encode()
             return server_first
         except (ScramException, UnicodeDecodeError):
@@ -195,12 +197,25 @@ class ScramServer:
         if self._failed or self._user is None:
             raise self._fail()
         try:
-            self._server.set_client_final(client_final.decode("utf-8"))
+            message = client_final.decode("utf-8")
+            self._accept_librdkafka_nonce(message)
+            self._server.set_client_final(message)
             answer: bytes = self._server.get_server_final().encode()
         except (ScramException, UnicodeDecodeError):
             raise self._fail() from None
         self._authenticated = True
         return answer
+
+    def _accept_librdkafka_nonce(self, client_final: str) -> None:
+        """librdkafka before 2.6.1 (Debian's kcat, many language bindings) echoes the nonce as client nonce +
+        server nonce, and the server nonce already starts with the client nonce (confluentinc/librdkafka#4895).
+        Kafka 3.8.1–3.9 accept that (`endsWith`), so icelog does too, but only that exact form: the proof is
+        still checked over the message the client sent, so nothing else is relaxed."""
+        nonce = str(self._server.nonce)
+        echoed = next((part[2:] for part in client_final.split(",") if part.startswith("r=")), None)
+        client_nonce = str(self._client_nonce or "")
+        if client_nonce and echoed == client_nonce + nonce:
+            self._server.nonce = type(self._server.nonce)(echoed)  # scramp's Nonce of what the client echoed
 
     @property
     def user(self) -> str:
