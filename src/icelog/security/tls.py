@@ -1,7 +1,13 @@
-"""TLS for the Kafka listeners and the schema registry: one server context from the broker's settings."""
+"""The broker's TLS server context, one builder for every TLS endpoint (Kafka listeners, the schema registry).
+
+Built from Kafka-named settings (ssl_certfile, ssl_keyfile, ssl_keyfile_password, ssl_cafile, ssl_client_auth);
+TLS 1.2 at least, as Kafka's default ssl.enabled.protocols. The private key file must be readable by its owner
+only: a key others can read is refused at start-up, with the command that fixes it.
+"""
 
 from __future__ import annotations
 
+import os
 import ssl
 import stat
 from pathlib import Path
@@ -11,45 +17,59 @@ from cryptography import x509
 from icelog.config import Settings
 from icelog.errors import ConfigError
 
-_CLIENT_AUTH = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+_VERIFY_MODES = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 
 
 def check_key_file(path: Path) -> None:
-    """Refuse a private key that other users can read: the broker would be serving a key that is not secret."""
+    """Refuse a private key file that group or others may read or write (mode & 0o077), or that is missing."""
     try:
-        mode = path.stat().st_mode
+        mode = os.stat(path).st_mode
     except OSError as exc:
-        raise ConfigError(f"ssl_keyfile {path}: {exc.strerror}") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"ssl_keyfile {path}: {exc.strerror or exc}; point ssl_keyfile at the PEM private key") \
+            from None
+    if mode & 0o077:
         raise ConfigError(
-            f"ssl_keyfile {path} is readable by other users (mode {stat.S_IMODE(mode):o}); "
-            f"run `chmod 600 {path}` and start again"
+            f"ssl_keyfile {path} may be read by other users (mode {stat.S_IMODE(mode):04o}); "
+            f"make it the owner's only: chmod 600 {path}"
         )
 
 
-def server_context(settings: Settings) -> ssl.SSLContext | None:
-    """The TLS context of the SSL/SASL_SSL listeners and the registry, or None when no listener uses TLS."""
+def server_context(settings: Settings, client_auth: str | None = None) -> ssl.SSLContext | None:
+    """The server-side TLS context of the broker's certificate, or None when no listener uses TLS.
+
+    client_auth (none / requested / required) defaults to settings.ssl_client_auth; an endpoint that identifies
+    its clients otherwise (the registry: HTTP basic auth) passes "none". Raises ConfigError with the fix for a
+    key file others can read, a missing file, a wrong key password or a certificate that does not match its key
+    (never quoting the password)."""
     if not any(spec.tls for spec in settings.listener_specs):
         return None
-    assert settings.ssl_certfile is not None and settings.ssl_keyfile is not None  # checked at load
-    check_key_file(settings.ssl_keyfile)
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    certfile, keyfile = settings.ssl_certfile, settings.ssl_keyfile
+    if certfile is None or keyfile is None:  # the settings' own check makes this unreachable; keep mypy honest
+        raise ConfigError("an SSL or SASL_SSL listener needs ssl_certfile and ssl_keyfile (PEM files)")
+    check_key_file(keyfile)
+    mode = client_auth or settings.ssl_client_auth
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     password = settings.ssl_keyfile_password.get_secret_value() if settings.ssl_keyfile_password else None
     try:
-        context.load_cert_chain(settings.ssl_certfile, settings.ssl_keyfile, password=password)
-        if settings.ssl_cafile is not None:
-            context.load_verify_locations(cafile=settings.ssl_cafile)
-    except (OSError, ssl.SSLError) as exc:  # never the password: only which file and what failed
+        context.load_cert_chain(certfile, keyfile, password=password)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"ssl_certfile/ssl_keyfile: {exc.filename} does not exist") from None
+    except ssl.SSLError as exc:  # wrong password, not PEM, certificate and key that do not match
         raise ConfigError(
-            f"cannot load the TLS certificate/key ({settings.ssl_certfile}, {settings.ssl_keyfile}"
-            f"{', ' + str(settings.ssl_cafile) if settings.ssl_cafile else ''}): {type(exc).__name__}: "
-            f"{getattr(exc, 'strerror', None) or getattr(exc, 'reason', None) or exc}"
+            f"cannot load ssl_certfile {certfile} with ssl_keyfile {keyfile} ({exc.reason or 'unreadable'}): check "
+            "that both are PEM, that the key is the certificate's, and ssl_keyfile_password if the key is encrypted"
         ) from None
-    context.verify_mode = _CLIENT_AUTH[settings.ssl_client_auth]
-    if context.verify_mode != ssl.CERT_NONE and settings.ssl_cafile is None:
-        raise ConfigError(f"ssl_client_auth={settings.ssl_client_auth} needs ssl_cafile: the CA client "
+    if mode != "none" and settings.ssl_cafile is None:
+        raise ConfigError(f"ssl_client_auth={mode} needs ssl_cafile: the PEM CA certificates that client "
                           "certificates must chain to")
+    if settings.ssl_cafile is not None:
+        try:
+            context.load_verify_locations(cafile=settings.ssl_cafile)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"cannot load ssl_cafile {settings.ssl_cafile}: {exc}; it must be PEM certificates") \
+                from None
+    context.verify_mode = _VERIFY_MODES[mode]
     return context
 
 
