@@ -106,6 +106,33 @@ class Authorizer:
         allowing = IMPLIED_BY.get(operation, frozenset({operation})) | {ACLOperation.ALL}
         return any(e.permission == ACLPermissionType.ALLOW and e.operation in allowing for e in mine)
 
+    def authorize_any(self, principal: str, host: str, operation: ACLOperation,
+                      resource_type: ACLResourceType) -> bool:
+        """Whether the principal may do `operation` on some resource of the type (Kafka's
+        authorizeByResourceType, for KIP-679's "WRITE on any topic"): an ALLOW that no DENY covers."""
+        if self.authorize(principal, host, operation, resource_type, "hardcode"):  # super users, open, '*'
+            return True
+        bindings = self._index.get(resource_type)
+        if bindings is None:
+            return False
+        mine = [
+            e for names in (*bindings.literal.values(), bindings.prefixed) for e in names
+            if e.principal in (principal, "User:*") and e.host in (host, WILDCARD)
+            and e.operation in (operation, ACLOperation.ALL)
+        ]
+        denied_names = {e.resource_name for e in mine if e.permission == ACLPermissionType.DENY
+                        and e.pattern_type == ACLResourcePatternType.LITERAL}
+        denied_prefixes = [e.resource_name for e in mine if e.permission == ACLPermissionType.DENY
+                           and e.pattern_type == ACLResourcePatternType.PREFIXED]
+        if WILDCARD in denied_names:
+            return False
+        return any(
+            e.permission == ACLPermissionType.ALLOW
+            and not (e.pattern_type == ACLResourcePatternType.LITERAL and e.resource_name in denied_names)
+            and not any(e.resource_name.startswith(p) for p in denied_prefixes)
+            for e in mine
+        )
+
     def describe(self, flt: AclFilter) -> list[AclEntry]:
         """The bindings the filter matches (from memory, refreshed as `authorize` is)."""
         self._refresh()
