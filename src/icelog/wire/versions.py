@@ -43,6 +43,10 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     ApiKey.AddOffsetsToTxn: (0, 3),
     ApiKey.EndTxn: (0, 3),
     ApiKey.TxnOffsetCommit: (0, 3),
+    # ACLs (Kafka 2.8 serves v0-2; v3 is its flexible form, which kafka-python's codec has too).
+    ApiKey.DescribeAcls: (0, 2),
+    ApiKey.CreateAcls: (0, 2),
+    ApiKey.DeleteAcls: (0, 2),
 }
 
 
