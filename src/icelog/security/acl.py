@@ -90,7 +90,7 @@ def validate_binding(entry: AclEntry) -> None:
     if ":" not in entry.principal:
         raise InvalidAclError(
             f"Could not parse principal from `{entry.principal}` "
-            "(no colon is present separating the principal type from the principal name)"
+            "(no colon is present separating the principal type from the principal name); write User:NAME"
         )
     if not entry.principal.startswith(USER_PREFIX) or entry.principal == USER_PREFIX:
         raise InvalidAclError(f"Principal `{entry.principal}` is not User:NAME or User:*")
@@ -98,10 +98,9 @@ def validate_binding(entry: AclEntry) -> None:
         raise InvalidAclError("Host should not be empty: use '*' for any host")
     operation = ACLOperation(entry.operation)
     if operation != ACLOperation.ALL and operation not in SUPPORTED_OPERATIONS[entry.resource_type]:
-        raise InvalidAclError(
-            f"Invalid operation {operation.name} for resource type "
-            f"{ACLResourceType(entry.resource_type).name}"
-        )
+        kind = ACLResourceType(entry.resource_type).name
+        valid = ", ".join(sorted(o.name for o in SUPPORTED_OPERATIONS[entry.resource_type]))
+        raise InvalidAclError(f"Invalid operation {operation.name} for resource type {kind} (it takes {valid} or ALL)")
 
 
 def binding_applies(entry: AclEntry, resource_type: int, name: str) -> bool:
