@@ -212,3 +212,14 @@ def test_filters_describe_and_delete(store: SqliteStore) -> None:
     assert not auth.authorize(ALICE, "h", Op.READ, TOPIC, "orders")
     with pytest.raises(InvalidAclError, match="Invalid operation UNKNOWN in filter"):
         auth.delete(AclFilter(operation=Op.UNKNOWN))
+
+
+def test_authorize_any_is_kafkas_authorize_by_resource_type(store: SqliteStore) -> None:
+    auth = make(store, acl(TOPIC, "a", Op.WRITE), acl(TOPIC, "a", Op.WRITE, permission=DENY),
+                acl(TOPIC, "b", Op.WRITE, principal=BOB, pattern=PREFIXED))
+    assert not auth.authorize_any(ALICE, "h", Op.WRITE, TOPIC)  # her only ALLOW is denied
+    assert auth.authorize_any(BOB, "h", Op.WRITE, TOPIC)
+    store.add_acls([acl(TOPIC, "b", Op.ALL, principal=BOB, permission=DENY, pattern=PREFIXED)])
+    assert not make(store).authorize_any(BOB, "h", Op.WRITE, TOPIC)
+    assert make(store, supers=(ALICE,)).authorize_any(ALICE, "h", Op.WRITE, TOPIC)
+    assert make(store, open_=True).authorize_any(ALICE, "h", Op.WRITE, GROUP)  # nothing bound: open
