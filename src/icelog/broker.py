@@ -24,7 +24,7 @@ from icelog.meta.store import TopicRecord
 from icelog.readback.service import ReadBack
 from icelog.schema.codec.registry_source import StoreSchemaSource
 from icelog.schema.enforce.enforcement import Enforcer, HttpSchemaSource, LocalSchemaSource, SchemaSource
-from icelog.schema.registry.server import RegistryServer
+from icelog.schema.registry.server import RegistryServer, registry_server
 from icelog.schema.registry.service import RegistryService
 from icelog.schema.registry_client import RegistryClient
 from icelog.security.authorizer import Authorizer
@@ -61,7 +61,10 @@ class Broker:
         self.server = KafkaServer(self.state)
         # The embedded schema registry, unless an external one is configured (registry_url).
         self.registry_service = RegistryService(self.store)
-        self.registry = RegistryServer(self.registry_service) if settings.serves_registry else None
+        # (after state.authorizer is set: subjects follow topic ACLs)
+        self.registry: RegistryServer | None = None
+        if settings.serves_registry:
+            self.registry = registry_server(settings, self.registry_service, self.store, self.state.authorizer)
         self.schema_source: SchemaSource = LocalSchemaSource(self.registry_service)
         if settings.registry_url:
             self.schema_source = HttpSchemaSource(settings.registry_url)

@@ -1,4 +1,4 @@
-"""`icelog serve | topic ... | status`: argument parsing and dispatch."""
+"""`icelog serve | topic ... | user ... | status`: argument parsing and dispatch."""
 
 from __future__ import annotations
 
@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     maintain.add_parser(sub)
     sql.add_parser(sub)
     acl.add_parser(sub)
+    from icelog.cli import user
+
+    user.add_parser(sub)
     return parser
 
 

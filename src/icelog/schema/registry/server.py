@@ -11,13 +11,17 @@ import asyncio
 import functools
 import json
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
+from icelog.config import Settings
 from icelog.meta.registry import RegistrySchema
+from icelog.meta.security import SecurityStore
 from icelog.schema.compiled import SCHEMA_TYPES
+from icelog.schema.registry.access import RegistryAccess, asks_credentials
 from icelog.schema.registry.service import (
     RegistryError,
     RegistryService,
@@ -25,6 +29,10 @@ from icelog.schema.registry.service import (
     parse_schema_id,
     schema_json,
 )
+from icelog.security.tls import server_context
+
+if TYPE_CHECKING:
+    from icelog.security.authorizer import Authorizer
 
 log = logging.getLogger(__name__)
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
@@ -56,11 +64,18 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 class RegistryServer:
-    """The REST routes over one RegistryService."""
+    """The REST routes over one RegistryService; with `access`, callers authenticate and subjects follow topic
+    ACLs (access.py); with `ssl_context`, it serves HTTPS."""
 
-    def __init__(self, service: RegistryService) -> None:
+    def __init__(self, service: RegistryService, access: RegistryAccess | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.service = service
+        self.access = access
+        self.ssl_context = ssl_context
         self._runner: web.AppRunner | None = None
+
+    def _readable(self, request: web.Request, subjects: list[str]) -> list[str]:
+        return subjects if self.access is None else self.access.readable(request, subjects)
 
     async def _in_thread(self, func: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(None, functools.partial(func, *args))
@@ -79,7 +94,8 @@ class RegistryServer:
 
     def app(self) -> web.Application:
         """The aiohttp application with every route."""
-        app = web.Application(middlewares=[_errors])
+        middlewares = [_errors] if self.access is None else [_errors, self.access.middleware]
+        app = web.Application(middlewares=middlewares)
         r = app.router
         r.add_get("/", self.root)
         r.add_get("/schemas/types", self.schema_types)
@@ -107,7 +123,7 @@ class RegistryServer:
         """Listen on host:port (raises OSError if the address is taken)."""
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
+        await web.TCPSite(self._runner, host, port, ssl_context=self.ssl_context).start()
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -136,14 +152,15 @@ class RegistryServer:
         self.service.schema(schema_id)
         deleted = _flag(request, "deleted")
         found = [v for v in self.service.store.registry_versions_of_schema(schema_id) if deleted or not v.deleted]
-        return _reply([{"subject": v.subject, "version": v.version} for v in found])
+        readable = set(self._readable(request, sorted({v.subject for v in found})))
+        return _reply([{"subject": v.subject, "version": v.version} for v in found if v.subject in readable])
 
     async def subjects_of_schema(self, request: web.Request) -> web.Response:
         schema_id = self._schema_id(request)
         self.service.schema(schema_id)
         deleted = _flag(request, "deleted")
         found = self.service.store.registry_versions_of_schema(schema_id)
-        return _reply(sorted({v.subject for v in found if deleted or not v.deleted}))
+        return _reply(self._readable(request, sorted({v.subject for v in found if deleted or not v.deleted})))
 
     # -- subjects ------------------------------------------------------------------------------
     async def subjects(self, request: web.Request) -> web.Response:
@@ -151,7 +168,7 @@ class RegistryServer:
         names = self.service.subjects(deleted, request.query.get("subjectPrefix", ""))
         if _flag(request, "deleted_only"):
             names = [n for n in names if n not in set(self.service.subjects(False))]
-        return _reply(names)
+        return _reply(self._readable(request, names))
 
     async def versions(self, request: web.Request) -> web.Response:
         subject = request.match_info["subject"]
@@ -233,3 +250,16 @@ class RegistryServer:
             raise RegistryError(404, 40401, f"Subject '{subject}' not found.")
         return _reply({"compatibilityLevel": self.service.delete_compatibility(subject)})
 
+
+def registry_server(settings: Settings, service: RegistryService, users: SecurityStore,
+                    authorizer: Authorizer | None) -> RegistryServer:
+    """The broker's registry: HTTPS with the broker's certificate when a Kafka listener uses TLS, and callers
+    authenticated (and held to topic ACLs) when a Kafka listener authenticates its clients. Client certificates
+    are not asked for: callers identify with HTTP basic auth. Raises ConfigError for an unusable key file."""
+    access = None
+    if asks_credentials(settings):
+        def subjects_of_schema(schema_id: int) -> list[str]:
+            return sorted({v.subject for v in service.store.registry_versions_of_schema(schema_id)})
+
+        access = RegistryAccess(users, settings.super_user_set, authorizer, subjects_of_schema)
+    return RegistryServer(service, access, server_context(settings, client_auth="none"))

@@ -1,0 +1,178 @@
+"""Who may call the schema registry: HTTP basic auth with the broker's users, and topic ACLs per subject.
+
+On as soon as a Kafka listener authenticates its clients (or ACLs are on): a registry anyone can write to would
+let any client change what producers must send. Every request then needs credentials, reads included (a read
+from an unknown caller cannot be checked against ACLs, which name users); they are checked with PLAIN's
+check against the stored SCRAM keys, on a worker thread (PBKDF2 is CPU-bound).
+
+A subject follows the ACLs of the topic its name derives from (`<topic>-key` / `<topic>-value`; any other name
+is its own topic name): READ to read it, WRITE to register, DELETE to delete, DESCRIBE_CONFIGS / ALTER_CONFIGS
+for its compatibility config (ALTER_CONFIGS on the cluster for the global one). Super users may do anything,
+and without an authorizer so may every authenticated user. Refusals use Confluent's codes (40101, 40301).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from icelog.config import Settings
+from icelog.meta.security import SecurityStore
+from icelog.security.acl import CLUSTER_NAME, ACLOperation, ACLResourceType
+from icelog.security.credentials import check_plain
+
+if TYPE_CHECKING:
+    from icelog.security.authorizer import Authorizer
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+REALM = 'Basic realm="icelog"'
+_OPEN = object()  # any authenticated caller
+_SCHEMA = object()  # READ on some subject that holds the schema of the path's id
+
+# (method, route) -> what the caller needs; a route missing here is for super users only, so a route added
+# later is closed until its rule is written. Lists (/subjects, a schema's subjects/versions) are filtered by
+# the handlers (`readable`).
+_RULES: dict[tuple[str, str], object] = {
+    ("GET", "/"): _OPEN,
+    ("GET", "/schemas/types"): _OPEN,
+    ("GET", "/subjects"): _OPEN,
+    ("GET", "/config"): _OPEN,
+    ("PUT", "/config"): (ACLResourceType.CLUSTER, ACLOperation.ALTER_CONFIGS),
+    ("DELETE", "/config"): (ACLResourceType.CLUSTER, ACLOperation.ALTER_CONFIGS),
+    ("GET", "/schemas/ids/{id}"): _SCHEMA,
+    ("GET", "/schemas/ids/{id}/schema"): _SCHEMA,
+    ("GET", "/schemas/ids/{id}/versions"): _SCHEMA,
+    ("GET", "/schemas/ids/{id}/subjects"): _SCHEMA,
+    ("POST", "/subjects/{subject}"): ACLOperation.READ,  # look up a schema under the subject
+    ("DELETE", "/subjects/{subject}"): ACLOperation.DELETE,
+    ("GET", "/subjects/{subject}/versions"): ACLOperation.READ,
+    ("POST", "/subjects/{subject}/versions"): ACLOperation.WRITE,
+    ("GET", "/subjects/{subject}/versions/{version}"): ACLOperation.READ,
+    ("DELETE", "/subjects/{subject}/versions/{version}"): ACLOperation.DELETE,
+    ("GET", "/subjects/{subject}/versions/{version}/schema"): ACLOperation.READ,
+    ("POST", "/compatibility/subjects/{subject}/versions"): ACLOperation.READ,
+    ("POST", "/compatibility/subjects/{subject}/versions/{version}"): ACLOperation.READ,
+    ("GET", "/config/{subject}"): ACLOperation.DESCRIBE_CONFIGS,
+    ("PUT", "/config/{subject}"): ACLOperation.ALTER_CONFIGS,
+    ("DELETE", "/config/{subject}"): ACLOperation.ALTER_CONFIGS,
+}
+
+
+def asks_credentials(settings: Settings) -> bool:
+    """Whether the registry authenticates its callers: when ACLs are on or some Kafka listener authenticates."""
+    return settings.authorizes or any(spec.authenticates(settings.ssl_client_auth) for spec in settings.listener_specs)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An authenticated registry client: its Kafka principal and address, as ACLs name them."""
+
+    principal: str
+    host: str
+
+
+CALLER = web.RequestKey("icelog.caller", Caller)  # the authenticated caller of a request
+
+
+def subject_topic(subject: str) -> str:
+    """The topic whose ACLs a subject follows (TopicNameStrategy's `<topic>-key` / `<topic>-value`)."""
+    for suffix in ("-key", "-value"):
+        if subject.endswith(suffix) and len(subject) > len(suffix):
+            return subject.removesuffix(suffix)
+    return subject
+
+
+def _refusal(status: int, error_code: int, message: str) -> web.Response:
+    headers = {"WWW-Authenticate": REALM} if status == 401 else None
+    return web.Response(text=json.dumps({"error_code": error_code, "message": message}), status=status,
+                        content_type="application/json", headers=headers)
+
+
+def _basic_credentials(header: str) -> tuple[str, str] | None:
+    """(user, password) of an `Authorization: Basic ...` header, or None if it is not one."""
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        user, sep, password = base64.b64decode(token.strip(), validate=True).decode("utf-8").partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return (user, password) if sep and user else None
+
+
+class RegistryAccess:
+    """Authentication (an aiohttp middleware) and per-subject authorization of registry requests."""
+
+    def __init__(self, store: SecurityStore, super_users: Iterable[str], authorizer: Authorizer | None,
+                 subjects_of_schema: Callable[[int], list[str]]) -> None:
+        self._store = store
+        self._super_users = frozenset(super_users)
+        self.authorizer = authorizer
+        self._subjects_of_schema = subjects_of_schema
+
+    async def _authenticate(self, request: web.Request) -> Caller | None:
+        credentials = _basic_credentials(request.headers.get("Authorization", ""))
+        if credentials is None:
+            return None
+        user, password = credentials
+        loop = asyncio.get_running_loop()
+        if not await loop.run_in_executor(None, check_plain, self._store, user, password):
+            return None
+        return Caller(f"User:{user}", request.remote or "")
+
+    def may(self, caller: Caller, operation: ACLOperation, resource_type: ACLResourceType, name: str) -> bool:
+        """Whether the caller may do `operation` on the resource (a topic, or the cluster)."""
+        if caller.principal in self._super_users or self.authorizer is None:
+            return True
+        return self.authorizer.authorize(caller.principal, caller.host, operation, resource_type, name)
+
+    def may_read(self, caller: Caller, subject: str) -> bool:
+        return self.may(caller, ACLOperation.READ, ACLResourceType.TOPIC, subject_topic(subject))
+
+    def readable(self, request: web.Request, subjects: Iterable[str]) -> list[str]:
+        """The subjects the request's caller may read (every one when access is not checked)."""
+        caller = request.get(CALLER)
+        if caller is None:
+            return list(subjects)
+        return [s for s in subjects if self.may_read(caller, s)]
+
+    def _allowed(self, caller: Caller, request: web.Request) -> bool:
+        resource = request.match_info.route.resource
+        if resource is None:  # no such route: the router answers 404 / 405
+            return True
+        rule = _RULES.get((request.method, resource.canonical))
+        if rule is _OPEN:
+            return True
+        if rule is _SCHEMA:
+            try:
+                subjects = self._subjects_of_schema(int(request.match_info["id"]))
+            except ValueError:  # not an id: the handler answers 404
+                return True
+            return not subjects or any(self.may_read(caller, s) for s in subjects)  # none: the handler's 404
+        if isinstance(rule, ACLOperation):
+            return self.may(caller, rule, ACLResourceType.TOPIC, subject_topic(request.match_info["subject"]))
+        if isinstance(rule, tuple):
+            resource_type, operation = rule
+            return self.may(caller, operation, resource_type, CLUSTER_NAME)
+        return caller.principal in self._super_users
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """401 without valid credentials, 403 when the caller's ACLs do not allow the request."""
+        caller = await self._authenticate(request)
+        if caller is None:
+            # one answer for a missing header, an unknown user and a wrong password; never quoting the header
+            return _refusal(401, 40101, "Unauthorized: send the credentials of an icelog user (HTTP basic auth, "
+                                        "basic.auth.user.info)")
+        if not self._allowed(caller, request):
+            what = f"{request.method} {request.path[:200]}"
+            return _refusal(403, 40301, f"{caller.principal} is not authorized to {what}")
+        request[CALLER] = caller
+        return await handler(request)
