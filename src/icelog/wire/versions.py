@@ -47,6 +47,9 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     ApiKey.DescribeAcls: (0, 2),
     ApiKey.CreateAcls: (0, 2),
     ApiKey.DeleteAcls: (0, 2),
+    # Users (KIP-554, Kafka 2.7+).
+    ApiKey.DescribeUserScramCredentials: (0, 0),
+    ApiKey.AlterUserScramCredentials: (0, 0),
 }
 
 
