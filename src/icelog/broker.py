@@ -26,6 +26,7 @@ from icelog.schema.enforce.enforcement import Enforcer, HttpSchemaSource, LocalS
 from icelog.schema.registry.server import RegistryServer, registry_server
 from icelog.schema.registry.service import RegistryService
 from icelog.schema.registry_client import RegistryClient
+from icelog.security.authorizer import Authorizer
 from icelog.topics import EffectiveConfig
 from icelog.wire.context import BrokerState
 from icelog.wire.server import KafkaServer
@@ -53,6 +54,10 @@ class Broker:
             self.store, self.logs, self.groups, settings.transaction_max_timeout_ms
         )
         self.state.groups, self.state.transactions = self.groups, self.transactions
+        if settings.authorizes:  # ACLs from the store; None lets every principal do anything
+            self.state.authorizer = Authorizer(
+                self.store, settings.super_user_set, settings.allow_everyone_if_no_acl_found
+            )
         self.server = KafkaServer(self.state)
         # The embedded schema registry, unless an external one is configured (registry_url).
         self.registry_service = RegistryService(self.store)

@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=cmd_serve)
 
-    from icelog.cli import archive, maintain, sql, status, topic
+    from icelog.cli import acl, archive, maintain, sql, status, topic
 
     topic.add_parser(sub)
     from icelog.cli import group
@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     archive.add_parser(sub)
     maintain.add_parser(sub)
     sql.add_parser(sub)
+    acl.add_parser(sub)
     from icelog.cli import user
 
     user.add_parser(sub)

@@ -46,6 +46,13 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     # Logins on SASL listeners (v0's bare tokens included; Kafka 4 dropped that form, older clients send it).
     ApiKey.SaslHandshake: (0, 1),
     ApiKey.SaslAuthenticate: (0, 2),
+    # ACLs (Kafka 2.8 serves v0-2; v3 is its flexible form, which kafka-python's codec has too).
+    ApiKey.DescribeAcls: (0, 2),
+    ApiKey.CreateAcls: (0, 2),
+    ApiKey.DeleteAcls: (0, 2),
+    # Users (KIP-554, Kafka 2.7+).
+    ApiKey.DescribeUserScramCredentials: (0, 0),
+    ApiKey.AlterUserScramCredentials: (0, 0),
 }
 
 

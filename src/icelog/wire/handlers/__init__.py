@@ -1,3 +1,13 @@
 """One module per group of Kafka APIs; importing this package registers every handler."""
 
-from icelog.wire.handlers import admin, fetch, groups, metadata, produce, sasl, transactions  # noqa: F401
+from icelog.wire.handlers import (  # noqa: F401
+    acls,
+    admin,
+    fetch,
+    groups,
+    metadata,
+    produce,
+    sasl,
+    transactions,
+    users,
+)

@@ -16,7 +16,9 @@ from kafka.protocol.admin import (
 from kafka.protocol.api_key import ApiKey
 
 from icelog.errors import ErrorCode, KafkaApiError
+from icelog.security.acl import ACLOperation, ACLResourceType
 from icelog.topics import TOPIC_CONFIG_KEYS
+from icelog.wire.authz import may_create_topic, on_cluster
 from icelog.wire.context import RequestContext, handles
 
 if TYPE_CHECKING:
@@ -34,6 +36,21 @@ def _error(exc: KafkaApiError) -> tuple[int, str]:
     return int(exc.code), exc.message or exc.code.name
 
 
+def _check_topic(ctx: RequestContext, operation: ACLOperation, topic: str) -> None:
+    """TOPIC_AUTHORIZATION_FAILED unless the principal may do `operation` on the topic (before any existence
+    check, so a topic one may not see is not revealed)."""
+    if not ctx.authorize(operation, ACLResourceType.TOPIC, topic):
+        raise KafkaApiError(ErrorCode.TOPIC_AUTHORIZATION_FAILED, "Authorization failed.")
+
+
+def _check_configs(ctx: RequestContext, operation: ACLOperation, resource: Any) -> None:
+    """DESCRIBE_CONFIGS / ALTER_CONFIGS on the topic, or on the cluster for a broker resource."""
+    if resource.resource_type == RESOURCE_TOPIC:
+        _check_topic(ctx, operation, resource.resource_name)
+    elif resource.resource_type == RESOURCE_BROKER and not on_cluster(ctx, operation):
+        raise KafkaApiError(ErrorCode.CLUSTER_AUTHORIZATION_FAILED, "Authorization failed.")
+
+
 @handles(ApiKey.CreateTopics)
 async def create_topics(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     logs = ctx.broker.logs
@@ -45,6 +62,8 @@ async def create_topics(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
         )
         results.append(result)
         try:
+            if not may_create_topic(ctx, topic.name):
+                raise KafkaApiError(ErrorCode.TOPIC_AUTHORIZATION_FAILED, "Authorization failed.")
             partitions = topic.num_partitions
             if topic.assignments:
                 partitions = len(topic.assignments)
@@ -83,6 +102,8 @@ async def delete_topics(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
         result = DeleteTopicsResponse.DeletableTopicResult(name=name, error_code=0, error_message=None)
         responses.append(result)
         try:
+            if name:  # an unknown topic id stays unknown
+                _check_topic(ctx, ACLOperation.DELETE, name)
             state = logs.get(name or "")
             if state is not None:
                 result.topic_id = state.record.topic_id
@@ -108,6 +129,7 @@ async def create_partitions(ctx: RequestContext, request: ApiMessage) -> ApiMess
         result = CreatePartitionsResponse.CreatePartitionsTopicResult(name=topic.name, error_code=0)
         results.append(result)
         try:
+            _check_topic(ctx, ACLOperation.ALTER, topic.name)
             ctx.broker.logs.add_partitions(topic.name, topic.count, validate_only=request.validate_only)
         except KafkaApiError as exc:
             result.error_code, result.error_message = _error(exc)
@@ -126,6 +148,11 @@ async def describe_configs(ctx: RequestContext, request: ApiMessage) -> ApiMessa
         )
         results.append(result)
         wanted = set(resource.configuration_keys) if resource.configuration_keys else None
+        try:
+            _check_configs(ctx, ACLOperation.DESCRIBE_CONFIGS, resource)
+        except KafkaApiError as exc:
+            result.error_code, result.error_message = _error(exc)
+            continue
         if resource.resource_type == RESOURCE_TOPIC:
             state = ctx.broker.logs.get(resource.resource_name)
             if state is None:
@@ -183,6 +210,7 @@ async def alter_configs(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
         )
         responses.append(result)
         try:
+            _check_configs(ctx, ACLOperation.ALTER_CONFIGS, resource)
             state = _topic_resource(ctx, resource)
             new = {c.name: c.value for c in resource.configs if c.value is not None}
             removed = [k for k in state.record.configs if k not in new]
@@ -202,6 +230,7 @@ async def incremental_alter_configs(ctx: RequestContext, request: ApiMessage) ->
         )
         responses.append(result)
         try:
+            _check_configs(ctx, ACLOperation.ALTER_CONFIGS, resource)
             state = _topic_resource(ctx, resource)
             current = dict(state.config.values) | dict(state.record.configs)
             new: dict[str, str] = {}

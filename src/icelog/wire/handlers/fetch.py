@@ -11,6 +11,7 @@ from kafka.protocol.api_key import ApiKey
 from kafka.protocol.consumer import FetchResponse, ListOffsetsResponse
 
 from icelog.errors import ErrorCode, KafkaApiError
+from icelog.security.acl import ACLOperation, ACLResourceType
 from icelog.wire.context import RequestContext, handles
 
 if TYPE_CHECKING:
@@ -32,8 +33,9 @@ async def fetch(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     max_bytes = request.max_bytes if ctx.api_version >= 3 else 0x7FFFFFFF
     deadline = time.monotonic() + max(request.max_wait_ms, 0) / 1000
     read_committed = ctx.api_version >= 4 and request.isolation_level == READ_COMMITTED
+    denied = {t.topic for t in request.topics if not ctx.authorize(ACLOperation.READ, ACLResourceType.TOPIC, t.topic)}
     while True:
-        plan = _plan(request, logs, read_committed)
+        plan = _plan(request, logs, read_committed, denied)
         if any(item.readable for item in plan):
             total = await asyncio.to_thread(_read_planned, plan, max_bytes)
         else:
@@ -75,8 +77,9 @@ class _PartitionRead:
         return end
 
 
-def _plan(request: Any, logs: Any, read_committed: bool) -> list[_PartitionRead]:
-    """On the event loop: offsets, watermarks and aborted ranges of every partition asked for."""
+def _plan(request: Any, logs: Any, read_committed: bool, denied: set[str]) -> list[_PartitionRead]:
+    """On the event loop: offsets, watermarks and aborted ranges of every partition asked for
+    (TOPIC_AUTHORIZATION_FAILED for those of `denied` topics, which the principal may not READ)."""
     plan = []
     for topic in request.topics:
         for req in topic.partitions:
@@ -88,6 +91,8 @@ def _plan(request: Any, logs: Any, read_committed: bool) -> list[_PartitionRead]
                                   read_committed=read_committed)
             plan.append(item)
             try:
+                if topic.topic in denied:
+                    raise KafkaApiError(ErrorCode.TOPIC_AUTHORIZATION_FAILED)
                 _, part = logs.partition(topic.topic, req.partition)
                 data.high_watermark = part.high_watermark
                 data.last_stable_offset = stable = part.last_stable_offset
@@ -149,6 +154,7 @@ async def list_offsets(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     topics = []
     for topic in request.topics:
         partitions = []
+        denied = not ctx.authorize(ACLOperation.DESCRIBE, ACLResourceType.TOPIC, topic.name)
         for req in topic.partitions:
             out = ListOffsetsResponse.ListOffsetsTopicResponse.ListOffsetsPartitionResponse(
                 partition_index=req.partition_index, error_code=0, timestamp=-1, offset=-1, leader_epoch=-1,
@@ -156,6 +162,8 @@ async def list_offsets(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
             )
             partitions.append(out)
             try:
+                if denied:
+                    raise KafkaApiError(ErrorCode.TOPIC_AUTHORIZATION_FAILED)
                 _, part = logs.partition(topic.name, req.partition_index)
             except KafkaApiError as exc:
                 out.error_code = int(exc.code)

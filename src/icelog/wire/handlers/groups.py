@@ -26,6 +26,8 @@ from kafka.protocol.metadata.find_coordinator import FindCoordinatorResponse
 from icelog.coordinator.groups import GroupCoordinator
 from icelog.errors import ErrorCode
 from icelog.meta.store import CommittedOffset
+from icelog.security.acl import ACLOperation, ACLResourceType
+from icelog.wire.authz import on_cluster
 from icelog.wire.context import RequestContext, handles
 
 if TYPE_CHECKING:
@@ -39,6 +41,14 @@ def coordinator(ctx: RequestContext) -> GroupCoordinator:
     return ctx.broker.groups
 
 
+def _may(ctx: RequestContext, operation: ACLOperation, group_id: str) -> bool:
+    return ctx.authorize(operation, ACLResourceType.GROUP, group_id)
+
+
+def _may_topic(ctx: RequestContext, operation: ACLOperation, topic: str) -> bool:
+    return ctx.authorize(operation, ACLResourceType.TOPIC, topic)
+
+
 def _host(ctx: RequestContext) -> str:
     return "/" + ctx.peer.rpartition(":")[0]
 
@@ -47,12 +57,19 @@ def _host(ctx: RequestContext) -> str:
 async def find_coordinator(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     broker = ctx.broker
     error = ErrorCode.NONE
-    if ctx.api_version >= 1 and request.key_type not in (COORDINATOR_GROUP, COORDINATOR_TRANSACTION):
+    key_type = request.key_type if ctx.api_version >= 1 else COORDINATOR_GROUP
+    if key_type not in (COORDINATOR_GROUP, COORDINATOR_TRANSACTION):
         error = ErrorCode.INVALID_REQUEST
+    elif key_type == COORDINATOR_GROUP and not _may(ctx, ACLOperation.DESCRIBE, request.key):
+        error = ErrorCode.GROUP_AUTHORIZATION_FAILED
+    elif key_type == COORDINATOR_TRANSACTION and not ctx.authorize(
+        ACLOperation.DESCRIBE, ACLResourceType.TRANSACTIONAL_ID, request.key
+    ):
+        error = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     return FindCoordinatorResponse(
         throttle_time_ms=0,
         error_code=int(error),
-        error_message=None if not error else "unknown key type",
+        error_message=None if error != ErrorCode.INVALID_REQUEST else "unknown key type",
         node_id=broker.settings.node_id,
         host=ctx.connection.advertised[0],
         port=ctx.connection.advertised[1],
@@ -62,6 +79,12 @@ async def find_coordinator(ctx: RequestContext, request: ApiMessage) -> ApiMessa
 @handles(ApiKey.JoinGroup)
 async def join_group(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     v = ctx.api_version
+    if not _may(ctx, ACLOperation.READ, request.group_id):
+        return JoinGroupResponse(
+            throttle_time_ms=0, error_code=int(ErrorCode.GROUP_AUTHORIZATION_FAILED), generation_id=-1,
+            protocol_type=None, protocol_name=None if v >= 7 else "", leader="", skip_assignment=False,
+            member_id="", members=[],
+        )
     result = await coordinator(ctx).join(
         request.group_id,
         request.member_id,
@@ -94,6 +117,11 @@ async def join_group(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
 @handles(ApiKey.SyncGroup)
 async def sync_group(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     v = ctx.api_version
+    if not _may(ctx, ACLOperation.READ, request.group_id):
+        return SyncGroupResponse(
+            throttle_time_ms=0, error_code=int(ErrorCode.GROUP_AUTHORIZATION_FAILED), protocol_type=None,
+            protocol_name=None, assignment=b"",
+        )
     result = await coordinator(ctx).sync(
         request.group_id,
         request.generation_id,
@@ -114,6 +142,8 @@ async def sync_group(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
 
 @handles(ApiKey.Heartbeat)
 async def heartbeat(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
+    if not _may(ctx, ACLOperation.READ, request.group_id):
+        return HeartbeatResponse(throttle_time_ms=0, error_code=int(ErrorCode.GROUP_AUTHORIZATION_FAILED))
     error = coordinator(ctx).heartbeat(
         request.group_id,
         request.generation_id,
@@ -125,6 +155,10 @@ async def heartbeat(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
 
 @handles(ApiKey.LeaveGroup)
 async def leave_group(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
+    if not _may(ctx, ACLOperation.READ, request.group_id):
+        return LeaveGroupResponse(
+            throttle_time_ms=0, error_code=int(ErrorCode.GROUP_AUTHORIZATION_FAILED), members=[]
+        )
     if ctx.api_version < 3:
         (error,) = coordinator(ctx).leave(request.group_id, [(request.member_id, None)])
         return LeaveGroupResponse(throttle_time_ms=0, error_code=int(error), members=[])
@@ -145,19 +179,23 @@ async def offset_commit(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     v = ctx.api_version
     groups = coordinator(ctx)
     logs = ctx.broker.logs
-    error = groups.check_commit(
-        request.group_id,
-        request.generation_id_or_member_epoch,
-        request.member_id,
-        request.group_instance_id if v >= 7 else None,
-    )
+    if not _may(ctx, ACLOperation.READ, request.group_id):
+        error = ErrorCode.GROUP_AUTHORIZATION_FAILED
+    else:
+        error = groups.check_commit(
+            request.group_id,
+            request.generation_id_or_member_epoch,
+            request.member_id,
+            request.group_instance_id if v >= 7 else None,
+        )
     now = int(time.time() * 1000)
     offsets = {}
     topics = []
     for topic in request.topics:
         partitions = []
+        topic_denied = not error and not _may_topic(ctx, ACLOperation.READ, topic.name)
         for part in topic.partitions:
-            code = error
+            code = ErrorCode.TOPIC_AUTHORIZATION_FAILED if topic_denied else error
             if not code:
                 state = logs.get(topic.name)
                 if state is None or not 0 <= part.partition_index < len(state.partitions):
@@ -180,9 +218,25 @@ async def offset_commit(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
 async def offset_fetch(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     v = ctx.api_version
     wanted = None
+    denied: list[tuple[str, int]] = []  # asked for by name, not DESCRIBE-able: TOPIC_AUTHORIZATION_FAILED
     if request.topics is not None:
         wanted = [(t.name, p) for t in request.topics for p in t.partition_indexes]
-    found = coordinator(ctx).fetch(request.group_id, wanted, bool(v >= 7 and request.require_stable))
+        denied = [(t, p) for t, p in wanted if not _may_topic(ctx, ACLOperation.DESCRIBE, t)]
+        wanted = [(t, p) for t, p in wanted if (t, p) not in denied] if denied else wanted
+    if not _may(ctx, ACLOperation.DESCRIBE, request.group_id):
+        if v >= 2:
+            return OffsetFetchResponse(
+                throttle_time_ms=0, topics=[], error_code=int(ErrorCode.GROUP_AUTHORIZATION_FAILED)
+            )
+        found: dict[tuple[str, int], tuple[CommittedOffset | None, ErrorCode]] = {
+            tp: (None, ErrorCode.GROUP_AUTHORIZATION_FAILED) for tp in wanted or []
+        }
+    else:
+        found = coordinator(ctx).fetch(request.group_id, wanted, bool(v >= 7 and request.require_stable))
+        if wanted is None:  # every committed offset of the group: those of topics not DESCRIBE-able left out
+            found = {tp: r for tp, r in found.items() if _may_topic(ctx, ACLOperation.DESCRIBE, tp[0])}
+    for tp in denied:
+        found[tp] = (None, ErrorCode.TOPIC_AUTHORIZATION_FAILED)
     by_topic: dict[str, list[Any]] = {}
     for (topic, partition), (committed, error) in found.items():
         by_topic.setdefault(topic, []).append(
@@ -204,6 +258,14 @@ async def describe_groups(ctx: RequestContext, request: ApiMessage) -> ApiMessag
     described = []
     for group_id in request.groups:
         group = groups.describe(group_id)
+        if not _may(ctx, ACLOperation.DESCRIBE, group_id):
+            described.append(
+                DescribeGroupsResponse.DescribedGroup(
+                    error_code=int(ErrorCode.GROUP_AUTHORIZATION_FAILED), error_message=None, group_id=group_id,
+                    group_state="", protocol_type="", protocol_data="", members=[], authorized_operations=None,
+                )
+            )
+            continue
         if group is None:
             described.append(
                 DescribeGroupsResponse.DescribedGroup(
@@ -248,12 +310,13 @@ async def describe_groups(ctx: RequestContext, request: ApiMessage) -> ApiMessag
 @handles(ApiKey.ListGroups)
 async def list_groups(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     states = set(request.states_filter or []) if ctx.api_version >= 4 else set()
+    every = on_cluster(ctx, ACLOperation.DESCRIBE)  # else only the groups the principal may DESCRIBE
     listed = [
         ListGroupsResponse.ListedGroup(
             group_id=g.group_id, protocol_type=g.protocol_type or "consumer", group_state=g.state.value
         )
         for g in coordinator(ctx).list_groups()
-        if not states or g.state.value in states
+        if (not states or g.state.value in states) and (every or _may(ctx, ACLOperation.DESCRIBE, g.group_id))
     ]
     return ListGroupsResponse(throttle_time_ms=0, error_code=0, groups=listed)
 
@@ -261,7 +324,13 @@ async def list_groups(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
 @handles(ApiKey.DeleteGroups)
 async def delete_groups(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     results = [
-        DeleteGroupsResponse.DeletableGroupResult(group_id=g, error_code=int(coordinator(ctx).delete(g)))
+        DeleteGroupsResponse.DeletableGroupResult(
+            group_id=g,
+            error_code=int(
+                coordinator(ctx).delete(g) if _may(ctx, ACLOperation.DELETE, g)
+                else ErrorCode.GROUP_AUTHORIZATION_FAILED
+            ),
+        )
         for g in request.groups_names
     ]
     return DeleteGroupsResponse(throttle_time_ms=0, results=results)
@@ -269,8 +338,18 @@ async def delete_groups(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
 
 @handles(ApiKey.OffsetDelete)
 async def offset_delete(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
-    wanted = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
+    if not _may(ctx, ACLOperation.DELETE, request.group_id):
+        return OffsetDeleteResponse(
+            error_code=int(ErrorCode.GROUP_AUTHORIZATION_FAILED), throttle_time_ms=0, topics=[]
+        )
+    readable = {t.name for t in request.topics if _may_topic(ctx, ACLOperation.READ, t.name)}
+    wanted = [(t.name, p.partition_index) for t in request.topics if t.name in readable for p in t.partitions]
     error, results = coordinator(ctx).delete_offsets(request.group_id, wanted)
+    results = dict(results)
+    for t in request.topics:
+        if t.name not in readable:
+            for p in t.partitions:
+                results[(t.name, p.partition_index)] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
     by_topic: dict[str, list[Any]] = {}
     for (topic, partition), code in results.items():
         by_topic.setdefault(topic, []).append(

@@ -9,6 +9,8 @@ from kafka.protocol.api_key import ApiKey
 from kafka.protocol.metadata import MetadataResponse
 
 from icelog.errors import ErrorCode, KafkaApiError
+from icelog.security.acl import ACLOperation, ACLResourceType
+from icelog.wire.authz import may_create_topic
 from icelog.wire.context import RequestContext, handles
 from icelog.wire.versions import build_api_versions_response
 
@@ -28,18 +30,26 @@ async def metadata(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     broker = ctx.broker
     logs = broker.logs
     node = broker.settings.node_id
-    # A null topic list asks for every topic.
-    names = sorted(logs.topics) if request.topics is None else [t.name for t in request.topics]
+    # A null topic list asks for every topic: those the principal may not DESCRIBE are left out, as Kafka does.
+    if request.topics is None:
+        names = [n for n in sorted(logs.topics) if ctx.authorize(ACLOperation.DESCRIBE, ACLResourceType.TOPIC, n)]
+    else:
+        names = [t.name for t in request.topics]
     allow_create = ctx.api_version < 4 or request.allow_auto_topic_creation
     topics = []
     for name in names:
         state = logs.get(name)
         error = ErrorCode.NONE
-        if state is None and allow_create and broker.settings.auto_create_topics_enable:
-            try:
-                state = logs.create_topic(name, broker.settings.num_partitions, {})
-            except KafkaApiError as exc:
-                error = exc.code
+        if request.topics is not None and not ctx.authorize(ACLOperation.DESCRIBE, ACLResourceType.TOPIC, name):
+            state, error = None, ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        elif state is None and allow_create and broker.settings.auto_create_topics_enable:
+            if not may_create_topic(ctx, name):
+                error = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            else:
+                try:
+                    state = logs.create_topic(name, broker.settings.num_partitions, {})
+                except KafkaApiError as exc:
+                    error = exc.code
         if state is None:
             topics.append(
                 MetadataResponse.MetadataResponseTopic(

@@ -22,6 +22,7 @@ from icelog.errors import ErrorCode, KafkaApiError
 from icelog.log.batch import BatchHeader, check_cost, first_batch_codec
 from icelog.log.record_format import CODEC_ZSTD
 from icelog.log.records import CHECK_COST, MAX_UNCOMPRESSED_BYTES, InflationLimitError
+from icelog.security.acl import ACLOperation, ACLResourceType
 from icelog.wire.context import RequestContext, handles
 
 if TYPE_CHECKING:
@@ -146,11 +147,23 @@ async def _produce(
     responses = []
     parts: list[_Part] = []
     throttle_ms = 0  # back-pressure (log/pressure.py): the largest throttle of the partitions written
+    # Kafka's authorizer: WRITE on the transactional id (else every partition fails), then WRITE per topic
+    transactional_id = request.transactional_id if ctx.api_version >= 3 else None
+    txn_denied = transactional_id is not None and not ctx.authorize(
+        ACLOperation.WRITE, ACLResourceType.TRANSACTIONAL_ID, transactional_id
+    )
     for topic_data in request.topic_data:
         partition_responses = []
+        topic_denied = txn_denied or not ctx.authorize(ACLOperation.WRITE, ACLResourceType.TOPIC, topic_data.name)
         for data in topic_data.partition_data:
             result = PartitionResponse(index=data.index, error_code=0, base_offset=-1, log_append_time_ms=-1)
             partition_responses.append(result)
+            if topic_denied:
+                result.error_code = int(
+                    ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED if txn_denied
+                    else ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                )
+                continue
             try:
                 if acks not in (0, 1, -1):
                     raise KafkaApiError(ErrorCode.INVALID_REQUIRED_ACKS, f"acks must be 0, 1 or -1, got {acks}")
