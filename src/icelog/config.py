@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,47 @@ def parse_listeners(settings: Settings) -> list[Listener]:
     if unknown:
         raise ValueError(f"advertised_listeners: {', '.join(sorted(unknown))} is not in listeners")
     return specs
+
+
+_RULE = re.compile(r"\s*(?:(DEFAULT)|RULE:((?:\\/|[^/])*)/((?:\\/|[^/])*)/([LU])?)\s*(?:,|$)")
+
+
+@dataclass(frozen=True)
+class PrincipalRule:
+    """One of ssl.principal.mapping.rules: a pattern over the whole subject and its replacement (None: DEFAULT)."""
+
+    pattern: re.Pattern[str] | None
+    replacement: str = ""
+    case: str = ""  # "L" lower-cases the result, "U" upper-cases it
+
+    def apply(self, subject: str) -> str | None:
+        if self.pattern is None:
+            return subject
+        if not self.pattern.fullmatch(subject):
+            return None
+        name = self.pattern.sub(self.replacement, subject, count=1)
+        return name.lower() if self.case == "L" else name.upper() if self.case == "U" else name
+
+
+def principal_rules(value: str) -> list[PrincipalRule]:
+    """Parse Kafka's ssl.principal.mapping.rules (Java's $1 group references become Python's)."""
+    rules, position = [], 0
+    while position < len(value.rstrip()):
+        match = _RULE.match(value, position)
+        if match is None or match.end() == position:
+            raise ValueError(f"ssl_principal_mapping_rules: cannot read {value[position:]!r}; write "
+                             "RULE:REGEX/REPLACEMENT/[L|U] entries and DEFAULT, separated by commas")
+        if match.group(1):
+            rules.append(PrincipalRule(None))
+        else:
+            try:
+                pattern = re.compile(match.group(2).replace("\\/", "/"))
+            except re.error as exc:
+                raise ValueError(f"ssl_principal_mapping_rules: {match.group(2)!r} is not a regex: {exc}") from None
+            replacement = re.sub(r"\$(\d+)", r"\\\1", match.group(3).replace("\\/", "/"))
+            rules.append(PrincipalRule(pattern, replacement, match.group(4) or ""))
+        position = match.end()
+    return rules or [PrincipalRule(None)]
 
 
 class IntakeSettings(BaseModel):
@@ -287,6 +329,11 @@ class Settings(BaseSettings):
         "none", pattern="^(none|requested|required)$",
         description="Kafka's ssl.client.auth: ask TLS clients for a certificate; its subject is the principal.",
     )
+    ssl_principal_mapping_rules: str = Field(
+        "DEFAULT",
+        description="Kafka's ssl.principal.mapping.rules: RULE:REGEX/REPLACEMENT/[L|U] entries tried in order on a "
+        "client certificate's subject (CN=alice,O=...), DEFAULT keeps the subject as it is.",
+    )
     sasl_enabled_mechanisms: str = Field(
         "SCRAM-SHA-512,SCRAM-SHA-256,PLAIN",
         description="Kafka's sasl.enabled.mechanisms on SASL listeners (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512).",
@@ -359,6 +406,7 @@ class Settings(BaseSettings):
         if unknown:
             raise ValueError(f"sasl_enabled_mechanisms: {', '.join(unknown)} not supported; use some of "
                              f"{', '.join(SASL_MECHANISMS)}")
+        principal_rules(self.ssl_principal_mapping_rules)  # raises ValueError with the fix
         bad = [p for p in self.super_user_set if not p.startswith("User:") or p == "User:"]
         if bad:
             raise ValueError(f"super_users: {', '.join(bad)} is not a principal; write User:NAME;User:OTHER")

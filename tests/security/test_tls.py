@@ -91,3 +91,16 @@ def test_key_file_modes(pems: dict[str, Path], tmp_path: Path) -> None:
         check_key_file(tmp_path / "missing.pem")
     with pytest.raises(ConfigError, match="chmod 600"):  # server_context checks before loading
         server_context(settings(pems))
+
+
+def test_principal_mapping_rules_as_kafka_writes_them() -> None:
+    """ssl.principal.mapping.rules: the first rule whose pattern matches the whole subject names the user."""
+    from icelog.config import principal_rules
+
+    rules = principal_rules("RULE:^CN=([^,]*),OU=ops,.*$/$1-ops/U, RULE:^CN=([^,]*),.*$/$1/L, DEFAULT")
+    names = [next(n for r in rules if (n := r.apply(s)) is not None)
+             for s in ("CN=Alice,OU=ops,O=x", "CN=Bob,OU=dev,O=x", "O=no-cn")]
+    assert names == ["ALICE-OPS", "bob", "O=no-cn"]
+    assert [r.apply("O=no-cn") for r in principal_rules("RULE:^CN=(.*)$/$1/")] == [None]  # Kafka refuses it
+    with pytest.raises(ValueError, match="RULE:REGEX/REPLACEMENT"):
+        principal_rules("RULE:^CN=(.*)$")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from cryptography import x509
 
-from icelog.config import Settings
+from icelog.config import PrincipalRule, Settings
 from icelog.errors import ConfigError
 
 _VERIFY_MODES = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
@@ -73,8 +73,18 @@ def server_context(settings: Settings, client_auth: str | None = None) -> ssl.SS
     return context
 
 
-def certificate_principal(der: bytes | None) -> str | None:
-    """Kafka's principal of a client certificate: User:<subject as RFC 2253/4514 writes it> (CN=alice,O=...)."""
+class NoMatchingRule(ValueError):
+    """No ssl.principal.mapping.rules entry applies to a client certificate's subject (Kafka refuses it too)."""
+
+
+def certificate_principal(der: bytes | None, rules: list[PrincipalRule]) -> str | None:
+    """Kafka's principal of a client certificate: User:<name>, the name the first applicable mapping rule makes of
+    the subject as RFC 2253/4514 writes it (CN=alice,O=...); None without a certificate."""
     if not der:
         return None
-    return "User:" + x509.load_der_x509_certificate(der).subject.rfc4514_string()
+    subject = x509.load_der_x509_certificate(der).subject.rfc4514_string()
+    for rule in rules:
+        name = rule.apply(subject)
+        if name is not None:
+            return f"User:{name}"
+    raise NoMatchingRule(f"no ssl_principal_mapping_rules entry applies to {subject}")

@@ -15,9 +15,9 @@ from typing import Any
 from kafka.protocol.api_key import ApiKey
 from kafka.protocol.api_message import ApiMessage
 
-from icelog.config import Listener
+from icelog.config import Listener, principal_rules
 from icelog.errors import ErrorCode
-from icelog.security.tls import certificate_principal, server_context
+from icelog.security.tls import NoMatchingRule, certificate_principal, server_context
 from icelog.wire import codec, handlers  # noqa: F401  (handlers register themselves)
 from icelog.wire.context import HANDLERS, BrokerState, Connection, RequestContext
 from icelog.wire.handlers import sasl
@@ -148,6 +148,7 @@ class KafkaServer:
         self.broker = broker
         self._servers: list[asyncio.Server] = []
         self._advertised: dict[str, tuple[str, int]] = {}  # listener name -> what Metadata tells its clients
+        self._principal_rules = principal_rules(broker.settings.ssl_principal_mapping_rules)
         self._connections: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         # Requests whose connection is gone but which still finish (a Produce is applied as Kafka applies
@@ -213,16 +214,21 @@ class KafkaServer:
         if self._refuse(ip):
             writer.transport.abort()
             return
-        self._connections.add(task)
-        self._writers.add(writer)
-        self._per_ip[ip] += 1
         connection = Connection(peer, ip, spec)
         connection.advertised = self._advertised[spec.name]
         ssl_object = writer.get_extra_info("ssl_object")
         if ssl_object is not None:  # mTLS: the certificate's subject is the principal (SASL's wins if both)
-            principal = certificate_principal(ssl_object.getpeercert(binary_form=True))
+            try:
+                principal = certificate_principal(ssl_object.getpeercert(binary_form=True), self._principal_rules)
+            except NoMatchingRule as exc:
+                log.warning("closing connection from %s: %s", peer, bounded(str(exc)))
+                writer.transport.abort()
+                return
             if principal is not None:
                 connection.principal = principal
+        self._connections.add(task)
+        self._writers.add(writer)
+        self._per_ip[ip] += 1
         try:
             await self._serve(reader, writer, connection)
         finally:

@@ -176,11 +176,12 @@ async def describe_configs(ctx: RequestContext, request: ApiMessage) -> ApiMessa
         elif resource.resource_type == RESOURCE_BROKER:
             for name, value in _broker_configs(ctx).items():
                 if wanted is None or name in wanted:
+                    sensitive = name in SENSITIVE_BROKER_CONFIGS  # as Kafka: said to be set, never shown
                     result.configs.append(
                         Entry(
-                            name=name, value=value, read_only=True, is_default=False,
-                            config_source=SOURCE_STATIC_BROKER, is_sensitive=False, synonyms=[], config_type=0,
-                            documentation=None,
+                            name=name, value=None if sensitive else value, read_only=True, is_default=False,
+                            config_source=SOURCE_STATIC_BROKER, is_sensitive=sensitive, synonyms=[],
+                            config_type=0, documentation=None,
                         )
                     )
         else:
@@ -189,14 +190,25 @@ async def describe_configs(ctx: RequestContext, request: ApiMessage) -> ApiMessa
     return DescribeConfigsResponse(throttle_time_ms=0, results=results)
 
 
+SENSITIVE_BROKER_CONFIGS = frozenset({"ssl.key.password"})
+
+
 def _broker_configs(ctx: RequestContext) -> dict[str, str]:
     settings = ctx.broker.settings
-    return {
+    configs = {
         "auto.create.topics.enable": str(settings.auto_create_topics_enable).lower(),
         "num.partitions": str(settings.num_partitions),
         "socket.request.max.bytes": str(settings.socket_request_max_bytes),
         "broker.id": str(settings.node_id),
+        "listeners": ",".join(f"{s.name}://{s.host}:{s.port}" for s in settings.listener_specs),
+        "sasl.enabled.mechanisms": ",".join(settings.sasl_mechanisms),
+        "ssl.client.auth": settings.ssl_client_auth,
+        "super.users": ";".join(sorted(settings.super_user_set)),
+        "allow.everyone.if.no.acl.found": str(settings.allow_everyone_if_no_acl_found).lower(),
     }
+    if settings.ssl_keyfile_password is not None:
+        configs["ssl.key.password"] = ""  # answered as null with is_sensitive
+    return configs
 
 
 @handles(ApiKey.AlterConfigs)
