@@ -79,14 +79,15 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(10)
 
 
-def produce_throughput(bootstrap: str, topic: str, records: int, reports: str = "all") -> dict[str, float]:
+def produce_throughput(bootstrap: str, topic: str, records: int, reports: str = "all",
+                       conf: dict[str, str] | None = None) -> dict[str, float]:
     """confluent-kafka from Python, acks=all, lz4. `reports`: "all" calls a Python delivery callback per record;
     "errors" (librdkafka's delivery.report.only.error, as a throughput producer runs) calls it only for a record
     that failed, so the client's CPU is librdkafka's rather than 400 k Python callbacks'."""
     producer = ck.Producer({
         "bootstrap.servers": bootstrap, "acks": "all", "compression.type": "lz4", "linger.ms": 5,
         "queue.buffering.max.kbytes": 1024 * 1024, "queue.buffering.max.messages": 1_000_000,
-        "delivery.report.only.error": reports == "errors",
+        "delivery.report.only.error": reports == "errors", **(conf or {}),
     })
     values = payloads(1000)
     failures = 0
@@ -212,10 +213,12 @@ def own_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def ack_latency(bootstrap: str, topic: str, mb_per_s: float, seconds: float) -> dict[str, float]:
-    """Produce at a steady rate; latency = delivery report time - produce() time."""
+def ack_latency(bootstrap: str, topic: str, mb_per_s: float, seconds: float,
+                conf: dict[str, str] | None = None) -> dict[str, float]:
+    """Produce at a steady rate; latency = delivery report time - produce() time. `conf`: extra client settings
+    (a listener's security, as bench/security_bench.py passes)."""
     producer = ck.Producer({
-        "bootstrap.servers": bootstrap, "acks": "all", "compression.type": "lz4", "linger.ms": 5,
+        "bootstrap.servers": bootstrap, "acks": "all", "compression.type": "lz4", "linger.ms": 5, **(conf or {}),
     })
     values = payloads(1000)
     rate = mb_per_s * 1e6 / RECORD_SIZE

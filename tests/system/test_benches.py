@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
     ("registry_bench.py", ["--lookups", "50", "--records", "2000", "--out", "none"], "produce_records_per_s"),
     ("hostile_bench.py", ["--seconds", "1", "--attacks", "bomb,flood"], "p99_vs_baseline"),
     ("fuzz_broker.py", ["--seconds", "5"], "tracebacks"),
+    ("security_bench.py", ["--records", "5000", "--rounds", "1", "--latency-seconds", "1", "--connections", "10"],
+     "throughput_ratio"),
 ])
 def test_bench_script_runs(script: str, args: list[str], key: str, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
