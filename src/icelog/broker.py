@@ -27,6 +27,7 @@ from icelog.schema.registry.server import RegistryServer, registry_server
 from icelog.schema.registry.service import RegistryService
 from icelog.schema.registry_client import RegistryClient
 from icelog.security.authorizer import Authorizer
+from icelog.security.oauth import TokenValidator
 from icelog.topics import EffectiveConfig
 from icelog.wire.context import BrokerState
 from icelog.wire.server import KafkaServer
@@ -46,6 +47,8 @@ class Broker:
         first = settings.listener_specs[0]  # the listeners' own addresses are known once they are bound
         self.state = BrokerState(settings, self.logs, first.advertised_host or first.host, first.port)
         self.state.security = self.store
+        if "OAUTHBEARER" in settings.sasl_mechanisms:
+            self.state.tokens = TokenValidator(settings)
         self.groups = GroupCoordinator(self.store, GroupSettings(
             settings.group_initial_rebalance_delay_ms, settings.group_min_session_timeout_ms,
             settings.group_max_session_timeout_ms,
@@ -120,10 +123,11 @@ class Broker:
         upkeep = asyncio.create_task(self._upkeep())
         readback_task = asyncio.create_task(self._refresh_readback())
         pressure_task = asyncio.create_task(self._refresh_pressure())
+        tls = any(spec.tls for spec in self.settings.listener_specs)
         print(
-            f"icelog serving Kafka on {self.state.advertised_host}:{self.state.advertised_port} "
-            f"(data in {self.settings.data_dir})"
-            + (f", schema registry on {self.settings.registry_listen}" if self.registry is not None else ""),
+            f"icelog serving Kafka on {', '.join(self.server.endpoints())} (data in {self.settings.data_dir})"
+            + (f", schema registry on {'https' if tls else 'http'}://{self.settings.registry_listen}"
+               if self.registry is not None else ""),
             flush=True,
         )
         writer_task = self.logs.writer._task

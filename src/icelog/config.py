@@ -24,7 +24,7 @@ SETTINGS_ENV = "ICELOG_ARCHIVER_SETTINGS"  # a parent broker's Settings as JSON,
 
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 
 
 @dataclass(frozen=True)
@@ -338,6 +338,23 @@ class Settings(BaseSettings):
         "SCRAM-SHA-512,SCRAM-SHA-256,PLAIN",
         description="Kafka's sasl.enabled.mechanisms on SASL listeners (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512).",
     )
+    sasl_oauthbearer_jwks_endpoint_url: str | None = Field(
+        None,
+        description="Kafka's sasl.oauthbearer.jwks.endpoint.url, as a file (path or file: URL) holding the identity "
+        "provider's JWKS; OAUTHBEARER logins are checked against its keys (re-read when the file changes).",
+    )
+    sasl_oauthbearer_expected_audience: str | None = Field(
+        None, description="Kafka's sasl.oauthbearer.expected.audience: comma-separated; a token must name one."
+    )
+    sasl_oauthbearer_expected_issuer: str | None = Field(
+        None, description="Kafka's sasl.oauthbearer.expected.issuer: a token's iss must be this."
+    )
+    sasl_oauthbearer_sub_claim_name: str = Field(
+        "sub", description="Kafka's sasl.oauthbearer.sub.claim.name: the claim that names the user."
+    )
+    sasl_oauthbearer_clock_skew_seconds: int = Field(
+        30, ge=0, description="Kafka's sasl.oauthbearer.clock.skew.seconds: leeway for exp, nbf and iat."
+    )
     super_users: str = Field("", description="Kafka's super.users: User:NAME;User:OTHER may do anything.")
     authorizer_enabled: bool | None = Field(
         None,
@@ -407,6 +424,9 @@ class Settings(BaseSettings):
             raise ValueError(f"sasl_enabled_mechanisms: {', '.join(unknown)} not supported; use some of "
                              f"{', '.join(SASL_MECHANISMS)}")
         principal_rules(self.ssl_principal_mapping_rules)  # raises ValueError with the fix
+        if "OAUTHBEARER" in self.sasl_mechanisms and not self.sasl_oauthbearer_jwks_endpoint_url:
+            raise ValueError("sasl_enabled_mechanisms has OAUTHBEARER but no sasl_oauthbearer_jwks_endpoint_url: "
+                             "name the JWKS file of your identity provider, or drop OAUTHBEARER")
         bad = [p for p in self.super_user_set if not p.startswith("User:") or p == "User:"]
         if bad:
             raise ValueError(f"super_users: {', '.join(bad)} is not a principal; write User:NAME;User:OTHER")

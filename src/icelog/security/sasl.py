@@ -11,8 +11,10 @@ import asyncio
 
 from icelog.meta.security import SecurityStore
 from icelog.security.credentials import SCRAM_MECHANISMS, AuthenticationError, ScramServer, check_plain
+from icelog.security.oauth import TokenValidator, bearer_token
 
 PLAIN = "PLAIN"
+OAUTHBEARER = "OAUTHBEARER"
 
 
 def _failed(mechanism: str) -> AuthenticationError:
@@ -25,9 +27,10 @@ def _failed(mechanism: str) -> AuthenticationError:
 class SaslSession:
     """The server side of one login; `user` is set once it succeeded."""
 
-    def __init__(self, mechanism: str, store: SecurityStore) -> None:
+    def __init__(self, mechanism: str, store: SecurityStore, tokens: TokenValidator | None = None) -> None:
         self.mechanism = mechanism
         self._store = store
+        self._tokens = tokens
         self._scram = ScramServer(mechanism, store) if mechanism in SCRAM_MECHANISMS else None
         self._steps = 0
         self.user: str | None = None
@@ -37,6 +40,11 @@ class SaslSession:
         self._steps += 1
         if self.user is not None:
             raise AuthenticationError(f"{self.mechanism} authentication is already complete")
+        if self.mechanism == OAUTHBEARER:
+            if self._tokens is None or self._steps > 1:
+                raise _failed(OAUTHBEARER)
+            self.user = await asyncio.to_thread(self._tokens.user, bearer_token(token))
+            return b""
         if self._scram is None:
             user = await asyncio.to_thread(self._plain, token)
             self.user = user

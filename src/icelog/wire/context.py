@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from icelog.meta.security import SecurityStore
     from icelog.schema.enforce.enforcement import Enforcer
     from icelog.security.authorizer import Authorizer
+    from icelog.security.oauth import TokenValidator
     from icelog.security.sasl import SaslSession
 
 
@@ -37,6 +38,7 @@ class BrokerState:
     validator: Validator = field(default_factory=Validator)  # checks big produced records off the event loop
     authorizer: Authorizer | None = None  # ACLs (None: every principal may do anything)
     security: SecurityStore | None = None  # users' credentials, for SASL logins (set by the Broker)
+    tokens: TokenValidator | None = None  # OAUTHBEARER's JWT checks, when that mechanism is enabled
 
 
 ANONYMOUS = "User:ANONYMOUS"

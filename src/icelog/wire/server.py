@@ -191,6 +191,14 @@ class KafkaServer:
         first = self.broker.settings.listener_specs[0]
         self.broker.advertised_host, self.broker.advertised_port = self._advertised[first.name]
 
+    def endpoints(self) -> list[str]:
+        """Each listener as a client is told to reach it: NAME://HOST:PORT (the bare address for the one default
+        PLAINTEXT listener, as before listeners existed)."""
+        specs = self.broker.settings.listener_specs
+        if self.broker.settings.listeners is None:
+            return [f"{self.broker.advertised_host}:{self.broker.advertised_port}"]
+        return [f"{spec.name}://{':'.join(map(str, self._advertised[spec.name]))}" for spec in specs]
+
     async def stop(self) -> None:
         if self._servers:
             for server in self._servers:

@@ -64,7 +64,7 @@ async def sasl_handshake(ctx: RequestContext, request: ApiMessage) -> ApiMessage
     if mechanism not in enabled:
         connection.close_after_response = True  # Kafka closes the connection after saying which it has
         return SaslHandshakeResponse(error_code=int(ErrorCode.UNSUPPORTED_SASL_MECHANISM), mechanisms=enabled)
-    connection.sasl = SaslSession(mechanism, _store(ctx))
+    connection.sasl = SaslSession(mechanism, _store(ctx), ctx.broker.tokens)
     connection.sasl_raw = ctx.api_version == 0
     return SaslHandshakeResponse(error_code=0, mechanisms=enabled)
 
