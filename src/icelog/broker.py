@@ -20,6 +20,7 @@ from icelog.log.manager import LogManager
 from icelog.log.partition import OffsetRangeSource
 from icelog.meta.backends import open_store
 from icelog.meta.store import TopicRecord
+from icelog.metrics import BrokerMetrics
 from icelog.readback.service import ReadBack
 from icelog.schema.codec.registry_source import StoreSchemaSource
 from icelog.schema.enforce.enforcement import Enforcer, HttpSchemaSource, LocalSchemaSource, SchemaSource
@@ -28,7 +29,7 @@ from icelog.schema.registry.service import RegistryService
 from icelog.schema.registry_client import RegistryClient
 from icelog.security.authorizer import Authorizer
 from icelog.topics import EffectiveConfig
-from icelog.wire.context import BrokerState
+from icelog.wire.context import HANDLERS, BrokerState
 from icelog.wire.server import KafkaServer
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,16 @@ class Broker:
         self.readback = ReadBack(settings, schemas)
         if self.readback.enabled:
             self.logs.older_sources = self._older_sources
+        # Prometheus metrics, /healthz and /readyz (metrics_listen); None: not served, and nothing is counted.
+        self.metrics: BrokerMetrics | None = None
+        if settings.serves_metrics:
+            self.metrics = BrokerMetrics(
+                settings, self.store, self.logs, self.readback, sorted(HANDLERS), self.server.serving,
+                lambda: self.archiver is not None and self.archiver.running(),
+                lambda: self.archiver.restarts if self.archiver is not None else 0,
+            )
+            self.state.wire_metrics = self.metrics.wire
+            self.logs.writer.on_commit = self.metrics.intake.observe_commit
 
     def _older_sources(self, record: TopicRecord, config: EffectiveConfig, partition: int) -> list[OffsetRangeSource]:
         source = self.readback.source(record.topic_id, record.name, record.configs, partition, config.log_append_time)
@@ -103,6 +114,14 @@ class Broker:
                     f"icelog: cannot serve the schema registry on {self.settings.registry_listen}: {exc} "
                     "(set registry_listen / --registry-listen, or off)"
                 ) from exc
+        if self.metrics is not None:
+            try:
+                await self.metrics.start()
+            except OSError as exc:
+                raise SystemExit(
+                    f"icelog: cannot serve metrics on {self.settings.metrics_listen}: {exc} "
+                    "(set metrics_listen / --metrics-listen, or off)"
+                ) from exc
         try:
             await self.server.start()
         except OSError as exc:
@@ -123,7 +142,8 @@ class Broker:
         print(
             f"icelog serving Kafka on {self.state.advertised_host}:{self.state.advertised_port} "
             f"(data in {self.settings.data_dir})"
-            + (f", schema registry on {self.settings.registry_listen}" if self.registry is not None else ""),
+            + (f", schema registry on {self.settings.registry_listen}" if self.registry is not None else "")
+            + (f", metrics on {self.settings.metrics_listen}" if self.metrics is not None else ""),
             flush=True,
         )
         writer_task = self.logs.writer._task
@@ -143,6 +163,8 @@ class Broker:
         await self.server.stop()
         if self.registry is not None:
             await self.registry.stop()
+        if self.metrics is not None:
+            await self.metrics.stop()
         await self.transactions.stop()
         await self.groups.stop()
         failed = self.logs.writer.failed
@@ -180,6 +202,8 @@ class Broker:
         while True:
             try:
                 states = await asyncio.to_thread(self.store.archive_states)
+                if self.metrics is not None:  # produce → visible in Iceberg, as archived offsets move
+                    await asyncio.to_thread(self.metrics.freshness.observe, states, self.store)
                 unarchived = await asyncio.to_thread(self.logs.count_unarchived, states)
                 written = self.logs.writer.stats.bytes_written  # what the reading can see, at least
                 free = await asyncio.to_thread(lambda: shutil.disk_usage(self.settings.data_dir).free)

@@ -17,6 +17,7 @@ from icelog.wire.validator import Validator
 if TYPE_CHECKING:
     from icelog.coordinator.groups import GroupCoordinator
     from icelog.coordinator.transactions import TransactionCoordinator
+    from icelog.instruments import WireMetrics
     from icelog.meta.security import SecurityStore
     from icelog.schema.enforce.enforcement import Enforcer
     from icelog.security.authorizer import Authorizer
@@ -37,6 +38,7 @@ class BrokerState:
     validator: Validator = field(default_factory=Validator)  # checks big produced records off the event loop
     authorizer: Authorizer | None = None  # ACLs (None: every principal may do anything)
     security: SecurityStore | None = None  # users' credentials, for SASL logins (set by the Broker)
+    wire_metrics: WireMetrics | None = None  # per-API request metrics (None: metrics_listen is off)
 
 
 ANONYMOUS = "User:ANONYMOUS"

@@ -17,6 +17,7 @@ from kafka.protocol.api_message import ApiMessage
 
 from icelog.config import Listener
 from icelog.errors import ErrorCode
+from icelog.instruments import ApiInstruments
 from icelog.security.tls import certificate_principal, server_context
 from icelog.wire import codec, handlers  # noqa: F401  (handlers register themselves)
 from icelog.wire.context import HANDLERS, BrokerState, Connection, RequestContext
@@ -31,6 +32,9 @@ TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a client that opens a TLS connection and says 
 # What a SASL listener serves before the client has logged in (Kafka's SaslServerAuthenticator)
 _BEFORE_LOGIN = frozenset({ApiKey.ApiVersions, ApiKey.SaslHandshake, ApiKey.SaslAuthenticate})
 LOG_QUOTE_CHARS = 200  # at most this much of anything a client sent goes into a log line
+# A request read and handed to its handler: (api key << 16 | version, correlation id, the handler's task, when it
+# was read whole: time.perf_counter()); -1 as the key for a bare SASL token
+_Queued = tuple[int, int, asyncio.Task[ApiMessage | None], float]
 
 
 def bounded(text: str, limit: int = LOG_QUOTE_CHARS) -> str:
@@ -190,6 +194,10 @@ class KafkaServer:
         first = self.broker.settings.listener_specs[0]
         self.broker.advertised_host, self.broker.advertised_port = self._advertised[first.name]
 
+    def serving(self) -> bool:
+        """Whether every Kafka listener is accepting connections (/readyz)."""
+        return bool(self._servers) and all(server.is_serving() for server in self._servers)
+
     async def stop(self) -> None:
         if self._servers:
             for server in self._servers:
@@ -223,9 +231,15 @@ class KafkaServer:
             principal = certificate_principal(ssl_object.getpeercert(binary_form=True))
             if principal is not None:
                 connection.principal = principal
+        metrics = self.broker.wire_metrics
+        open_gauge = metrics.by_listener.get(spec.name) if metrics is not None else None
+        if open_gauge is not None:
+            open_gauge.inc()
         try:
             await self._serve(reader, writer, connection)
         finally:
+            if open_gauge is not None:
+                open_gauge.dec()
             self._connections.discard(task)
             self._writers.discard(writer)
             self._per_ip[ip] -= 1
@@ -249,7 +263,7 @@ class KafkaServer:
         return True
 
     async def _serve(self, reader: _Reader, writer: asyncio.StreamWriter, connection: Connection) -> None:
-        queue: asyncio.Queue[tuple[int, int, asyncio.Task[ApiMessage | None]] | None] = asyncio.Queue(MAX_IN_FLIGHT)
+        queue: asyncio.Queue[_Queued | None] = asyncio.Queue(MAX_IN_FLIGHT)
         inflight = _InFlight()
         peer = connection.peer
         sender = asyncio.create_task(self._send_in_order(queue, writer, connection))
@@ -303,7 +317,7 @@ class KafkaServer:
 
     async def _read_request(
         self, reader: _Reader, connection: Connection, inflight: _InFlight
-    ) -> tuple[int, int, asyncio.Task[ApiMessage | None]] | None:
+    ) -> _Queued | None:
         settings = self.broker.settings
         idle_s = settings.connections_max_idle_ms / 1000
         timeout = idle_s
@@ -335,7 +349,12 @@ class KafkaServer:
             self._budget.release(size)
             raise
         item[2].add_done_callback(lambda _: self._budget.release(size))
-        return item
+        metrics = self.broker.wire_metrics
+        if metrics is not None:
+            api = metrics.by_key.get(item[0] >> 16)
+            if api is not None:
+                api.received.inc(size + 4)
+        return (*item, time.perf_counter())
 
     async def _read_frame(
         self, reader: asyncio.StreamReader, connection: Connection, size: int, idle_s: float
@@ -377,21 +396,23 @@ class KafkaServer:
         return (key << 16) | version, correlation, task
 
     async def _send_in_order(
-        self, queue: asyncio.Queue[tuple[int, int, asyncio.Task[ApiMessage | None]] | None],
-        writer: asyncio.StreamWriter, connection: Connection,
+        self, queue: asyncio.Queue[_Queued | None], writer: asyncio.StreamWriter, connection: Connection,
     ) -> None:
         peer = connection.peer
+        metrics = self.broker.wire_metrics
         try:
             while True:
                 item = await queue.get()
                 if item is None:
                     return
-                key_version, correlation, task = item
+                key_version, correlation, task, started = item
+                api = metrics.by_key.get(key_version >> 16) if metrics is not None else None
                 try:
                     # shielded: cancelling the sender (the client left) must not cancel a Produce midway
                     response = await asyncio.shield(task)
                 except ConnectionAbortedError as exc:  # a handler asks to drop the connection (test hook)
                     log.warning("dropping the connection from %s: %s", peer, exc)
+                    _count_failed(api)
                     writer.close()
                     return
                 except Exception as exc:
@@ -400,9 +421,13 @@ class KafkaServer:
                     log.warning("closing connection from %s: %s request failed: %s",
                                 peer, _api_name(key_version >> 16), describe(exc))
                     log.debug("handler traceback", exc_info=True)
+                    _count_failed(api)
                     writer.close()  # without this the client waits for an answer until its own timeout
                     return
                 if response is None:  # acks=0 Produce: Kafka sends nothing back
+                    if api is not None:
+                        api.requests.inc()
+                        api.seconds.observe(time.perf_counter() - started)
                     continue
                 try:
                     frame = response if isinstance(response, bytes) else codec.encode_response(
@@ -412,9 +437,16 @@ class KafkaServer:
                     log.warning("closing connection from %s: could not encode the %s response: %s",
                                 peer, _api_name(key_version >> 16), describe(exc))
                     log.debug("encoder traceback", exc_info=True)
+                    _count_failed(api)
                     writer.close()
                     return
                 writer.write(frame)
+                if api is not None:  # pre-created children: a dict lookup above and four increments here
+                    api.requests.inc()
+                    api.seconds.observe(time.perf_counter() - started)
+                    api.sent.inc(len(frame))
+                    if getattr(response, "error_code", 0):
+                        api.errors.inc()
                 if connection.close_after_response:  # a failed login or a SASL request out of turn
                     await writer.drain()
                     writer.close()
@@ -426,6 +458,12 @@ class KafkaServer:
         finally:
             while not queue.empty():  # unblocks the reader; _serve decides what becomes of the requests
                 queue.get_nowait()
+
+
+def _count_failed(api: ApiInstruments | None) -> None:
+    if api is not None:
+        api.requests.inc()
+        api.errors.inc()
 
 
 def _api_name(key: int) -> str:
