@@ -202,14 +202,18 @@ class Broker:
         while True:
             try:
                 states = await asyncio.to_thread(self.store.archive_states)
-                if self.metrics is not None:  # produce → visible in Iceberg, as archived offsets move
-                    await asyncio.to_thread(self.metrics.freshness.observe, states, self.store)
                 unarchived = await asyncio.to_thread(self.logs.count_unarchived, states)
                 written = self.logs.writer.stats.bytes_written  # what the reading can see, at least
                 free = await asyncio.to_thread(lambda: shutil.disk_usage(self.settings.data_dir).free)
                 self.logs.apply_pressure(unarchived, free, written)
             except Exception:
                 log.exception("back-pressure refresh failed; will retry")
+            else:
+                if self.metrics is not None:  # produce → visible in Iceberg, as archived offsets move
+                    try:
+                        await asyncio.to_thread(self.metrics.freshness.observe, states, self.store)
+                    except Exception:
+                        log.exception("freshness observation failed; will retry")
             await asyncio.sleep(pressure.REFRESH_INTERVAL_S)
 
 

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
@@ -20,12 +21,15 @@ from prometheus_client.registry import Collector
 from icelog.archive.pass_stats import read_pass_stats
 from icelog.archive.progress import archive_progress
 from icelog.config import Settings
-from icelog.lake.catalog import sqlite_catalog_path, sqlite_metadata_locations
+from icelog.lake.catalog import pyiceberg_catalog_opener, sqlite_catalog_path, sqlite_metadata_locations
 from icelog.lake.table_stats import TableStats, table_stats
 from icelog.log.manager import LogManager
 from icelog.meta.store import MetadataStore
 from icelog.readback.service import ReadBack
 from icelog.topic_configs.archive import archive_config, table_key
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +51,9 @@ class TableStatsCache:
         self.settings = settings
         self._cached: dict[tuple[str, str], _CachedStats] = {}
         self._lock = threading.Lock()
+        self._catalog: Catalog | None = None  # opened once (it holds a connection pool), again after a failure
 
     def stats(self, namespace: str, table: str) -> TableStats | None:
-        from icelog.lake.catalog import pyiceberg_catalog_opener
-
         path = sqlite_catalog_path(self.settings)
         location: str | None = None
         if path is not None:
@@ -64,8 +67,14 @@ class TableStatsCache:
             if cached is not None and (cached.location == location if location is not None
                                        else now - cached.at < TABLE_STATS_TTL_S):
                 return cached.stats
-            opener = pyiceberg_catalog_opener(self.settings)
-            found = table_stats(opener() if opener is not None else None, namespace, table)
+            if self._catalog is None:
+                opener = pyiceberg_catalog_opener(self.settings)
+                self._catalog = opener() if opener is not None else None
+            try:
+                found = table_stats(self._catalog, namespace, table)
+            except Exception:
+                self._catalog = None
+                raise
             self._cached[key] = _CachedStats(location, now, found)
             return found
 
