@@ -1,7 +1,8 @@
 """Broker benchmark: produce and consume throughput, ack latency, against the disk's fsync'd bandwidth.
 
-Run: .venv/bin/python bench/broker_bench.py [--records 400000] [--partitions 6] [--replay-only]
-(--replay-only: the disk baseline and the replayed requests alone, e.g. to A/B two checkouts by PYTHONPATH.)
+Run: .venv/bin/python bench/broker_bench.py [--records 400000] [--partitions 6] [--replay-only] [--metrics-ab 5]
+(--replay-only: the disk baseline and the replayed requests alone, e.g. to A/B two checkouts by PYTHONPATH.
+--metrics-ab N: two brokers, metrics on and off, produce to each in turn N times; the on / off ratio of medians.)
 Everything is measured in one run so the ratios hold on a shared, noisy machine: the disk's fsync'd rate (`dd`)
 before and after the produce runs (a cloud disk's burst rate drifts), and each produce rate against their mean:
 confluent-kafka from Python with a delivery callback per record, the same with delivery reports of errors only
@@ -282,13 +283,56 @@ def consume_throughput(bootstrap: str, topic: str, partitions: int, records: int
     return {"seconds": seconds, "mb_per_s": size / seconds / 1e6, "records_per_s": received / seconds}
 
 
+def metrics_ab(records: int, partitions: int, rounds: int, directory: Path) -> dict[str, object]:
+    """Produce throughput with metrics on against off: two brokers, runs alternated (order swapped each round) so
+    both see the same machine; confluent-kafka (errors-only reports) and replayed requests (the broker alone)."""
+    brokers = {}
+    for name, listen in (("on", None), ("off", "off")):
+        data = directory / f"metrics-{name}"
+        data.mkdir()
+        env = {"ICELOG_METRICS_LISTEN": listen} if listen else {}
+        brokers[name] = BrokerProcess(data, env=env, extra_args=["--log-level", "warning"]).start()
+    runs: dict[str, dict[str, list[float]]] = {name: {"confluent": [], "replayed": []} for name in brokers}
+    try:
+        for round_ in range(rounds):
+            for name in (("on", "off") if round_ % 2 == 0 else ("off", "on")):
+                broker = brokers[name]
+                topic = f"ab-{round_}"
+                create_topic(broker.bootstrap, topic, partitions)
+                print(f"metrics {name}, round {round_ + 1}/{rounds}...", file=sys.stderr, flush=True)
+                produced = produce_throughput(broker.bootstrap, topic, records, "errors")
+                runs[name]["confluent"].append(produced["mb_per_s"])
+                create_topic(broker.bootstrap, topic + "-replay", partitions)
+                runs[name]["replayed"].append(
+                    produce_throughput_replayed(broker.bootstrap, topic + "-replay", partitions, records)["mb_per_s"]
+                )
+    finally:
+        for broker in brokers.values():
+            broker.stop()
+    out: dict[str, object] = {"rounds": rounds, "records": records}
+    for kind in ("confluent", "replayed"):
+        on, off = statistics.median(runs["on"][kind]), statistics.median(runs["off"][kind])
+        out[f"{kind}_mb_per_s_on"] = [round(v, 1) for v in runs["on"][kind]]
+        out[f"{kind}_mb_per_s_off"] = [round(v, 1) for v in runs["off"][kind]]
+        out[f"{kind}_on_over_off"] = round(on / off, 3)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=400_000)
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--latency-seconds", type=float, default=15)
     parser.add_argument("--replay-only", action="store_true", help="only the disk baseline and replayed requests")
+    parser.add_argument("--metrics-ab", type=int, metavar="ROUNDS",
+                        help="only produce with metrics on and off, alternated ROUNDS times (the on / off ratio)")
     args = parser.parse_args()
+    if args.metrics_ab:
+        with tempfile.TemporaryDirectory(dir=Path(__file__).parent) as tmp:
+            result = metrics_ab(args.records, args.partitions, args.metrics_ab, Path(tmp))
+        result["machine"] = f"{platform.node()} {os.cpu_count()} cores, {platform.python_version()}"
+        print(json.dumps({"metrics_on_over_off": result}, indent=2))
+        return
     with tempfile.TemporaryDirectory(dir=Path(__file__).parent) as tmp:
         data = Path(tmp) / "data"
         data.mkdir()

@@ -20,6 +20,7 @@ from icelog.log.manager import LogManager
 from icelog.log.partition import OffsetRangeSource
 from icelog.meta.backends import open_store
 from icelog.meta.store import TopicRecord
+from icelog.metrics import BrokerMetrics
 from icelog.readback.service import ReadBack
 from icelog.schema.codec.registry_source import StoreSchemaSource
 from icelog.schema.enforce.enforcement import Enforcer, HttpSchemaSource, LocalSchemaSource, SchemaSource
@@ -29,8 +30,8 @@ from icelog.schema.registry_client import RegistryClient
 from icelog.security.authorizer import Authorizer
 from icelog.security.oauth import TokenValidator
 from icelog.topics import EffectiveConfig
-from icelog.wire.context import BrokerState
-from icelog.wire.server import KafkaServer
+from icelog.wire.context import HANDLERS, BrokerState
+from icelog.wire.server import KafkaServer, ListenerError
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,16 @@ class Broker:
         self.readback = ReadBack(settings, schemas)
         if self.readback.enabled:
             self.logs.older_sources = self._older_sources
+        # Prometheus metrics, /healthz and /readyz (metrics_listen); None: not served, and nothing is counted.
+        self.metrics: BrokerMetrics | None = None
+        if settings.serves_metrics:
+            self.metrics = BrokerMetrics(
+                settings, self.store, self.logs, self.readback, sorted(HANDLERS), self.server.serving,
+                lambda: self.archiver is not None and self.archiver.running(),
+                lambda: self.archiver.restarts if self.archiver is not None else 0,
+            )
+            self.state.wire_metrics = self.metrics.wire
+            self.logs.writer.on_commit = self.metrics.intake.observe_commit
 
     def _older_sources(self, record: TopicRecord, config: EffectiveConfig, partition: int) -> list[OffsetRangeSource]:
         source = self.readback.source(record.topic_id, record.name, record.configs, partition, config.log_append_time)
@@ -106,12 +117,20 @@ class Broker:
                     f"icelog: cannot serve the schema registry on {self.settings.registry_listen}: {exc} "
                     "(set registry_listen / --registry-listen, or off)"
                 ) from exc
+        if self.metrics is not None:
+            try:
+                await self.metrics.start()
+            except OSError as exc:
+                raise SystemExit(
+                    f"icelog: cannot serve metrics on {self.settings.metrics_listen}: {exc} "
+                    "(set metrics_listen / --metrics-listen, or off)"
+                ) from exc
         try:
             await self.server.start()
-        except OSError as exc:
+        except ListenerError as exc:
             raise SystemExit(
-                f"icelog: cannot serve Kafka: {exc} (another broker on that port? set listeners, or listen / "
-                "--listen)"
+                f"icelog: cannot serve Kafka on {exc.where}: {exc.strerror} (another broker on that port? set "
+                "listeners, or listen / --listen)"
             ) from exc
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -127,7 +146,9 @@ class Broker:
         print(
             f"icelog serving Kafka on {', '.join(self.server.endpoints())} (data in {self.settings.data_dir})"
             + (f", schema registry on {'https' if tls else 'http'}://{self.settings.registry_listen}"
-               if self.registry is not None else ""),
+               if self.registry is not None else "")
+            + (f", metrics on {'https' if tls else 'http'}://{self.settings.metrics_listen}"
+               if self.metrics is not None else ""),
             flush=True,
         )
         writer_task = self.logs.writer._task
@@ -147,6 +168,8 @@ class Broker:
         await self.server.stop()
         if self.registry is not None:
             await self.registry.stop()
+        if self.metrics is not None:
+            await self.metrics.stop()
         await self.transactions.stop()
         await self.groups.stop()
         failed = self.logs.writer.failed
@@ -190,6 +213,12 @@ class Broker:
                 self.logs.apply_pressure(unarchived, free, written)
             except Exception:
                 log.exception("back-pressure refresh failed; will retry")
+            else:
+                if self.metrics is not None:  # produce → visible in Iceberg, as archived offsets move
+                    try:
+                        await asyncio.to_thread(self.metrics.freshness.observe, states, self.store)
+                    except Exception:
+                        log.exception("freshness observation failed; will retry")
             await asyncio.sleep(pressure.REFRESH_INTERVAL_S)
 
 

@@ -375,6 +375,11 @@ class Settings(BaseSettings):
         "localhost:8081",
         description="HOST:PORT of the embedded Confluent-compatible schema registry ('off': do not serve it).",
     )
+    metrics_listen: str = Field(
+        "localhost:9644",
+        description="HOST:PORT of the metrics listener: Prometheus's /metrics, /healthz and /readyz ('off': do not "
+        "serve them). HTTPS with the broker's certificate when a Kafka listener uses TLS; no authentication.",
+    )
     registry_url: str | None = Field(
         None, description="An external schema registry (http://HOST:PORT); when set, icelog serves none of its own."
     )
@@ -449,6 +454,19 @@ class Settings(BaseSettings):
         if value != "off" and (not sep or not port.isdigit()):
             raise ValueError(f"registry_listen must be HOST:PORT or off, got {value!r}")
         return value
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _check_metrics_listen(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if value != "off" and (not sep or not port.isdigit()):
+            raise ValueError(f"metrics_listen must be HOST:PORT or off, got {value!r}")
+        return value
+
+    @property
+    def serves_metrics(self) -> bool:
+        """Whether this broker serves /metrics, /healthz and /readyz."""
+        return self.metrics_listen != "off"
 
     @property
     def serves_registry(self) -> bool:

@@ -304,7 +304,7 @@ def test_kafka_port_taken_stops_startup_with_one_line(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         served = subprocess.run(
             [sys.executable, "-m", "icelog", "serve", "--listen", f"127.0.0.1:{port}", "--registry-listen", "off",
-             "--data-dir", str(tmp_path / "data")],
+             "--metrics-listen", "off", "--data-dir", str(tmp_path / "data")],
             capture_output=True, text=True, timeout=120, env={**os.environ, "ICELOG_ARCHIVE__ENABLED": "false"})
     assert served.returncode != 0
     assert f"icelog: cannot serve Kafka on 127.0.0.1:{port}" in served.stderr, served.stderr

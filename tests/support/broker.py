@@ -25,6 +25,7 @@ class BrokerProcess:
         self.data_dir = data_dir
         self.port = port or free_port()
         self.registry_port = free_port()  # the embedded schema registry; 8081 would clash between brokers
+        self.metrics_port = free_port()  # /metrics, /healthz, /readyz; 9644 would clash too
         self.env = env or {}
         self.extra_args = extra_args or []
         self.proc: subprocess.Popen[bytes] | None = None
@@ -35,6 +36,10 @@ class BrokerProcess:
         return f"127.0.0.1:{self.port}"
 
     @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
+
+    @property
     def registry_url(self) -> str:
         return f"http://127.0.0.1:{self.registry_port}"
 
@@ -42,7 +47,8 @@ class BrokerProcess:
         # Test brokers keep plain Kafka retention and run no Spark archiver unless a test asks for them
         # (the Spark tests pass ICELOG_ARCHIVE__* in `env`: tests/support/archive.py ARCHIVE_ENV).
         quiet = {"ICELOG_ARCHIVE__DEFAULT_KIND": "none", "ICELOG_ARCHIVE__ENABLED": "false",
-                 "ICELOG_REGISTRY_LISTEN": f"127.0.0.1:{self.registry_port}"}
+                 "ICELOG_REGISTRY_LISTEN": f"127.0.0.1:{self.registry_port}",
+                 "ICELOG_METRICS_LISTEN": f"127.0.0.1:{self.metrics_port}"}
         env = {**os.environ, **quiet, **self.env}
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child process keeps writing after we return
         self.proc = subprocess.Popen(

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("script, args, key", [
     ("startup_bench.py", ["--small", "200", "--large", "2000"], "ratio_2000_over_200"),
     ("broker_bench.py", ["--replay-only", "--records", "20000"], "produce_replayed"),
+    ("broker_bench.py", ["--metrics-ab", "1", "--records", "20000"], "metrics_on_over_off"),
     ("groups_bench.py", ["--records", "5000", "--txns", "5", "--rounds", "1"], "transactions"),
     ("registry_bench.py", ["--lookups", "50", "--records", "2000", "--out", "none"], "produce_records_per_s"),
     ("hostile_bench.py", ["--seconds", "1", "--attacks", "bomb,flood"], "p99_vs_baseline"),

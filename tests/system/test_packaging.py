@@ -199,7 +199,8 @@ class _InstalledBroker:
         self.port, self.registry_port = _free_port(), _free_port()
         self.log_path = data_dir.parent / "broker.log"
         env = {**_clean_env(), "ICELOG_ARCHIVE__ENABLED": "false",
-               "ICELOG_REGISTRY_LISTEN": f"127.0.0.1:{self.registry_port}"}
+               "ICELOG_REGISTRY_LISTEN": f"127.0.0.1:{self.registry_port}",
+               "ICELOG_METRICS_LISTEN": f"127.0.0.1:{_free_port()}"}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [venv / "bin" / "icelog", "serve", "--listen", f"127.0.0.1:{self.port}", "--data-dir", data_dir],

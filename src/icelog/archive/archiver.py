@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 from icelog.archive.dead_letter import dead_letter_counts, dlq_table_name, write_dead_letters
 from icelog.archive.decode import find_dead_letters
 from icelog.archive.locks import WriterTurns
+from icelog.archive.pass_stats import PassStats
 from icelog.archive.plan import PlannedArchive, over_task_numbers, plan_partition, task_groups
 from icelog.archive.reconcile import (
     COMMIT_USER,
@@ -157,6 +158,7 @@ class Archiver:
         self._in_flight: dict[uuid.UUID, tuple[TopicRecord, concurrent.futures.Future[TopicPassResult]]] = {}
         # Spark's Python workers, kept alive between bursts (a new one makes a pass ~0.4 s slower): warm_workers.py
         self.python_workers = WorkerKeeper(spark, lambda: self.task_slots)
+        self.pass_stats = PassStats(settings.data_dir)  # the broker's per-table metrics read it (pass_stats.py)
 
     @functools.cached_property
     def task_slots(self) -> int:
@@ -198,7 +200,7 @@ class Archiver:
                     topic.name, error=backoff.error, skipped=f"retry in {backoff.retry_at_ms - now_ms} ms"
                 ))
                 continue
-            future = self._workers.submit(self.archive_topic, topic, config, force)
+            future = self._workers.submit(self._counted_pass, topic, config, force)
             timeout = None if force else self.settings.archive.topic_wait_ms / 1000
             try:
                 result = future.result(timeout)
@@ -218,6 +220,19 @@ class Archiver:
         if not self._in_flight:  # (a topic still running keeps its worker busy; a ping would wait for it)
             self.python_workers.poll()
         return results
+
+    def _counted_pass(self, topic: TopicRecord, config: ArchiveTopicConfig, force: bool) -> TopicPassResult:
+        """archive_topic, its outcome added to the per-table counters the broker's metrics export."""
+        started = time.monotonic()
+        table = table_key(config.namespace, config.table)
+        try:
+            result = self.archive_topic(topic, config, force)
+        except Exception:
+            self.pass_stats.record(table, time.monotonic() - started, 0, committed=False, failed=True)
+            raise
+        self.pass_stats.record(table, time.monotonic() - started, result.records, committed=result.archives > 0,
+                               failed=False)
+        return result
 
     def _collect_finished(self) -> None:
         for topic_id, (topic, future) in list(self._in_flight.items()):

@@ -17,7 +17,7 @@ from icelog.errors import IcelogError
 def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(
         args.config, listen=getattr(args, "listen", None), data_dir=getattr(args, "data_dir", None),
-        registry_listen=getattr(args, "registry_listen", None),
+        registry_listen=getattr(args, "registry_listen", None), metrics_listen=getattr(args, "metrics_listen", None),
     )
 
 
@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", help="where all state lives (default ./icelog-data)")
     serve.add_argument(
         "--registry-listen", help="HOST:PORT of the embedded schema registry (default localhost:8081; off: none)"
+    )
+    serve.add_argument(
+        "--metrics-listen", help="HOST:PORT of /metrics, /healthz and /readyz (default localhost:9644; off: none)"
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=cmd_serve)

@@ -135,6 +135,9 @@ class IntakeWriter:
         self.store = store
         self.settings = settings
         self.stats = IntakeStats()
+        # Called on the I/O thread after each group commit with (bytes written, appends, fsync seconds): the
+        # broker's metrics (icelog/instruments.py IntakeMetrics); None when metrics are off.
+        self.on_commit: Callable[[int, int, float], None] | None = None
         self._on_durable = on_durable
         # Appends a full disk refused, as (topic id, partition, base offset): their offsets are handed out again.
         self._on_not_written = on_not_written
@@ -358,7 +361,8 @@ class IntakeWriter:
             started = time.perf_counter()
             if self.settings.fsync:
                 os.fdatasync(self._fd)
-            self.stats.fsync_seconds += time.perf_counter() - started
+            fsync_seconds = time.perf_counter() - started
+            self.stats.fsync_seconds += fsync_seconds
         except OSError as exc:
             if exc.errno not in _NO_SPACE:
                 raise
@@ -372,6 +376,8 @@ class IntakeWriter:
         self.stats.commits += 1
         self.stats.appends += len(group)
         self.stats.bytes_written += total
+        if self.on_commit is not None:
+            self.on_commit(total, len(group), fsync_seconds)
         return chunks
 
     def _cut_to_frames(self) -> None:

@@ -173,12 +173,21 @@ class BatchCache:
         self._files: OrderedDict[CacheKey, BuiltFile] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self.hits = 0  # look-ups answered from the cache, and not (the broker's metrics read both)
+        self.misses = 0
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
 
     def get(self, key: CacheKey) -> BuiltFile | None:
         with self._lock:
             built = self._files.get(key)
             if built is not None:
                 self._files.move_to_end(key)
+                self.hits += 1
+            else:
+                self.misses += 1
             return built
 
     def put(self, key: CacheKey, built: BuiltFile) -> None:

@@ -17,6 +17,7 @@ from icelog.wire.validator import Validator
 if TYPE_CHECKING:
     from icelog.coordinator.groups import GroupCoordinator
     from icelog.coordinator.transactions import TransactionCoordinator
+    from icelog.instruments import WireMetrics
     from icelog.meta.security import SecurityStore
     from icelog.schema.enforce.enforcement import Enforcer
     from icelog.security.authorizer import Authorizer
@@ -39,6 +40,7 @@ class BrokerState:
     authorizer: Authorizer | None = None  # ACLs (None: every principal may do anything)
     security: SecurityStore | None = None  # users' credentials, for SASL logins (set by the Broker)
     tokens: TokenValidator | None = None  # OAUTHBEARER's JWT checks, when that mechanism is enabled
+    wire_metrics: WireMetrics | None = None  # per-API request metrics (None: metrics_listen is off)
 
 
 ANONYMOUS = "User:ANONYMOUS"

@@ -17,6 +17,7 @@ from kafka.protocol.api_message import ApiMessage
 
 from icelog.config import Listener, principal_rules
 from icelog.errors import ErrorCode
+from icelog.instruments import ApiInstruments
 from icelog.security.tls import NoMatchingRule, certificate_principal, server_context
 from icelog.wire import codec, handlers  # noqa: F401  (handlers register themselves)
 from icelog.wire.context import HANDLERS, BrokerState, Connection, RequestContext
@@ -31,6 +32,9 @@ TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a client that opens a TLS connection and says 
 # What a SASL listener serves before the client has logged in (Kafka's SaslServerAuthenticator)
 _BEFORE_LOGIN = frozenset({ApiKey.ApiVersions, ApiKey.SaslHandshake, ApiKey.SaslAuthenticate})
 LOG_QUOTE_CHARS = 200  # at most this much of anything a client sent goes into a log line
+# A request read and handed to its handler: (api key << 16 | version, correlation id, the handler's task, when it
+# was read whole: time.perf_counter()); -1 as the key for a bare SASL token
+_Queued = tuple[int, int, asyncio.Task[ApiMessage | None], float]
 
 
 def bounded(text: str, limit: int = LOG_QUOTE_CHARS) -> str:
@@ -43,6 +47,14 @@ def bounded(text: str, limit: int = LOG_QUOTE_CHARS) -> str:
 def describe(exc: BaseException) -> str:
     """An exception as one bounded line; str(), not repr(): a UnicodeDecodeError's repr quotes all its input."""
     return bounded(f"{type(exc).__name__}: {exc}")
+
+
+class ListenerError(OSError):
+    """A listener could not bind: which one, and the system's reason."""
+
+    def __init__(self, spec: Listener, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror)
+        self.where = f"{spec.host}:{spec.port}" + ("" if spec.name == "PLAINTEXT" else f" (listener {spec.name})")
 
 
 class _Disconnect(Exception):
@@ -175,7 +187,7 @@ class KafkaServer:
                     ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if spec.tls else None,
                 )
             except OSError as exc:
-                raise OSError(exc.errno, f"listener {spec.name}://{spec.host}:{spec.port}: {exc.strerror}") from None
+                raise ListenerError(spec, exc) from None
             self._servers.append(server)
             sockets: Any = server.sockets or []
             port = sockets[0].getsockname()[1] if sockets else spec.port
@@ -198,6 +210,10 @@ class KafkaServer:
         if self.broker.settings.listeners is None:
             return [f"{self.broker.advertised_host}:{self.broker.advertised_port}"]
         return [f"{spec.name}://{':'.join(map(str, self._advertised[spec.name]))}" for spec in specs]
+
+    def serving(self) -> bool:
+        """Whether every Kafka listener is accepting connections (/readyz)."""
+        return bool(self._servers) and all(server.is_serving() for server in self._servers)
 
     async def stop(self) -> None:
         if self._servers:
@@ -237,9 +253,15 @@ class KafkaServer:
         self._connections.add(task)
         self._writers.add(writer)
         self._per_ip[ip] += 1
+        metrics = self.broker.wire_metrics
+        open_gauge = metrics.by_listener.get(spec.name) if metrics is not None else None
+        if open_gauge is not None:
+            open_gauge.inc()
         try:
             await self._serve(reader, writer, connection)
         finally:
+            if open_gauge is not None:
+                open_gauge.dec()
             self._connections.discard(task)
             self._writers.discard(writer)
             self._per_ip[ip] -= 1
@@ -263,7 +285,7 @@ class KafkaServer:
         return True
 
     async def _serve(self, reader: _Reader, writer: asyncio.StreamWriter, connection: Connection) -> None:
-        queue: asyncio.Queue[tuple[int, int, asyncio.Task[ApiMessage | None]] | None] = asyncio.Queue(MAX_IN_FLIGHT)
+        queue: asyncio.Queue[_Queued | None] = asyncio.Queue(MAX_IN_FLIGHT)
         inflight = _InFlight()
         peer = connection.peer
         sender = asyncio.create_task(self._send_in_order(queue, writer, connection))
@@ -317,7 +339,7 @@ class KafkaServer:
 
     async def _read_request(
         self, reader: _Reader, connection: Connection, inflight: _InFlight
-    ) -> tuple[int, int, asyncio.Task[ApiMessage | None]] | None:
+    ) -> _Queued | None:
         settings = self.broker.settings
         idle_s = settings.connections_max_idle_ms / 1000
         timeout = idle_s
@@ -349,7 +371,12 @@ class KafkaServer:
             self._budget.release(size)
             raise
         item[2].add_done_callback(lambda _: self._budget.release(size))
-        return item
+        metrics = self.broker.wire_metrics
+        if metrics is not None:
+            api = metrics.by_key.get(item[0] >> 16)
+            if api is not None:
+                api.received.inc(size + 4)
+        return (*item, time.perf_counter())
 
     async def _read_frame(
         self, reader: asyncio.StreamReader, connection: Connection, size: int, idle_s: float
@@ -391,21 +418,23 @@ class KafkaServer:
         return (key << 16) | version, correlation, task
 
     async def _send_in_order(
-        self, queue: asyncio.Queue[tuple[int, int, asyncio.Task[ApiMessage | None]] | None],
-        writer: asyncio.StreamWriter, connection: Connection,
+        self, queue: asyncio.Queue[_Queued | None], writer: asyncio.StreamWriter, connection: Connection,
     ) -> None:
         peer = connection.peer
+        metrics = self.broker.wire_metrics
         try:
             while True:
                 item = await queue.get()
                 if item is None:
                     return
-                key_version, correlation, task = item
+                key_version, correlation, task, started = item
+                api = metrics.by_key.get(key_version >> 16) if metrics is not None else None
                 try:
                     # shielded: cancelling the sender (the client left) must not cancel a Produce midway
                     response = await asyncio.shield(task)
                 except ConnectionAbortedError as exc:  # a handler asks to drop the connection (test hook)
                     log.warning("dropping the connection from %s: %s", peer, exc)
+                    _count_failed(api)
                     writer.close()
                     return
                 except Exception as exc:
@@ -414,9 +443,13 @@ class KafkaServer:
                     log.warning("closing connection from %s: %s request failed: %s",
                                 peer, _api_name(key_version >> 16), describe(exc))
                     log.debug("handler traceback", exc_info=True)
+                    _count_failed(api)
                     writer.close()  # without this the client waits for an answer until its own timeout
                     return
                 if response is None:  # acks=0 Produce: Kafka sends nothing back
+                    if api is not None:
+                        api.requests.inc()
+                        api.seconds.observe(time.perf_counter() - started)
                     continue
                 try:
                     frame = response if isinstance(response, bytes) else codec.encode_response(
@@ -426,9 +459,16 @@ class KafkaServer:
                     log.warning("closing connection from %s: could not encode the %s response: %s",
                                 peer, _api_name(key_version >> 16), describe(exc))
                     log.debug("encoder traceback", exc_info=True)
+                    _count_failed(api)
                     writer.close()
                     return
                 writer.write(frame)
+                if api is not None:  # pre-created children: a dict lookup above and four increments here
+                    api.requests.inc()
+                    api.seconds.observe(time.perf_counter() - started)
+                    api.sent.inc(len(frame))
+                    if getattr(response, "error_code", 0):
+                        api.errors.inc()
                 if connection.close_after_response:  # a failed login or a SASL request out of turn
                     await writer.drain()
                     writer.close()
@@ -440,6 +480,12 @@ class KafkaServer:
         finally:
             while not queue.empty():  # unblocks the reader; _serve decides what becomes of the requests
                 queue.get_nowait()
+
+
+def _count_failed(api: ApiInstruments | None) -> None:
+    if api is not None:
+        api.requests.inc()
+        api.errors.inc()
 
 
 def _api_name(key: int) -> str:
