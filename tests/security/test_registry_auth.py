@@ -58,6 +58,13 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def secure_broker(tmp_path_factory: pytest.TempPathFactory, tls: dict[str, str]) -> Iterator[BrokerProcess]:
     data = tmp_path_factory.mktemp("registry-auth") / "data"
     add_user(data, "alice", "secret")  # before the broker ever ran: the first user
+    # ACLs are on (a SASL listener): alice may read and write topic orders, so subject orders-value
+    granted = subprocess.run(
+        [sys.executable, "-m", "icelog", "acl", "add", "--allow-principal", "User:alice", "--operation", "Read",
+         "--operation", "Write", "--topic", "orders", "--data-dir", str(data)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert granted.returncode == 0, granted.stderr
     port = free_port()
     proc = BrokerProcess(data, port=port, env=secure_env(tls, port)).start()
     yield proc
@@ -82,6 +89,18 @@ def test_a_user_registers_and_reads_over_https(secure_broker: BrokerProcess, tls
     assert latest.schema_id == schema_id and json.loads(latest.schema.schema_str)["name"] == "Order"
     assert json.loads(alice.get_schema(schema_id).schema_str)["name"] == "Order"
     assert "orders-value" in alice.get_subjects()
+
+
+def test_subjects_follow_their_topics_acls(secure_broker: BrokerProcess, tls: dict[str, str]) -> None:
+    """carol logs in but has no ACL on topic payments: registering its value schema is 403 (40301), and the
+    subject list she sees leaves out what she may not read."""
+    add_user(secure_broker.data_dir, "carol", "carol-pw")
+    carol = client(secure_broker, tls, "carol:carol-pw")
+    with pytest.raises(SchemaRegistryError) as refused:
+        carol.register_schema("payments-value", Schema(AVRO, "AVRO"))
+    assert refused.value.http_status_code == 403 and refused.value.error_code == 40301
+    client(secure_broker, tls, "alice:secret").register_schema("orders-value", Schema(AVRO, "AVRO"))
+    assert "orders-value" not in carol.get_subjects()
 
 
 @pytest.mark.parametrize("user_info", [None, "alice:wrong", "mallory:secret"])
