@@ -376,10 +376,9 @@ def test_producer_state_comes_back_from_its_snapshot_plus_the_intake_after_it(
 
 def test_long_polls_on_an_idle_partition_leave_no_waiter_behind(tmp_path: Path) -> None:
     """Each Fetch that times out on an idle partition removes its waiter (they used to pile up)."""
-    from types import SimpleNamespace
-
     from kafka.protocol.consumer import FetchRequest
 
+    from icelog.wire.context import BrokerState, Connection, RequestContext
     from icelog.wire.handlers.fetch import fetch
 
     topic_cls = FetchRequest.FetchTopic
@@ -392,17 +391,17 @@ def test_long_polls_on_an_idle_partition_leave_no_waiter_behind(tmp_path: Path) 
     async def body(logs: LogManager) -> None:
         logs.create_topic(TOPIC, 1, {})
         await append(logs, [b"only"])
-        ctx = SimpleNamespace(broker=SimpleNamespace(logs=logs), api_version=4, client_id=None, peer="test")
+        ctx = RequestContext(BrokerState(logs.settings, logs, "localhost", 9092), 4, None, Connection("test"))
         _, part = logs.partition(TOPIC, 0)
         for _ in range(50):
-            response = await fetch(ctx, request)  # type: ignore[arg-type]
+            response = await fetch(ctx, request)
             assert response.responses[0].partitions[0].records in (b"", None)
         await asyncio.sleep(0)  # cancelled futures run their done callbacks on the next loop turn
         assert part.waiter_count == 0
         # A waiting Fetch is still woken by new data.
         request.topics[0].partitions[0].fetch_offset = 1
         request.max_wait_ms = 30_000
-        waiting = asyncio.ensure_future(fetch(ctx, request))  # type: ignore[arg-type]
+        waiting = asyncio.ensure_future(fetch(ctx, request))
         await asyncio.sleep(0.05)
         assert part.waiter_count == 1
         await append(logs, [b"wake"])
