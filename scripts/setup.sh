@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything icelog and its tests need on a fresh Debian machine:
-# system packages (JDK, kcat, JDBC driver jars) when missing, then a virtualenv at .venv.
+# system packages (JDK, kcat, JDBC driver jars, PostgreSQL) when missing, then a virtualenv at .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,6 +9,8 @@ command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
 [ -f /usr/share/java/sqlite-jdbc.jar ] || need_apt+=(libxerial-sqlite-jdbc-java)
 [ -f /usr/share/java/postgresql.jar ] || need_apt+=(libpostgresql-jdbc-java)
+# The tests start a throwaway PostgreSQL server (the metadata store's second backend): any installed version does.
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresql)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
