@@ -147,7 +147,12 @@ def icelog_version() -> str:
 
 def schema_version(conn: Connection) -> int | None:
     """The version a database's schema is at, or None for a database icelog never opened."""
-    row = conn.execute("SELECT to_regclass('schema_version') IS NOT NULL").fetchone()
+    # A scan of pg_class, not to_regclass(): name look-ups go through the catalog caches, which an advisory lock
+    # does not refresh, so an opener that waited for another's creation would not see the table it created.
+    row = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.relname = 'schema_version' AND n.nspname = current_schema())"
+    ).fetchone()
     if not row or not row[0]:
         return None
     found = conn.execute("SELECT version FROM schema_version WHERE id = 0").fetchone()
