@@ -194,7 +194,7 @@ def test_an_unavailable_store_holds_the_group_unacknowledged_refuses_appends_ret
             await asyncio.sleep(0.01)
         with pytest.raises(KafkaApiError) as refused:
             logs.append(state, part, records([b"refused"]))
-        assert refused.value.code == ErrorCode.KAFKA_STORAGE_ERROR and refused.value.retriable
+        assert refused.value.code == ErrorCode.NOT_ENOUGH_REPLICAS and refused.value.retriable
         await asyncio.sleep(0.5)
         assert not held.done() and store.unavailable_commits >= 2, "retried, never acknowledged meanwhile"
         assert part.high_watermark == 3

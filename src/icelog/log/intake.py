@@ -393,7 +393,7 @@ class IntakeWriter:
                     raise
                 if self.store_unavailable is None:
                     log.warning("refusing produce: the metadata store is unavailable (%s); appends fail retriably "
-                                "(KAFKA_STORAGE_ERROR) until it answers again", first_line(exc))
+                                "(NOT_ENOUGH_REPLICAS) until it answers again", first_line(exc))
                 self.store_unavailable = first_line(exc)
                 time.sleep(delay)
                 delay = min(2 * delay, _STORE_RETRY_MAX_S)

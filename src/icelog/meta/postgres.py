@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -64,6 +65,10 @@ T = TypeVar("T")
 _ATTEMPTS = 3  # a method is tried this often on a broken connection or a serialisation failure
 POOL_MIN, POOL_MAX = 2, 12  # the broker's loop, intake writer, fetch and retention threads, the coordinators
 POOL_TIMEOUT_S = 3.0  # waiting for a pooled connection; past it (the database is down) StoreUnavailableError
+# Once the database is known down, calls fail at once but for one connection attempt this often (with this
+# libpq connect_timeout, its minimum): callers on the broker's event loop (the authorizer) must not stall it.
+PROBE_INTERVAL_S = 0.5
+PROBE_CONNECT_TIMEOUT_S = 2
 CONNECT_TIMEOUT_S = 5  # libpq's connect_timeout unless the URL sets one
 
 _CHUNK_COLUMNS = (
@@ -165,16 +170,47 @@ class PostgresStore(PostgresRegistry, PostgresSecurity, MetadataStore):
             raise self._unavailable(exc) from None
         except psycopg.Error as exc:
             raise StoreError(f"metadata store at {self._where}: {_first_line(exc)}") from None
-        self._pool: ConnectionPool[Connection] = ConnectionPool(
-            url, kwargs=kwargs, min_size=POOL_MIN, max_size=POOL_MAX, timeout=POOL_TIMEOUT_S,
-            name="icelog-meta", open=False,
-        )
+        self._url, self._kwargs = url, kwargs
+        self._pool = self._new_pool()
         try:
             self._pool.open(wait=True, timeout=POOL_TIMEOUT_S + CONNECT_TIMEOUT_S)
         except PoolTimeout as exc:
             self._pool.close()
             raise self._unavailable(exc) from None
         self._closed = False
+        # Set when a call found the database unreachable: calls then fail at once, but for one probe connection
+        # every PROBE_INTERVAL_S, and the first that connects replaces the pool (see _revive).
+        self._down: str | None = None  # why
+        self._next_probe = 0.0
+        self._revive_lock = threading.Lock()
+
+    def _new_pool(self) -> ConnectionPool[Connection]:
+        return ConnectionPool(
+            self._url, kwargs=self._kwargs, min_size=POOL_MIN, max_size=POOL_MAX, timeout=POOL_TIMEOUT_S,
+            name="icelog-meta", open=False,
+        )
+
+    def _revive(self) -> None:
+        """While the database is down: fail at once, or, every PROBE_INTERVAL_S, try one connection; once one
+        connects, start a new pool. (A pool's own reconnection backs off exponentially without a cap: after a
+        30 s outage its next attempt could be as far away again. A new pool connects now.)"""
+        with self._revive_lock:
+            if self._down is None:
+                return
+            now = time.monotonic()
+            if now < self._next_probe:
+                raise StoreUnavailableError(self._down)
+            self._next_probe = now + PROBE_INTERVAL_S
+            try:
+                psycopg.connect(self._url, **{**self._kwargs, "connect_timeout": PROBE_CONNECT_TIMEOUT_S}).close()
+            except psycopg.Error as exc:
+                self._down = str(self._unavailable(exc))
+                raise StoreUnavailableError(self._down) from None
+            old, self._pool = self._pool, self._new_pool()
+            self._pool.open(wait=False)
+            self._down = None
+            log.warning("metadata store at %s answers again", self._where)
+        old.close(timeout=1.0)  # callers still holding its connections are answered by the new one on retry
 
     def _unavailable(self, exc: BaseException) -> StoreUnavailableError:
         return StoreUnavailableError(f"metadata store at {self._where} unavailable: {_first_line(exc)}")
@@ -191,6 +227,8 @@ class PostgresStore(PostgresRegistry, PostgresSecurity, MetadataStore):
         failure: BaseException | None = None
         for attempt in range(_ATTEMPTS):
             committing = False
+            if self._down is not None:
+                self._revive()
             try:
                 with self._pool.connection() as conn:
                     if not transaction:
@@ -203,8 +241,13 @@ class PostgresStore(PostgresRegistry, PostgresSecurity, MetadataStore):
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected) as exc:
                 failure = exc
                 time.sleep(0.005 * (attempt + 1))
-            except PoolTimeout as exc:  # no connection within the pool's timeout: the database is down
-                raise self._unavailable(exc) from None
+            except PoolTimeout as exc:  # no connection within the pool's wait: the database is down
+                with self._revive_lock:
+                    if self._down is None:
+                        log.warning("metadata store at %s unavailable: %s", self._where, _first_line(exc))
+                        self._down = str(self._unavailable(exc))
+                        self._next_probe = time.monotonic() + PROBE_INTERVAL_S
+                    raise StoreUnavailableError(self._down) from None
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 failure = exc
                 if committing and not idempotent:
