@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything icelog and its tests need on a fresh Debian machine:
-# system packages (JDK, kcat, JDBC driver jars, promtool) when missing, then a virtualenv at .venv.
+# system packages (JDK, kcat, JDBC driver jars, promtool, PostgreSQL) when missing, then a virtualenv at .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +11,8 @@ command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
 [ -f /usr/share/java/postgresql.jar ] || need_apt+=(libpostgresql-jdbc-java)
 # promtool (Debian's prometheus package) checks the /metrics text in tests/system/test_metrics.py
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+# The tests start a throwaway PostgreSQL server (the metadata store's second backend): any installed version does.
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresql)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

@@ -24,6 +24,7 @@ from icelog.meta.backends import open_store
 from icelog.meta.store import MetadataStore
 from tests.support.archive import ARCHIVE_ENV
 from tests.support.broker import BrokerProcess
+from tests.support.postgres import postgres_cluster  # noqa: F401 (a session fixture: the throwaway PostgreSQL)
 
 SPARK_FIXTURES = {"lake_spark"}
 NO_JVM_ENV = "ICELOG_TESTS_NO_JVM"

@@ -68,6 +68,14 @@ class StoreError(IcelogError):
     """The metadata store refused or failed an operation."""
 
 
+class StoreUnavailableError(StoreError):
+    """The metadata store cannot be reached now (its database is down, restarting or unreachable): the operation
+    may succeed later unchanged. Raised by a networked backend (PostgreSQL); the message names where, never a
+    password."""
+
+    retriable = True
+
+
 class TopicExistsError(StoreError):
     """A topic with that name already exists."""
 

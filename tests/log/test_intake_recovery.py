@@ -18,7 +18,7 @@ import pytest
 from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
 
 from icelog.config import IntakeSettings, Settings
-from icelog.errors import KafkaApiError
+from icelog.errors import ErrorCode, KafkaApiError, StoreUnavailableError
 from icelog.log import intake_file
 from icelog.log.manager import LogManager
 from icelog.meta.sqlite import SqliteStore
@@ -37,10 +37,15 @@ class FlakyIndexStore(SqliteStore):
 
     fail_commits = False
     lose_commits = False
+    unavailable = False  # a networked store's database down: commits fail retriably
+    unavailable_commits = 0
 
     def commit_intake(self, chunks: Iterable[IntakeChunk], tail: IntakeTail) -> None:
         if self.fail_commits:
             raise OSError("simulated crash before the intake index commit")
+        if self.unavailable:
+            self.unavailable_commits += 1
+            raise StoreUnavailableError("metadata store at db:5432/meta unavailable: connection refused")
         if not self.lose_commits:
             super().commit_intake(chunks, tail)
 
@@ -168,6 +173,43 @@ def test_frame_written_but_not_indexed_is_recovered(tmp_path: Path, caplog: pyte
     run(data_dir, check)
     everything = batch_values("acked", 3) + batch_values("unacked", 2) + [b"after"]
     run(data_dir, lambda logs: expect(logs, everything))
+
+
+def test_an_unavailable_store_holds_the_group_unacknowledged_refuses_appends_retriably_then_resumes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A networked store's database goes away after a group's frames are on disk: the group is neither
+    acknowledged nor undone (its commit may have been stored), new appends are refused retriably, and once the
+    store answers the group is indexed, acknowledged, and appends resume with the next offsets."""
+    data_dir = tmp_path / "data"
+    store = FlakyIndexStore(data_dir / "meta.db")
+
+    async def write(logs: LogManager) -> None:
+        logs.create_topic(TOPIC, 1, {})
+        await append(logs, batch_values("acked", 3))
+        store.unavailable = True
+        state, part = logs.partition(TOPIC, 0)
+        _, held = logs.append(state, part, records(batch_values("held", 2)))
+        while not logs.writer.store_unavailable:
+            await asyncio.sleep(0.01)
+        with pytest.raises(KafkaApiError) as refused:
+            logs.append(state, part, records([b"refused"]))
+        assert refused.value.code == ErrorCode.NOT_ENOUGH_REPLICAS and refused.value.retriable
+        await asyncio.sleep(0.5)
+        assert not held.done() and store.unavailable_commits >= 2, "retried, never acknowledged meanwhile"
+        assert part.high_watermark == 3
+
+        store.unavailable = False
+        await asyncio.wait_for(held, 10)
+        assert logs.writer.store_unavailable is None and logs.writer.failed is None
+        assert await append(logs, [b"after"]) == 5
+        assert values(read_all(logs)) == batch_values("acked", 3) + batch_values("held", 2) + [b"after"]
+
+    caplog.set_level(logging.INFO, logger="icelog")
+    run(data_dir, write, store=store)
+    assert "refusing produce: the metadata store is unavailable" in caplog.text
+    assert "produce resumes" in caplog.text
+    run(data_dir, lambda logs: expect(logs, batch_values("acked", 3) + batch_values("held", 2) + [b"after"]))
 
 
 def test_lost_index_commits_are_rederived_from_the_intake_files(tmp_path: Path) -> None:

@@ -11,10 +11,13 @@ import pytest
 if TYPE_CHECKING:
     from icelog.meta.store import MetadataStore
 
-# A backend joins by one entry: a function from the test's temporary directory to a store URL; opening that
-# URL twice must reach the same database. Every test that takes `store` or `open_same_store` runs per entry.
-STORE_BACKENDS: dict[str, Callable[[Path], str]] = {
-    "sqlite": lambda tmp: f"sqlite:///{tmp / 'meta.db'}",
+# A backend joins by one entry: a function from the test's request and temporary directory to the URL of a new,
+# empty store; opening that URL twice must reach the same database. Every test that takes `store` or
+# `open_same_store` runs per entry.
+STORE_BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], str]] = {
+    "sqlite": lambda request, tmp: f"sqlite:///{tmp / 'meta.db'}",
+    # A database per test on the session's throwaway server (tests/support/postgres.py; ~0.1 s each).
+    "postgresql": lambda request, tmp: request.getfixturevalue("postgres_cluster").new_database(),
 }
 
 OpenStore = Callable[[], "MetadataStore"]
@@ -25,7 +28,7 @@ def open_same_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
     """Opens (or re-opens) the one database of this test; every store opened is closed afterwards."""
     from icelog.meta.backends import open_store
 
-    url = STORE_BACKENDS[request.param](tmp_path)
+    url = STORE_BACKENDS[request.param](request, tmp_path)
     opened: list[MetadataStore] = []
 
     def open_() -> MetadataStore:

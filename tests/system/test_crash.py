@@ -149,11 +149,16 @@ class Workload:
             self.producer.poll(0.01)
 
 
-def test_acknowledged_records_survive_repeated_sigkill(fresh_broker: BrokerProcess, topic_name: str) -> None:
+@pytest.mark.parametrize("meta", ["sqlite", "postgresql"])
+def test_acknowledged_records_survive_repeated_sigkill(
+    fresh_broker: BrokerProcess, topic_name: str, meta: str, request: pytest.FixtureRequest
+) -> None:
     seed = int(os.environ.get("ICELOG_CRASH_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     broker = fresh_broker
     broker.env.update(BROKER_ENV)
+    if meta == "postgresql":  # the metadata store on the session's throwaway PostgreSQL (tests/support/postgres.py)
+        broker.env["ICELOG_META_URL"] = request.getfixturevalue("postgres_cluster").new_database()
     broker.start()
     create_topic(broker, topic_name, PARTITIONS)
     producer = make_producer(broker)
@@ -197,6 +202,7 @@ def test_acknowledged_records_survive_repeated_sigkill(fresh_broker: BrokerProce
         # Every record sent was acknowledged (none failed), so each must be in the log at least once.
         assert set(log) == set(work.sent[partition]), f"{where}: records missing"
     assert len(deliveries.acked) == work.count
+    assert (broker.data_dir / "meta.db").exists() == (meta == "sqlite"), "the metadata was where meta_url says"
 
 
 def newest_intake_file(broker: BrokerProcess) -> Path:

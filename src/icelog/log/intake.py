@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from icelog.config import IntakeSettings
-from icelog.errors import ErrorCode, KafkaApiError
+from icelog.errors import ErrorCode, IcelogError, KafkaApiError, first_line
 from icelog.faults import armed
 from icelog.log import intake_file
 from icelog.meta.store import IntakeChunk, IntakeIndex, IntakeTail
@@ -37,6 +37,8 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 # Test hook (faults.py): with ICELOG_TEST_FAULT=intake-enospc, intake writes fail with ENOSPC while a file of
 # this name exists next to the intake directory.
 ENOSPC_FAULT = "intake-enospc"
+# Retrying a group's index commit while the store is unreachable: the first wait, doubling up to the last.
+_STORE_RETRY_FIRST_S, _STORE_RETRY_MAX_S = 0.1, 2.0
 
 
 class NoSpaceError(OSError):
@@ -154,6 +156,9 @@ class IntakeWriter:
         self._allocated = 0  # the active file's size on disk: frames up to _active_size, then zeros
         self._preallocate = settings.preallocate_bytes
         self.failed: BaseException | None = None
+        # Why the store cannot index the group being committed (a retriable StoreError), or None: set and cleared
+        # by the I/O thread, read by the manager, which refuses appends while it is set.
+        self.store_unavailable: str | None = None
 
     # -- start-up ------------------------------------------------------------------------------
     def recover(self) -> list[IntakeChunk]:
@@ -372,13 +377,37 @@ class IntakeWriter:
             self._allocated = min(self._allocated, self._active_size)
             raise NoSpaceError(exc.errno, exc.strerror) from exc
         self._active_size = position
-        self.store.commit_intake(chunks, IntakeTail(self.active_file_id, position))
+        self._index(chunks, IntakeTail(self.active_file_id, position))
         self.stats.commits += 1
         self.stats.appends += len(group)
         self.stats.bytes_written += total
         if self.on_commit is not None:
             self.on_commit(total, len(group), fsync_seconds)
         return chunks
+
+    def _index(self, chunks: list[IntakeChunk], tail: IntakeTail) -> None:
+        """On the I/O thread: index a group's durable frames. While the store cannot be reached (a networked
+        store's database down), retry until it can: the group is neither acknowledged nor undone meanwhile (its
+        frames are on disk, and a commit that went unanswered may have been stored), and the manager refuses new
+        appends retriably (`store_unavailable`). commit_intake is idempotent, so retrying is safe."""
+        delay = _STORE_RETRY_FIRST_S
+        while True:
+            try:
+                self.store.commit_intake(chunks, tail)
+            except IcelogError as exc:
+                if not exc.retriable or self._closing:  # a shutdown during an outage: recovery indexes the frames
+                    raise
+                if self.store_unavailable is None:
+                    log.warning("refusing produce: the metadata store is unavailable (%s); appends fail retriably "
+                                "(NOT_ENOUGH_REPLICAS) until it answers again", first_line(exc))
+                self.store_unavailable = first_line(exc)
+                time.sleep(delay)
+                delay = min(2 * delay, _STORE_RETRY_MAX_S)
+                continue
+            if self.store_unavailable is not None:
+                self.store_unavailable = None
+                log.warning("the metadata store answers again: produce resumes")
+            return
 
     def _cut_to_frames(self) -> None:
         """End the active file at its last frame (readers go by the index, but a file's size should too).

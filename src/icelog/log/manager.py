@@ -464,6 +464,12 @@ class LogManager:
         else:
             repair_headers(buffer, batches)  # the records' max timestamp, whatever the producer's header said
         self._check_space(len(buffer) + intake_file.FRAME_HEADER_SIZE)  # before any state changes
+        if self.writer.store_unavailable is not None:  # (also before any state changes)
+            # The group being committed waits for the store; what follows would only queue behind it. Refused as
+            # the free-space floor refuses, nothing written: NOT_ENOUGH_REPLICAS is retriable without a metadata
+            # refresh (librdkafka: Retry, MsgNotPersisted), where KAFKA_STORAGE_ERROR makes clients refresh first.
+            raise KafkaApiError(ErrorCode.NOT_ENOUGH_REPLICAS,
+                                f"the metadata store is unavailable ({self.writer.store_unavailable}); retry later")
         record_count = sum(b.last_offset_delta + 1 for b in batches)
         base = partition.reserve(record_count)
         assign_offsets(buffer, batches, base)

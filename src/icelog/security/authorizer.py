@@ -9,10 +9,12 @@ runs for every request on the event loop, so it reads the store at most once a s
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from icelog.errors import IcelogError, first_line
 from icelog.meta.security import AclEntry, SecurityStore
 from icelog.security.acl import (
     IMPLIED_BY,
@@ -24,6 +26,8 @@ from icelog.security.acl import (
     ACLResourceType,
     validate_binding,
 )
+
+log = logging.getLogger(__name__)
 
 RELOAD_CHECK_SECONDS = 1.0  # how often the store's security generation is read
 
@@ -71,6 +75,7 @@ class Authorizer:
         self._checked_at = 0.0
         self._entries: list[AclEntry] = []
         self._index: dict[int, _Bindings] = {}
+        self._stale = False  # the last check could not reach the store
         self._reload()
 
     def _reload(self) -> None:
@@ -86,8 +91,19 @@ class Authorizer:
         if now - self._checked_at < RELOAD_CHECK_SECONDS:
             return
         self._checked_at = now
-        if self._store.security_generation() != self._generation:
-            self._reload()
+        try:
+            if self._store.security_generation() != self._generation:
+                self._reload()
+        except IcelogError as exc:
+            if not exc.retriable:
+                raise
+            # The store is unreachable (a networked store's database down): decide on the bindings held, as they
+            # were when last read, rather than refuse every request; checked again in a second.
+            if not self._stale:
+                log.warning("ACLs kept as last read: the metadata store is unavailable (%s)", first_line(exc))
+            self._stale = True
+            return
+        self._stale = False
 
     def authorize(self, principal: str, host: str, operation: ACLOperation, resource_type: ACLResourceType,
                   name: str) -> bool:
