@@ -15,6 +15,7 @@ from icelog.config import Settings
 from icelog.coordinator.group_model import GroupSettings
 from icelog.coordinator.groups import GroupCoordinator
 from icelog.coordinator.transactions import TransactionCoordinator
+from icelog.errors import log_retry
 from icelog.log import pressure
 from icelog.log.manager import LogManager
 from icelog.log.partition import OffsetRangeSource
@@ -192,8 +193,8 @@ class Broker:
             self._retention = loop.run_in_executor(None, lambda: self.logs.enforce_retention(on_loop=on_loop))
             try:
                 await asyncio.shield(self._retention)
-            except Exception:
-                log.exception("retention pass failed; will retry")
+            except Exception as exc:
+                log_retry(log, "retention pass", exc)
 
 
     async def _refresh_readback(self) -> None:
@@ -211,14 +212,14 @@ class Broker:
                 written = self.logs.writer.stats.bytes_written  # what the reading can see, at least
                 free = await asyncio.to_thread(lambda: shutil.disk_usage(self.settings.data_dir).free)
                 self.logs.apply_pressure(unarchived, free, written)
-            except Exception:
-                log.exception("back-pressure refresh failed; will retry")
+            except Exception as exc:
+                log_retry(log, "back-pressure refresh", exc)
             else:
                 if self.metrics is not None:  # produce → visible in Iceberg, as archived offsets move
                     try:
                         await asyncio.to_thread(self.metrics.freshness.observe, states, self.store)
-                    except Exception:
-                        log.exception("freshness observation failed; will retry")
+                    except Exception as exc:
+                        log_retry(log, "freshness observation", exc)
             await asyncio.sleep(pressure.REFRESH_INTERVAL_S)
 
 

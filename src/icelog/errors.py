@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
 from enum import EnumMeta, IntEnum
 from typing import TYPE_CHECKING
@@ -58,6 +60,22 @@ class IcelogError(Exception):
     """
 
     retriable: bool = False
+
+
+_last_retry_line: dict[str, float] = {}
+
+
+def log_retry(logger: logging.Logger, what: str, exc: BaseException, every_s: float = 30.0) -> None:
+    """A background task's failure it will retry: a retriable IcelogError (a dependency down: the metadata store,
+    the catalog) is one line at most every `every_s` per `what`, without a traceback, since it repeats until the
+    dependency returns; anything else is logged with its traceback, as a fault to fix."""
+    if isinstance(exc, IcelogError) and exc.retriable:
+        now = time.monotonic()
+        if now - _last_retry_line.get(what, -every_s) >= every_s:
+            _last_retry_line[what] = now
+            logger.warning("%s failed: %s; will retry", what, exc)
+        return
+    logger.error("%s failed; will retry", what, exc_info=exc)
 
 
 class ConfigError(IcelogError):

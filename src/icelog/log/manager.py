@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from icelog.config import Settings
-from icelog.errors import ErrorCode, KafkaApiError, StoreError, TopicExistsError, UnknownTopicError
+from icelog.errors import ErrorCode, KafkaApiError, StoreError, TopicExistsError, UnknownTopicError, log_retry
 from icelog.faults import fault_point, hold_point
 from icelog.log import intake_file, pressure
 from icelog.log.batch import (
@@ -187,8 +187,8 @@ class LogManager:
                 if snapshots:
                     await asyncio.to_thread(self.store.save_producer_snapshots, snapshots)
                     self._saved_snapshots(snapshots)
-            except Exception:
-                log.exception("saving producer-state snapshots failed; will retry")
+            except Exception as exc:
+                log_retry(log, "saving producer-state snapshots", exc)
 
     def start(self) -> None:
         self.writer.start()
