@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from icelog.config import Settings
 from icelog.errors import ConfigError
@@ -130,11 +132,35 @@ def sqlite_metadata_locations(path: Path, catalog_name: str) -> dict[tuple[str, 
     return {(namespace, name): location for namespace, name, location in rows if location}
 
 
+def masked_url(url: str) -> str:
+    """A catalog URL for a message: its password (in the authority or a `password=` parameter) replaced by ***."""
+    url = re.sub(r"(//[^/:@]*:)[^@/]*@", r"\1***@", url)
+    return re.sub(r"(?i)(password=)[^&;]*", r"\1***", url)
+
+
+def postgres_catalog_url(settings: Settings) -> str | None:
+    """SQLAlchemy's URL (postgresql+psycopg://) of a JDBC catalog on PostgreSQL, or None for any other catalog.
+
+    The user and password come from the JDBC URL's `user` / `password` parameters or, as Iceberg's JDBC catalog
+    takes them, from `archive.catalog_properties` `jdbc.user` / `jdbc.password` (which win)."""
+    uri = settings.catalog_uri
+    if settings.archive.catalog_type != "jdbc" or not uri.startswith("jdbc:postgresql:"):
+        return None
+    parsed = urlsplit(uri.removeprefix("jdbc:"))
+    params = dict(parse_qsl(parsed.query))
+    props = settings.archive.catalog_properties
+    user = props.get("jdbc.user", params.pop("user", ""))
+    password = props.get("jdbc.password", params.pop("password", ""))
+    auth = quote(user, safe="") + (f":{quote(password, safe='')}" if password else "") + "@" if user else ""
+    query = f"?{urlencode(params)}" if params else ""
+    return f"postgresql+psycopg://{auth}{parsed.hostname or 'localhost'}:{parsed.port or 5432}{parsed.path}{query}"
+
+
 def pyiceberg_catalog_opener(settings: Settings) -> Callable[[], Catalog | None] | None:
     """A function opening pyiceberg onto the archiver's catalog (it returns None while the embedded one does not
-    exist yet), or None for a catalog pyiceberg cannot open as Spark does (a JDBC one on PostgreSQL, Hadoop).
+    exist yet), or None for a catalog pyiceberg cannot open as Spark does (Hadoop).
 
-    Only the embedded JDBC catalog on SQLite (pyiceberg's SqlCatalog reads the same `iceberg_tables` rows) and
+    The JDBC catalog on SQLite or PostgreSQL (pyiceberg's SqlCatalog reads the same `iceberg_tables` rows) and
     REST qualify. Used by the broker's read-back and by `icelog status --tables`.
     """
     archive = settings.archive
@@ -151,6 +177,16 @@ def pyiceberg_catalog_opener(settings: Settings) -> Callable[[], Catalog | None]
             return SqlCatalog(archive.catalog_name, uri=f"sqlite:///{path}", warehouse=settings.warehouse)
 
         return open_sqlite
+    postgres = postgres_catalog_url(settings)
+    if postgres is not None:
+
+        def open_postgres() -> Catalog | None:
+            from pyiceberg.catalog.sql import SqlCatalog
+
+            # pyiceberg's SQL catalog keeps the same `iceberg_tables` rows as Iceberg's JDBC catalog (schema V1)
+            return SqlCatalog(archive.catalog_name, uri=postgres, warehouse=settings.warehouse)
+
+        return open_postgres
     if archive.catalog_type == "rest" and archive.catalog_uri:
         uri = archive.catalog_uri
 

@@ -33,14 +33,13 @@ class TableStats:
 
 
 def open_catalog(settings: Settings) -> Catalog | None:
-    """A pyiceberg catalog on the archiver's catalog (the embedded SQLite JDBC one, or REST); None before the
+    """A pyiceberg catalog on the archiver's catalog (JDBC on SQLite or PostgreSQL, or REST); None before the
     embedded one exists."""
     opener = pyiceberg_catalog_opener(settings)
     if opener is None:
         raise ConfigError(
-            f"table statistics read the catalog with pyiceberg, which supports the SQLite JDBC and REST catalogs, "
-            f"not {settings.archive.catalog_type} {settings.catalog_uri}; use `icelog sql` on the table's metadata "
-            "tables"
+            f"table statistics read the catalog with pyiceberg, which supports JDBC (SQLite, PostgreSQL) and REST "
+            f"catalogs, not {settings.archive.catalog_type}; use `icelog sql` on the table's metadata tables"
         )
     return opener()
 

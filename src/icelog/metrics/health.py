@@ -7,9 +7,11 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pyiceberg.catalog import Catalog
+
 from icelog.config import Settings
 from icelog.errors import first_line
-from icelog.lake.catalog import pyiceberg_catalog_opener, sqlite_catalog_path
+from icelog.lake.catalog import masked_url, pyiceberg_catalog_opener, sqlite_catalog_path
 from icelog.log.manager import LogManager
 from icelog.meta.store import ArchiveState, MetadataStore
 
@@ -33,6 +35,7 @@ class Readiness:
         self.kafka_serving = kafka_serving
         self.archiver_alive = archiver_alive
         self._catalog_seen = False  # once read, a missing embedded catalog is a lost one, not one not made yet
+        self._opened: Catalog | None = None  # opened once (a SQL catalog holds a connection pool)
 
     async def checks(self) -> dict[str, Check]:
         """Every check's outcome (the store and catalog ones on worker threads, bounded by CHECK_TIMEOUT_S)."""
@@ -91,13 +94,14 @@ class Readiness:
             self._catalog_seen = True
             return Check(True, "reachable")
         opener = pyiceberg_catalog_opener(self.settings)
-        if opener is None:  # a JDBC catalog on PostgreSQL: the archiver's errors show as icelog_archive_failing
-            return Check(True, "not checked by the broker (only the embedded SQLite and REST catalogs are)")
+        if opener is None:  # a Hadoop catalog: the archiver's errors show as icelog_archive_failing
+            return Check(True, "not checked by the broker (a Hadoop catalog)")
         try:
-            catalog = opener()
-            if catalog is not None:
-                catalog.list_namespaces()
+            if self._opened is None:
+                self._opened = opener()
+            if self._opened is not None:
+                self._opened.list_namespaces()
         except Exception as exc:
-            return Check(False, f"the catalog {self.settings.catalog_uri} cannot be reached: {type(exc).__name__}: "
-                         f"{first_line(exc)}")
+            where = masked_url(self.settings.catalog_uri)
+            return Check(False, f"the catalog {where} cannot be reached: {type(exc).__name__}: {first_line(exc)}")
         return Check(True, "reachable")

@@ -41,9 +41,8 @@ def catalog_opener(settings: Settings) -> Callable[[], Catalog | None] | None:
     opener = pyiceberg_catalog_opener(settings)
     if opener is None:
         log.warning(
-            "read-back is off: the %s catalog %s cannot be read by the broker (only the embedded SQLite JDBC "
-            "catalog and REST are); consumers read the intake only and archived intake is kept",
-            settings.archive.catalog_type, settings.catalog_uri,
+            "read-back is off: the %s catalog cannot be read by the broker (JDBC on SQLite or PostgreSQL and REST "
+            "can); consumers read the intake only and archived intake is kept", settings.archive.catalog_type,
         )
     return opener
 
