@@ -107,3 +107,29 @@ def test_primary_key_table_on_the_cluster(cluster_lake: ClusterLake) -> None:
     got = {r["key"]["__raw__"]: (r["value"]["__raw__"], r["kafka"]["partition"], r["kafka"]["offset"])
            for r in cluster_lake.rows(topic)}
     assert got == latest(produced)
+
+
+def test_read_back_after_the_trim_is_byte_identical(cluster_lake: ClusterLake) -> None:
+    """What the cluster archived is served back by the broker once its intake is gone, byte for byte."""
+    from icelog.meta.backends import open_store
+    from tests.readback.test_readback import TRIM, produce_codecs, read_back, wait_trimmed
+    from tests.support.clients_util import comparable
+    from tests.support.clients_util import create_topic as create_topic_with
+
+    topic = "cluster-readback"
+    broker = cluster_lake.broker
+    create_topic_with(broker.bootstrap, topic, partitions=2, configs=TRIM)
+    expected = produce_codecs(broker, topic, 30, 2)
+    done = cluster_lake.archive_once(topic)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    ends: dict[int, int] = {}
+    for rec in expected:
+        ends[rec.partition] = max(ends.get(rec.partition, 0), rec.offset + 1)
+    store = open_store(f"sqlite:///{broker.data_dir / 'meta.db'}")
+    try:
+        wait_trimmed(store, topic, ends)
+    finally:
+        store.close()
+    for client in ("confluent", "kafka-python"):
+        got = read_back(client, broker, topic, [0, 1], len(expected))
+        assert comparable(got) == comparable(expected), client
