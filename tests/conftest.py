@@ -27,7 +27,6 @@ from tests.support.broker import BrokerProcess
 
 SPARK_FIXTURES = {"lake_spark"}
 NO_JVM_ENV = "ICELOG_TESTS_NO_JVM"
-READ_VIA_ENV, BOOTSTRAP_ENV = "ICELOG_ARCHIVE__READ_VIA", "ICELOG_ARCHIVE__BOOTSTRAP_SERVERS"
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
@@ -85,17 +84,12 @@ def lake_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProc
 
 
 @pytest.fixture(scope="session")
-def lake_settings(lake_broker: BrokerProcess) -> Iterator[Settings]:
-    """The lake's settings. ICELOG_ARCHIVE__READ_VIA=kafka runs every archive test with tasks that fetch over the
-    Kafka protocol (docs/archiving.md); the broker's address goes to child `icelog archive` processes as well."""
-    via_kafka = os.environ.get(READ_VIA_ENV) == "kafka"
-    if via_kafka:
-        os.environ[BOOTSTRAP_ENV] = lake_broker.bootstrap
+def lake_settings(lake_broker: BrokerProcess) -> Settings:
+    """The lake's settings, with the broker's address: ICELOG_ARCHIVE__READ_VIA=kafka runs the archive tests with
+    tasks that fetch from it over the Kafka protocol (its first listener, archive.bootstrap_servers' default)."""
     # The archiver reads the embedded registry's schemas from this data dir's metadata store (no HTTP).
-    yield load_settings(data_dir=str(lake_broker.data_dir), listen=lake_broker.bootstrap,
-                        registry_listen=f"127.0.0.1:{lake_broker.registry_port}")
-    if via_kafka:
-        os.environ.pop(BOOTSTRAP_ENV, None)
+    return load_settings(data_dir=str(lake_broker.data_dir), listen=lake_broker.bootstrap,
+                         registry_listen=f"127.0.0.1:{lake_broker.registry_port}")
 
 
 @pytest.fixture(scope="session")
