@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.support.archive import ARCHIVE_ENV, create_topic, produce
 from tests.support.broker import BrokerProcess, free_port
 
@@ -50,3 +52,19 @@ def test_an_unreachable_master_is_one_line_retried_and_shown_by_status(broker: B
     assert len(failures) >= 3, out  # retried, with backoff (1 s, then the 1 s cap here)
     assert all(x.endswith(expected) for x in failures), out
     assert "Traceback" not in out and "at org.apache" not in out, out
+
+
+@pytest.mark.spark
+def test_an_unreachable_broker_is_one_line_without_a_java_stack_trace(broker: BrokerProcess, topic_name: str) -> None:
+    """Archive tasks that would read over Kafka from a broker nobody answers at: the driver's check names it."""
+    create_topic(broker, topic_name, partitions=1)
+    produce(broker, topic_name, 10, partitions=1)
+    address = f"127.0.0.1:{free_port()}"
+    env = {**os.environ, **ARCHIVE_ENV, "ICELOG_ARCHIVE__READ_VIA": "kafka",
+           "ICELOG_ARCHIVE__BOOTSTRAP_SERVERS": address}
+    once = subprocess.run([sys.executable, "-m", "icelog", "archive", "--once", "--topic", topic_name, "--data-dir",
+                           str(broker.data_dir)], env=env, capture_output=True, text=True, timeout=300)
+    assert once.returncode == 1, once.stdout + once.stderr
+    assert f"{topic_name}: failed: BrokerUnreachableError: cannot reach the broker at {address}: Connection refused" \
+        in once.stdout, once.stdout + once.stderr[-3000:]
+    assert "Traceback" not in once.stderr and "at org.apache" not in once.stderr, once.stderr[-3000:]

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from icelog.archive.dead_letter import dead_letter_counts, dlq_table_name, write_dead_letters
 from icelog.archive.decode import find_dead_letters
-from icelog.archive.intake_source import chunk_source
+from icelog.archive.intake_source import KafkaFetch, chunk_source
 from icelog.archive.locks import WriterTurns
 from icelog.archive.pass_stats import PassStats
 from icelog.archive.plan import PlannedArchive, over_task_numbers, plan_partition, task_groups
@@ -512,6 +512,8 @@ class Archiver:
         spec: TableSpec = RECORD_SPEC,
     ) -> None:
         intake_dir = chunk_source(self.settings, topic.name)  # pickled into the tasks: no secret in the conf
+        if isinstance(intake_dir, KafkaFetch):
+            intake_dir.check()
         groups = [[archives[i] for i in group] for group in task_groups(archives, self.task_slots)]
 
         def task_archives(tasks: Iterable[int]) -> Iterator[PlannedArchive]:

@@ -67,6 +67,15 @@ class KafkaFetch:
     properties: ClientProperties
     topic: str
 
+    def check(self) -> None:
+        """Connect and log in once, from the driver: an unreachable broker or a refused login is one line here
+        (BrokerUnreachableError, BrokerLoginError) instead of failed tasks and Spark's stack traces."""
+        reader = PartitionReader(self.bootstrap, self.properties)
+        try:
+            reader.connect()
+        finally:
+            reader.close()
+
     def chunks(self, archive: PlannedArchive) -> Iterator[tuple[ChunkRef, memoryview]]:
         reader = PartitionReader(self.bootstrap, self.properties)
         try:

@@ -27,7 +27,8 @@ class PartitionReader:
         self.props = props
         self._connection: BrokerConnection | None = None
 
-    def _connect(self) -> BrokerConnection:
+    def connect(self) -> BrokerConnection:
+        """The connection, opened (and logged in) on first use."""
         if self._connection is None:
             failures: list[str] = []
             for address in self.bootstrap:
@@ -53,7 +54,7 @@ class PartitionReader:
             ])],
             forgotten_topics_data=[], rack_id="",
         )
-        connection = self._connect()
+        connection = self.connect()
         try:
             response = connection.request(request, FETCH_VERSION, FetchResponse)
         except BrokerUnreachableError:
