@@ -86,8 +86,11 @@ def lake_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProc
 
 @pytest.fixture(scope="session")
 def lake_settings(lake_broker: BrokerProcess) -> Settings:
+    """The lake's settings, with the broker's address: ICELOG_ARCHIVE__READ_VIA=kafka runs the archive tests with
+    tasks that fetch from it over the Kafka protocol (its first listener, archive.bootstrap_servers' default)."""
     # The archiver reads the embedded registry's schemas from this data dir's metadata store (no HTTP).
-    return load_settings(data_dir=str(lake_broker.data_dir), registry_listen=f"127.0.0.1:{lake_broker.registry_port}")
+    return load_settings(data_dir=str(lake_broker.data_dir), listen=lake_broker.bootstrap,
+                         registry_listen=f"127.0.0.1:{lake_broker.registry_port}")
 
 
 @pytest.fixture(scope="session")

@@ -200,6 +200,24 @@ class ArchiveSettings(BaseModel):
         description="spark.master: local[N] (default: half the cores, the rest stay the broker's), or spark://HOST:PORT.",
     )
     spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark conf entries.")
+    read_via: str = Field(
+        "auto",
+        pattern="^(files|kafka|auto)$",
+        description="How archive tasks read the intake: files (open the broker's intake files: the archiver's "
+        "Spark runs on the broker's machine), kafka (Fetch requests to the broker: executors anywhere), auto "
+        "(files with a local[N] master, kafka with any other).",
+    )
+    bootstrap_servers: str | None = Field(
+        None,
+        description="HOST:PORT,... the archive tasks fetch from when reading via kafka; default: the broker's "
+        "first listener (its advertised address).",
+    )
+    client_properties: dict[str, str] = Field(
+        default_factory=dict,
+        description="The archive's Kafka client settings under librdkafka's names: security.protocol, "
+        "sasl.mechanism, sasl.username, sasl.password, ssl.ca.location, ssl.certificate.location, "
+        "ssl.key.location, ssl.key.password, ssl.endpoint.identification.algorithm. Never logged.",
+    )
     poll_interval_ms: int = Field(500, gt=0, description="How often the archiver looks for due archives.")
     retry_backoff_max_ms: int = Field(
         30000, gt=0, description="Longest wait between retries of a failing topic (backoff is per topic)."
@@ -481,6 +499,23 @@ class Settings(BaseSettings):
     def catalog_uri(self) -> str:
         """The Iceberg catalog URI (embedded default: JDBC on SQLite in the data directory)."""
         return self.archive.catalog_uri or f"jdbc:sqlite:{Path(self.data_dir).resolve() / 'catalog.db'}"
+
+    @property
+    def archive_reads_via_kafka(self) -> bool:
+        """Whether archive tasks fetch over Kafka (archive.read_via; auto: unless the Spark master is local)."""
+        via = self.archive.read_via
+        return via == "kafka" or (via == "auto" and not self.archive.spark_master.startswith("local"))
+
+    @property
+    def archive_bootstrap(self) -> list[str]:
+        """HOST:PORT addresses the archive fetches from: archive.bootstrap_servers, else the first listener's."""
+        if self.archive.bootstrap_servers:
+            return [a.strip() for a in self.archive.bootstrap_servers.split(",") if a.strip()]
+        first = self.listener_specs[0]
+        host = first.advertised_host or first.host
+        if host in ("", "0.0.0.0", "::"):
+            host = "127.0.0.1"
+        return [f"{host}:{first.advertised_port or first.port}"]
 
     @property
     def warehouse(self) -> str:

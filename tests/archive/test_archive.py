@@ -319,7 +319,8 @@ def test_hadoop_catalog(lake_broker: BrokerProcess, lake_spark: Any, lake_store:
     topic = "archive-hadoop"
     create_topic(lake_broker, topic, partitions=2)
     produced = produce(lake_broker, topic, 200, partitions=2)
-    hadoop = load_settings(data_dir=str(lake_broker.data_dir), registry_listen=f"127.0.0.1:{lake_broker.registry_port}")
+    hadoop = load_settings(data_dir=str(lake_broker.data_dir), listen=lake_broker.bootstrap,
+                           registry_listen=f"127.0.0.1:{lake_broker.registry_port}")
     hadoop.archive.catalog_type = "hadoop"
     hadoop.archive.catalog_name = "hlake"
     hadoop.archive.warehouse = (tmp_path / "hadoop-warehouse").as_uri()

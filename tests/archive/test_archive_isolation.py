@@ -82,6 +82,7 @@ def lake_settings_for(broker: BrokerProcess, lake_settings: Settings) -> Setting
     )
     return lake_settings.model_copy(
         update={"data_dir": broker.data_dir, "registry_listen": f"127.0.0.1:{broker.registry_port}",
+                "listen": broker.bootstrap,
                 "archive": archive}
     )
 
@@ -112,7 +113,7 @@ def test_undecodable_batch_goes_to_the_dead_letter_table_and_the_partition_moves
         # The job dies after committing the dead letter, before the archive: the next pass must not
         # write the dead letter twice, nor lose or duplicate a record.
         env = {**os.environ, **ARCHIVE_ENV, FAULT_ENV: "after-dead-letters",
-               "ICELOG_REGISTRY_LISTEN": settings.registry_listen,
+               "ICELOG_REGISTRY_LISTEN": settings.registry_listen, "ICELOG_LISTEN": settings.listen,
                "ICELOG_ARCHIVE__CATALOG_URI": settings.catalog_uri, "ICELOG_ARCHIVE__WAREHOUSE": settings.warehouse}
         died = subprocess.run(
             [sys.executable, "-m", "icelog", "archive", "--once", "--data-dir", str(settings.data_dir),

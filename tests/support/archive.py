@@ -126,7 +126,9 @@ def check_offsets_contiguous(rows: list[dict[str, Any]], expected: dict[int, int
 def run_archive_cli(
     settings: Settings, topic: str, fault: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **ARCHIVE_ENV, "ICELOG_REGISTRY_LISTEN": settings.registry_listen}
+    # The broker's address too: with ICELOG_ARCHIVE__READ_VIA=kafka the tasks fetch from its listener.
+    env = {**os.environ, **ARCHIVE_ENV, "ICELOG_REGISTRY_LISTEN": settings.registry_listen,
+           "ICELOG_LISTEN": settings.listen}
     if fault:
         env[FAULT_ENV] = fault
     return subprocess.run(

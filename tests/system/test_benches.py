@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ("hostile_bench.py", ["--seconds", "1", "--attacks", "bomb,flood"], "p99_vs_baseline"),
     ("fuzz_broker.py", ["--seconds", "5"], "tracebacks"),
     ("meta_bench.py", ["--rounds", "1", "--latency-seconds", "1", "--records", "2000"], "ack_p99_ratio"),
+    ("archive_read_via_bench.py", ["--no-spark", "--records", "20000", "--out", "none"], "decode_kafka_over_files"),
     ("security_bench.py", ["--records", "5000", "--rounds", "1", "--latency-seconds", "1", "--connections", "10"],
      "throughput_ratio"),
 ])

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from icelog.archive.dead_letter import dead_letter_counts, dlq_table_name, write_dead_letters
 from icelog.archive.decode import find_dead_letters
+from icelog.archive.intake_source import KafkaFetch, chunk_source
 from icelog.archive.locks import WriterTurns
 from icelog.archive.pass_stats import PassStats
 from icelog.archive.plan import PlannedArchive, over_task_numbers, plan_partition, task_groups
@@ -485,7 +486,8 @@ class Archiver:
         except WorkerError as exc:
             if exc.retriable:
                 raise
-            found = {i: find_dead_letters(self.intake_dir, a) for i, a in enumerate(archives)}
+            source = chunk_source(self.settings, topic.name)
+            found = {i: find_dead_letters(source, a) for i, a in enumerate(archives)}
             if not any(found.values()):
                 raise
         dlq = dlq_table_name(self.settings.archive.catalog_name, config.namespace, config.table)
@@ -509,7 +511,9 @@ class Archiver:
         schema: ArchiveSchema | None,
         spec: TableSpec = RECORD_SPEC,
     ) -> None:
-        intake_dir = self.intake_dir
+        intake_dir = chunk_source(self.settings, topic.name)  # pickled into the tasks: no secret in the conf
+        if isinstance(intake_dir, KafkaFetch):
+            intake_dir.check()
         groups = [[archives[i] for i in group] for group in task_groups(archives, self.task_slots)]
 
         def task_archives(tasks: Iterable[int]) -> Iterator[PlannedArchive]:

@@ -7,15 +7,14 @@ handle every codec (gzip, snappy, lz4, zstd).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from icelog.archive.intake_source import ChunkSource, source_of
 from icelog.archive.plan import PlannedArchive
 from icelog.errors import IcelogError
-from icelog.log import intake_file
 from icelog.log.batch import iter_stored_batches
 from icelog.log.record_format import (
     ATTR_CONTROL,
@@ -124,7 +123,7 @@ class DeadLetter:
     error: str
 
 
-def _archive_batches(directory: Path, archive: PlannedArchive) -> Iterator[tuple[bytes, int, int, str, int]]:
+def _archive_batches(source: ChunkSource, archive: PlannedArchive) -> Iterator[tuple[bytes, int, int, str, int]]:
     """(batch bytes, base offset, last offset, error, ingest ms) of the archive's data batches, in offset order.
 
     Control batches, aborted transactions' batches and batches outside [start, end) are left out. Bytes
@@ -135,15 +134,7 @@ def _archive_batches(directory: Path, archive: PlannedArchive) -> Iterator[tuple
     """
     start, end = archive.start_offset, archive.end_offset
     skip = set(archive.dead_letters)
-    for ref in archive.chunks:
-        fd = os.open(intake_file.file_path(directory, ref.file_id), os.O_RDONLY)
-        try:
-            data = os.pread(fd, ref.length, ref.position)
-        finally:
-            os.close(fd)
-        if len(data) != ref.length:
-            raise OSError(f"intake file {ref.file_id} is short: wanted {ref.length} bytes at {ref.position}")
-        view = memoryview(data)
+    for ref, view in source.chunks(archive):
         previous_end = ref.base_offset
         for pos, size, base, last in iter_stored_batches(view):
             if size < HEADER_SIZE or pos + size > len(view) or not previous_end <= base <= last:
@@ -172,11 +163,11 @@ def _archive_batches(directory: Path, archive: PlannedArchive) -> Iterator[tuple
 
 
 def find_dead_letters(
-    intake_dir: str | Path, archive: PlannedArchive, compiled: bool = COMPILED
+    intake_dir: str | Path | ChunkSource, archive: PlannedArchive, compiled: bool = COMPILED
 ) -> list[DeadLetter]:
     """The batches of an archive that cannot be decoded (checked in the driver, after a write failed)."""
     out: list[DeadLetter] = []
-    for data, base, last, error, _ingest_ms in _archive_batches(Path(intake_dir), archive):
+    for data, base, last, error, _ingest_ms in _archive_batches(source_of(intake_dir), archive):
         if not error:
             try:
                 read_batch(data, compiled)  # what decode_archive reads, so that what passes here decodes there
@@ -188,7 +179,7 @@ def find_dead_letters(
 
 
 def decode_archive(
-    intake_dir: str | Path, archive: PlannedArchive, compiled: bool = COMPILED
+    intake_dir: str | Path | ChunkSource, archive: PlannedArchive, compiled: bool = COMPILED
 ) -> Iterator[pa.RecordBatch]:
     """Arrow record batches holding the records of one archive, in offset order.
 
@@ -198,7 +189,7 @@ def decode_archive(
     """
     cols = _Columns()
     start, end = archive.start_offset, archive.end_offset
-    for data, base, last, error, ingest_ms in _archive_batches(Path(intake_dir), archive):
+    for data, base, last, error, ingest_ms in _archive_batches(source_of(intake_dir), archive):
         if error:
             raise UndecodableBatchError(f"partition {archive.partition} offset {base}: {error}")
         ingest_us = ingest_ms * 1000

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from icelog.archive.decode import decode_archive
+from icelog.archive.intake_source import ChunkSource
 from icelog.archive.plan import PlannedArchive
 from icelog.schema.codec.proto_decode import ProtoSideDecoder
 from icelog.schema.codec.record_decode import RecordSideDecoder
@@ -71,7 +72,7 @@ def _side_array(raw_struct: pa.StructArray, decoder: SideDecoder | None, target:
 
 
 def decode_archive_schema(
-    intake_dir: str | Path,
+    intake_dir: str | Path | ChunkSource,
     archive: PlannedArchive,
     key: SideDecoding | None,
     value: SideDecoding | None,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from icelog.archive.decode import decode_archive
 from icelog.archive.decode_schema import cached_decoder, gc_paused
+from icelog.archive.intake_source import ChunkSource
 from icelog.archive.plan import PlannedArchive
 from icelog.schema.codec.sides import SideDecoder, SideDecoding
 from icelog.table.config import (
@@ -53,7 +54,7 @@ def _side_type(decoding: SideDecoding, schema: pa.Schema) -> pa.StructType:
 
 
 def decode_archive_table(
-    intake_dir: str | Path,
+    intake_dir: str | Path | ChunkSource,
     archive: PlannedArchive,
     key: SideDecoding | None,
     value: SideDecoding | None,

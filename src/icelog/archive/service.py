@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from icelog.archive.archiver import Archiver, ArchiverStore, TopicPassResult
 from icelog.config import SETTINGS_ENV, Settings
-from icelog.errors import first_line
+from icelog.errors import IcelogError, first_line
 from icelog.lake.jvm_errors import jvm_errors
 from icelog.meta.backends import open_store
 from icelog.meta.store import StoreConnection, TopicCatalog
@@ -102,7 +102,12 @@ class ArchiveService:
     def run_once(self, force: bool = True, topics: list[str] | None = None) -> list[TopicPassResult]:
         if not archived_topics_exist(self.settings, self.store):
             return []
-        return self.archiver().run_pass(force=force, topics=topics)
+        try:
+            archiver = self.archiver()
+        except IcelogError as exc:
+            self.record_failure(exc)
+            raise
+        return archiver.run_pass(force=force, topics=topics)
 
     def run_forever(self, parent_pid: int | None = None) -> bool:
         """Poll for due archives every poll interval until stopped.
@@ -124,6 +129,11 @@ class ArchiveService:
                 if archived_topics_exist(self.settings, self.store):
                     topic_failed = any(r.error and not r.skipped for r in self.archiver().run_pass(force=False))
                     self.maintenance().poll()  # may start a round in a child process; never waits for one
+            except IcelogError as exc:  # a dependency named in one line (the Spark master, the broker, the catalog)
+                log.warning("archive pass failed (retry in %.0f s): %s", min(max(backoff_s * 2, 1.0), backoff_max_s),
+                            first_line(exc))
+                self.record_failure(exc)
+                failed = True
             except Exception:
                 log.exception("archive pass failed")
                 failed = True
@@ -133,6 +143,18 @@ class ArchiveService:
             backoff_s = min(max(backoff_s * 2, 1.0), backoff_max_s) if failed else 0.0
             self.stop_event.wait(backoff_s or poll_s)
         return True
+
+    def record_failure(self, exc: Exception) -> None:
+        """A pass that failed before any topic ran: every archived topic's partitions show why (`icelog status`)."""
+        message = f"{type(exc).__name__}: {first_line(exc)}"
+        now_ms = int(time.time() * 1000)
+        try:
+            for topic in self.store.list_topics():
+                config = archive_config(topic.name, topic.configs, self.settings.topic_defaults, self.settings.archive)
+                if config.enabled:
+                    self.store.record_archive_error(topic.topic_id, range(topic.partitions), message, now_ms)
+        except Exception:
+            log.exception("could not record the archive error")
 
     def spark_alive(self) -> bool:
         """Whether the Spark driver JVM still answers (a pass can fail because it died)."""

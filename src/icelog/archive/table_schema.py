@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from google.protobuf import descriptor_pb2
 
+from icelog.archive.intake_source import ChunkSource, chunk_source
 from icelog.archive.plan import PlannedArchive
 from icelog.config import Settings
 from icelog.errors import ConfigError, IcelogError
@@ -198,7 +199,7 @@ class Peek:
     payloads: int  # non-null payloads looked at (0: every due record's side is null, e.g. only tombstones)
 
 
-def peek_envelopes(intake_dir: str, archives: Sequence[PlannedArchive], side: str) -> Peek:
+def peek_envelopes(intake_dir: str | ChunkSource, archives: Sequence[PlannedArchive], side: str) -> Peek:
     """The first envelope among the due payloads of a side, looking at up to PEEK_RECORDS non-null payloads.
 
     Null payloads (tombstones, records without a key) say nothing and cost little: they are skipped for as
@@ -409,7 +410,7 @@ class TableSchemas:
             return configured.lstrip("."), "configured"
         if message_property(side) in remembered:
             return remembered[message_property(side)], "remembered"
-        peek = peek_envelopes(self.intake_dir, due, side)
+        peek = peek_envelopes(chunk_source(self.settings, topic.name), due, side)
         for schema_id, indexes in peek.envelopes:
             try:
                 named = fds if schema_id == found.schema_id else self.source().by_id(schema_id)

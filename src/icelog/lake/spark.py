@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
 from typing import TYPE_CHECKING
 
 from icelog.config import Settings
+from icelog.errors import IcelogError
 from icelog.lake.catalog import catalog_jars, catalog_spark_conf
 
 if TYPE_CHECKING:
@@ -25,6 +27,32 @@ def local_threads(master: str, default: int = 4) -> int:
 
 
 LOOPBACK = "127.0.0.1"
+MASTER_CONNECT_TIMEOUT_S = 5.0
+
+
+class SparkMasterUnreachableError(IcelogError):
+    """No Spark master answers at the configured address: retried with backoff."""
+
+    retriable = True
+
+
+def check_master(master: str) -> None:
+    """Raise SparkMasterUnreachableError, in one line, if no master of a spark:// URL takes a TCP connection.
+
+    Spark itself would register in the background, retry for a minute and then fail the first job with a Java
+    stack trace; a connection refused or timed out is known here in at most a few seconds.
+    """
+    if not master.startswith("spark://"):
+        return
+    failures = []
+    for address in master.removeprefix("spark://").split(","):
+        host, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=MASTER_CONNECT_TIMEOUT_S):
+                return
+        except (OSError, ValueError) as exc:
+            failures.append(f"{address}: {getattr(exc, 'strerror', None) or exc}")
+    raise SparkMasterUnreachableError(f"cannot reach the Spark master at spark://{'; '.join(failures)}")
 
 
 def is_local_master(master: str) -> bool:
@@ -76,6 +104,7 @@ def create_session(settings: Settings, app_name: str = "icelog") -> SparkSession
     """Start (or join) the process's SparkSession configured for the icelog catalog."""
     from pyspark.sql import SparkSession
 
+    check_master(settings.archive.spark_master)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if is_local_master(settings.archive.spark_master):
         # The UI (off unless archive.spark_conf enables it) binds to SPARK_LOCAL_IP, else to every address.

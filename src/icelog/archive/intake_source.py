@@ -1,0 +1,139 @@
+"""Where an archive task gets its planned record batches: the broker's intake files, or Fetch requests.
+
+Both sources hand the decoder the same thing, chunk by planned chunk: the stored batches as the broker
+holds them. Files are the fast path of an archiver beside the broker; Kafka lets executors run on any
+machine that reaches the broker (`archive.read_via`). A source is pickled into each Spark task with the
+task's closure, never put in the Spark conf, so a SASL password is not shown in Spark's UI.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from icelog.archive.plan import ChunkRef, PlannedArchive
+from icelog.client.fetch import FETCH_MAX_BYTES, PartitionReader
+from icelog.client.properties import ClientProperties, parse
+from icelog.config import Settings
+from icelog.errors import IcelogError
+from icelog.log import intake_file
+from icelog.log.batch import iter_stored_batches
+from icelog.log.record_format import HEADER_SIZE
+
+
+class ChunkSource(Protocol):
+    """The bytes of each planned chunk of an archive, in order."""
+
+    def chunks(self, archive: PlannedArchive) -> Iterator[tuple[ChunkRef, memoryview]]: ...
+
+
+class IncompleteReadError(IcelogError):
+    """The broker served less of a planned range than the plan holds (trimmed meanwhile): the pass is retried."""
+
+    retriable = True
+
+
+@dataclass(frozen=True)
+class IntakeFiles:
+    """Reads chunks by path from the broker's intake directory (the archiver shares the broker's disk)."""
+
+    directory: str
+
+    def chunks(self, archive: PlannedArchive) -> Iterator[tuple[ChunkRef, memoryview]]:
+        for ref in archive.chunks:
+            fd = os.open(intake_file.file_path(Path(self.directory), ref.file_id), os.O_RDONLY)
+            try:
+                data = os.pread(fd, ref.length, ref.position)
+            finally:
+                os.close(fd)
+            if len(data) != ref.length:
+                raise OSError(f"intake file {ref.file_id} is short: wanted {ref.length} bytes at {ref.position}")
+            yield ref, memoryview(data)
+
+
+@dataclass(frozen=True)
+class KafkaFetch:
+    """Reads an archive's offsets [start, end) of `topic` with Fetch requests to the broker.
+
+    Whole batches come back, the first possibly starting before `start` (the decoder drops its earlier
+    records, as with files); fetching stops at `end`, and each batch goes with the planned chunk its base
+    offset falls in, so the decoder sees each chunk's ingest time as with files.
+    """
+
+    bootstrap: tuple[str, ...]
+    properties: ClientProperties
+    topic: str
+
+    def check(self) -> None:
+        """Connect and log in once, from the driver: an unreachable broker or a refused login is one line here
+        (BrokerUnreachableError, BrokerLoginError) instead of failed tasks and Spark's stack traces."""
+        reader = PartitionReader(self.bootstrap, self.properties)
+        try:
+            reader.connect()
+        finally:
+            reader.close()
+
+    def chunks(self, archive: PlannedArchive) -> Iterator[tuple[ChunkRef, memoryview]]:
+        reader = PartitionReader(self.bootstrap, self.properties)
+        try:
+            yield from _split(reader, self.topic, archive)
+        finally:
+            reader.close()
+
+
+def _split(reader: PartitionReader, topic: str, archive: PlannedArchive) -> Iterator[tuple[ChunkRef, memoryview]]:
+    refs: Sequence[ChunkRef] = archive.chunks
+    if not refs:
+        return
+    end = archive.end_offset
+    remaining = [0] * (len(refs) + 1)  # planned bytes of refs[i:], to ask for no more than the plan holds
+    for n in range(len(refs) - 1, -1, -1):
+        remaining[n] = remaining[n + 1] + refs[n].length
+    i = 0
+    current = bytearray()
+    offset = max(refs[0].base_offset, archive.start_offset)
+    while offset < end:
+        budget = min(FETCH_MAX_BYTES, max(remaining[i] - len(current), HEADER_SIZE))
+        data = memoryview(reader.fetch(topic, archive.partition, offset, budget))
+        positions = iter_stored_batches(data)
+        if not positions:
+            raise IncompleteReadError(
+                f"the broker served {topic}-{archive.partition} up to offset {offset}, the plan reaches {end}")
+        for pos, size, base, last in positions:
+            if size < HEADER_SIZE or pos + size > len(data) or last < base:
+                # Broken framing: the rest goes with this chunk (the decoder makes it a dead letter); go on
+                # with the next planned chunk.
+                current += data[pos:]
+                if i + 1 >= len(refs):
+                    offset = end
+                    break
+                yield refs[i], memoryview(bytes(current))
+                i, current = i + 1, bytearray()
+                offset = refs[i].base_offset
+                break
+            while i + 1 < len(refs) and base >= refs[i + 1].base_offset:
+                yield refs[i], memoryview(bytes(current))
+                i, current = i + 1, bytearray()
+            if base >= end:
+                offset = end
+                break
+            current += data[pos : pos + size]
+            offset = last + 1
+    yield refs[i], memoryview(bytes(current))
+    for ref in refs[i + 1 :]:  # chunks past the end of what was read (none when the plan is whole)
+        yield ref, memoryview(b"")
+
+
+def source_of(where: str | Path | ChunkSource) -> ChunkSource:
+    """A source for a decoder's first argument: an intake directory (files) or a ChunkSource as it is."""
+    return IntakeFiles(str(where)) if isinstance(where, str | Path) else where
+
+
+def chunk_source(settings: Settings, topic: str) -> ChunkSource:
+    """The source archive tasks of `topic` read from, as `archive.read_via` says."""
+    if not settings.archive_reads_via_kafka:
+        return IntakeFiles(str(Path(settings.data_dir).resolve() / "intake"))
+    return KafkaFetch(tuple(settings.archive_bootstrap), parse(settings.archive.client_properties), topic)

@@ -1,0 +1,125 @@
+"""Archive tasks reading over the Kafka protocol: the same chunks and rows as the intake files give, on every
+listener kind (SASL_SSL with SCRAM here), and a wrong login named in one line.
+
+The whole archive suite also runs with tasks reading over Kafka: ICELOG_ARCHIVE__READ_VIA=kafka (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from icelog.archive.decode import decode_archive
+from icelog.archive.intake_source import IntakeFiles, KafkaFetch
+from icelog.archive.plan import PlannedArchive, plan_partition
+from icelog.client.properties import parse
+from icelog.config import ArchiveSettings
+from icelog.meta.backends import open_store
+from icelog.topic_configs.archive import archive_config
+from tests.support.archive import ARCHIVE_ENV
+from tests.support.broker import BrokerProcess
+from tests.support.security import start_secure_broker
+
+USER, PASSWORD = "archiver", "s3cret-archiver"
+
+
+def _plans(data_dir: Path, topic: str, max_bytes: int) -> list[PlannedArchive]:
+    """What the archiver would plan now (forced) for every partition of `topic`, cut at `max_bytes`."""
+    store = open_store(f"sqlite:///{data_dir / 'meta.db'}")
+    try:
+        record = store.get_topic(topic)
+        assert record is not None
+        config = archive_config(topic, {}, {}, ArchiveSettings(max_bytes=max_bytes))
+        out: list[PlannedArchive] = []
+        for part in store.partitions(record.topic_id):
+            chunks = store.intake_chunks_after(record.topic_id, part.partition, 0, 10_000)
+            out += plan_partition(chunks, 0, part.high_watermark, config, now_ms=0, force=True)
+        return out
+    finally:
+        store.close()
+
+
+def _rows(source: object, archives: list[PlannedArchive]) -> list[dict[str, object]]:
+    return [row for a in archives for batch in decode_archive(source, a) for row in batch.to_pylist()]  # type: ignore[arg-type]
+
+
+def test_kafka_fetch_gives_the_planned_chunks_of_the_files(broker: BrokerProcess, topic_name: str) -> None:
+    from tests.support.archive import create_topic, produce
+
+    create_topic(broker, topic_name)
+    produced = produce(broker, topic_name, 3000)
+    archives = _plans(broker.data_dir, topic_name, max_bytes=20_000)
+    assert len(archives) > 3, "several archives per partition, each of several chunks"
+    files = IntakeFiles(str(broker.data_dir / "intake"))
+    kafka = KafkaFetch((broker.bootstrap,), parse({}), topic_name)
+    for archive in archives:
+        assert [(r, bytes(v)) for r, v in kafka.chunks(archive)] == [(r, bytes(v)) for r, v in files.chunks(archive)]
+    rows = _rows(kafka, archives)
+    assert rows == _rows(files, archives)
+    assert len(rows) == len(produced)
+
+    # A range starting and ending inside stored batches: the first batch starts before it, the last ends after;
+    # only the planned offsets come out.
+    whole = next(a for a in archives if a.record_count > 20)
+    cut = dataclasses.replace(whole, start_offset=whole.start_offset + 3, end_offset=whole.end_offset - 3)
+    offsets = [r["kafka"]["offset"] for r in _rows(kafka, [cut])]  # type: ignore[index]
+    assert offsets == list(range(cut.start_offset, cut.end_offset))
+    assert _rows(kafka, [cut]) == _rows(files, [cut])
+
+
+def _archive_once(
+    data_dir: Path, port: int, topic: str, properties: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **ARCHIVE_ENV, "ICELOG_ARCHIVE__READ_VIA": "kafka",
+           "ICELOG_ARCHIVE__BOOTSTRAP_SERVERS": f"127.0.0.1:{port}",
+           "ICELOG_ARCHIVE__CLIENT_PROPERTIES": json.dumps(properties)}
+    return subprocess.run([sys.executable, "-m", "icelog", "archive", "--once", "--data-dir", str(data_dir),
+                           "--topic", topic], env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_archive_over_sasl_ssl_with_scram(tmp_path: Path) -> None:
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    secure = start_secure_broker(tmp_path, ("SASL_SSL",), env={**ARCHIVE_ENV, "ICELOG_SUPER_USERS": f"User:{USER}"},
+                                 users={USER: PASSWORD})
+    try:
+        port = secure.ports["SASL_SSL"]
+        client = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": USER,
+                  "sasl.password": PASSWORD, "ssl.ca.location": str(secure.pki.ca_pem)}
+        conf = {"bootstrap.servers": secure.bootstrap("SASL_SSL"), **client}
+        topic = "secure-archive"
+        admin = AdminClient(conf)
+        admin.create_topics([NewTopic(topic, 2)])[topic].result(30)
+        producer = Producer(conf)
+        for i in range(400):
+            producer.produce(topic, key=f"k{i}".encode(), value=f"v{i}".encode(), partition=i % 2)
+        assert producer.flush(30) == 0
+
+        bad = _archive_once(secure.broker.data_dir, port, topic, {**client, "sasl.password": "wrong"})
+        assert bad.returncode != 0
+        assert "refused the SASL SCRAM-SHA-512 login of 'archiver'" in bad.stdout + bad.stderr
+        assert "wrong" not in bad.stdout + bad.stderr and PASSWORD not in bad.stdout + bad.stderr
+
+        good = _archive_once(secure.broker.data_dir, port, topic, client)
+        assert good.returncode == 0, good.stdout + good.stderr[-3000:]
+        assert PASSWORD not in good.stdout + good.stderr
+
+        data_dir = secure.broker.data_dir
+        catalog = SqlCatalog("lake", uri=f"sqlite:///{data_dir / 'catalog.db'}",
+                             warehouse=(data_dir / "warehouse").resolve().as_uri())
+        rows = catalog.load_table(("icelog", topic)).scan().to_arrow().to_pylist()
+        got = sorted((r["kafka"]["partition"], r["kafka"]["offset"], r["value"]["__raw__"]) for r in rows)
+        assert got == sorted((i % 2, i // 2, f"v{i}".encode()) for i in range(400))
+    finally:
+        secure.broker.stop()
+
