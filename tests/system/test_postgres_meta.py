@@ -92,7 +92,11 @@ def test_postgresql_down_for_30s_under_load_refuses_produce_retriably_then_resum
         own_cluster.stop("fast")
         stopped = time.monotonic()
         acked_at_stop = len(work.deliveries.acked)
-        work.run(3)  # the store's absence is noticed within the pool's wait (3 s)
+        work.run(3)  # the store's absence is noticed within the pool's wait (3 s), later on a loaded machine:
+        deadline = time.monotonic() + 30  # the probe below must come after the broker has noticed (its one line)
+        while "refusing produce: the metadata store is unavailable" not in broker.log():
+            assert time.monotonic() < deadline, "the broker did not notice the store was gone\n" + broker.log()
+            work.run(0.5)
         acked_while_noticing = len(work.deliveries.acked)
         probe_errors: list[Any] = []
         probe = Producer({"bootstrap.servers": broker.bootstrap, "retries": 0, "acks": "all"})
