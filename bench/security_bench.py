@@ -24,7 +24,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import scramp
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -33,16 +32,10 @@ from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support, bench
 from bench.broker_bench import ack_latency, produce_throughput  # noqa: E402
-from tests.support.clients_util import recv_exactly  # noqa: E402
+from tests.support.clients_util import recv_exactly, request_frame  # noqa: E402
 from tests.support.security import Auth, start_secure_broker  # noqa: E402
 
 USER, PASSWORD = "bench", "bench-password"
-
-
-def _frame(request: Any, version: int, correlation: int) -> bytes:
-    request.API_VERSION = version
-    request.with_header(correlation_id=correlation, client_id="security-bench")
-    return bytes(request.encode(version=version, header=True, framed=True))
 
 
 def _answer(sock: socket.socket | ssl.SSLSocket) -> bytes:
@@ -65,7 +58,7 @@ def plain_connect(port: int) -> float:
     """Seconds from connect() to an answered ApiVersions on PLAINTEXT."""
     started = time.perf_counter()
     with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.sendall(_frame(ApiVersionsRequest(), 0, 1))
+        sock.sendall(request_frame(ApiVersionsRequest(), 0, 1))
         _answer(sock)
     return time.perf_counter() - started
 
@@ -76,12 +69,12 @@ def scram_connect(port: int, context: ssl.SSLContext) -> float:
     started = time.perf_counter()
     with socket.create_connection(("127.0.0.1", port)) as raw, \
             context.wrap_socket(raw, server_hostname="localhost") as sock:
-        sock.sendall(_frame(SaslHandshakeRequest(mechanism="SCRAM-SHA-512"), 1, 1))
+        sock.sendall(request_frame(SaslHandshakeRequest(mechanism="SCRAM-SHA-512"), 1, 1))
         _answer(sock)
         client = scramp.ScramClient(["SCRAM-SHA-512"], USER, PASSWORD)
-        sock.sendall(_frame(SaslAuthenticateRequest(auth_bytes=client.get_client_first().encode()), 1, 2))
+        sock.sendall(request_frame(SaslAuthenticateRequest(auth_bytes=client.get_client_first().encode()), 1, 2))
         client.set_server_first(_auth_bytes(_answer(sock)).decode())
-        sock.sendall(_frame(SaslAuthenticateRequest(auth_bytes=client.get_client_final().encode()), 1, 3))
+        sock.sendall(request_frame(SaslAuthenticateRequest(auth_bytes=client.get_client_final().encode()), 1, 3))
         client.set_server_final(_auth_bytes(_answer(sock)).decode())
     return time.perf_counter() - started
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import socket
 import struct
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError
@@ -16,7 +15,7 @@ from kafka.protocol.metadata import MetadataRequest
 from kafka.protocol.sasl import SaslHandshakeRequest
 
 from icelog.wire import codec
-from tests.support.clients_util import WAIT_S, create_topic, recv_exactly
+from tests.support.clients_util import WAIT_S, create_topic, recv_exactly, request_frame
 from tests.support.security import Auth, SecureBroker, add_user, round_trip, start_secure_broker
 
 pytestmark = pytest.mark.slow
@@ -81,16 +80,10 @@ def test_wrong_password_and_unknown_user_are_refused_alike(secure: SecureBroker,
     assert len(round_trip("confluent", secure.bootstrap("SASL_SSL"), auth, f"after-refusal-{mechanism}".lower())) == 20
 
 
-def _frame(request: Any, version: int, correlation: int) -> bytes:
-    request.API_VERSION = version
-    request.with_header(correlation_id=correlation, client_id="t")
-    return bytes(request.encode(version=version, header=True, framed=True))
-
-
 def test_no_api_before_login_on_a_sasl_listener(secure: SecureBroker) -> None:
     """A Metadata request before SASL login closes the connection unanswered (as Kafka's authenticator)."""
     with socket.create_connection(("127.0.0.1", secure.ports["SASL_PLAINTEXT"]), timeout=WAIT_S) as sock:
-        sock.sendall(_frame(MetadataRequest(topics=None), 1, 1))
+        sock.sendall(request_frame(MetadataRequest(topics=None), 1, 1))
         assert sock.recv(10) == b""
     assert "Metadata request before SASL authentication" in secure.broker.log()
 
@@ -98,14 +91,14 @@ def test_no_api_before_login_on_a_sasl_listener(secure: SecureBroker) -> None:
 def test_plain_v0_handshake_with_bare_tokens(secure: SecureBroker) -> None:
     """SaslHandshake v0 then a bare PLAIN token (the pre-KIP-152 form), then an ordinary request."""
     with socket.create_connection(("127.0.0.1", secure.ports["SASL_PLAINTEXT"]), timeout=WAIT_S) as sock:
-        sock.sendall(_frame(SaslHandshakeRequest(mechanism="PLAIN"), 0, 1))
+        sock.sendall(request_frame(SaslHandshakeRequest(mechanism="PLAIN"), 0, 1))
         size = struct.unpack(">i", recv_exactly(sock, 4))[0]
         response = codec.response_class(ApiKey.SaslHandshake).decode(recv_exactly(sock, size)[4:], version=0)
         assert response.error_code == 0 and "PLAIN" in response.mechanisms
         token = b"\0alice\0" + USERS["alice"].encode()
         sock.sendall(struct.pack(">i", len(token)) + token)
         assert recv_exactly(sock, 4) == b"\0\0\0\0"  # PLAIN's empty server token
-        sock.sendall(_frame(MetadataRequest(topics=None), 1, 2))
+        sock.sendall(request_frame(MetadataRequest(topics=None), 1, 2))
         size = struct.unpack(">i", recv_exactly(sock, 4))[0]
         assert struct.unpack(">i", recv_exactly(sock, size)[:4])[0] == 2  # the correlation id: answered
 

@@ -130,6 +130,13 @@ def _request(bootstrap: str, request: Any, response_cls: Any, version: int) -> A
     return response_cls.decode(payload, version=version, header=True)
 
 
+def request_frame(request: Any, version: int, correlation: int, client_id: str = "icelog-tests") -> bytes:
+    """A kafka-python request object framed at `version` (size prefix and header), for raw-socket tests."""
+    request.API_VERSION = version
+    request.with_header(correlation_id=correlation, client_id=client_id)
+    return bytes(request.encode(version=version, header=True, framed=True))
+
+
 def recv_exactly(sock: socket.socket, size: int) -> bytes:
     """Read exactly `size` bytes or fail."""
     buf = bytearray()
