@@ -123,3 +123,66 @@ def test_archive_over_sasl_ssl_with_scram(tmp_path: Path) -> None:
     finally:
         secure.broker.stop()
 
+
+
+def test_kafka_fetch_drops_aborted_transactions_as_the_files_plan_does(broker: BrokerProcess, topic_name: str) -> None:
+    """read_committed over Kafka (the tasks filter what the Fetch names aborted) gives the rows the files give
+    with the driver's transaction index, whichever way transactions interleave and archives cut them: only
+    committed records, and plain records between them."""
+    from confluent_kafka import Producer
+
+    from icelog.archive.transactions import BrokerTransactions, TransactionTracker
+    from tests.support.archive import create_topic
+
+    create_topic(broker, topic_name, partitions=1)
+    conf = {"bootstrap.servers": broker.bootstrap, "linger.ms": 0}
+    producers = {name: Producer({**conf, "transactional.id": f"{topic_name}-{name}"}) for name in ("a", "b")}
+    for producer in producers.values():
+        producer.init_transactions(30)
+    plain = Producer(conf)
+    committed: list[bytes] = []
+    for round_ in range(6):  # two transactions open at once, one committed and one aborted each round
+        for producer in producers.values():
+            producer.begin_transaction()
+        for i in range(4):
+            for name, producer in producers.items():
+                producer.produce(topic_name, value=f"{name}{round_}-{i}".encode(), partition=0)
+                producer.flush(30)
+            plain.produce(topic_name, value=f"plain{round_}-{i}".encode(), partition=0)
+            plain.flush(30)
+            committed.append(f"plain{round_}-{i}".encode())
+        keep, drop = ("a", "b") if round_ % 2 else ("b", "a")
+        producers[drop].abort_transaction(30)
+        producers[keep].commit_transaction(30)
+        committed += [f"{keep}{round_}-{i}".encode() for i in range(4)]
+
+    store = open_store(f"sqlite:///{broker.data_dir / 'meta.db'}")
+    try:
+        record = store.get_topic(topic_name)
+        assert record is not None
+        [part] = store.partitions(record.topic_id)
+        chunks = store.intake_chunks_after(record.topic_id, 0, 0, 10_000)
+    finally:
+        store.close()
+    tracker = TransactionTracker(broker.data_dir / "intake")
+    tracker.refresh(record, {0: chunks})
+    remote = BrokerTransactions((broker.bootstrap,), parse({}))
+    try:
+        remote.refresh(record, {0: chunks})
+        assert remote.stable_offset(record, part) == tracker.stable_offset(record, part) == part.high_watermark
+    finally:
+        remote.close()
+
+    files, kafka = IntakeFiles(str(broker.data_dir / "intake")), KafkaFetch((broker.bootstrap,), parse({}), topic_name)
+    for max_bytes in (400, 3000, 1_000_000):  # archives that cut transactions anywhere, and one whole
+        config = archive_config(topic_name, {}, {}, ArchiveSettings(max_bytes=max_bytes))
+        archives = plan_partition(chunks, 0, part.high_watermark, config, now_ms=0, force=True)
+        with_ranges = [
+            dataclasses.replace(a, aborted=tuple(
+                (r.producer_id, r.first_offset, r.last_offset)
+                for r in tracker.aborted(record.topic_id, 0, a.start_offset, a.end_offset)))
+            for a in archives
+        ]
+        from_files = _rows(files, with_ranges)
+        assert sorted(bytes(r["value"]["__raw__"]) for r in from_files) == sorted(committed)  # type: ignore[index]
+        assert _rows(kafka, archives) == from_files, max_bytes

@@ -66,11 +66,13 @@ def test_a_registry_that_does_not_answer_is_retriable() -> None:
 
 
 def test_a_held_lock_is_retriable(tmp_path: Path) -> None:
-    held = ArchiverLock(tmp_path)
+    from icelog.meta.file_locks import FileLocks
+
+    held = ArchiverLock(FileLocks(tmp_path))
     held.acquire()
     try:
         with pytest.raises(LockHeldError) as info:
-            ArchiverLock(tmp_path).acquire(wait_s=0)
+            ArchiverLock(FileLocks(tmp_path)).acquire(wait_s=0)
         assert info.value.retriable
     finally:
         held.release()

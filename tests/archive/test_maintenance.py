@@ -411,7 +411,7 @@ def test_a_java_error_py4j_did_not_convert_is_reported_by_its_own_line(lake_spar
 
 
 def test_compaction_of_an_upsert_table_takes_turns_with_a_steady_stream_of_updates(
-    lake_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any, lake_archiver: Archiver
+    lake_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any, lake_archiver: Archiver, lake_store: Any
 ) -> None:
     """Every upsert pass replaces the DVs of the files it touches, which fails a concurrent compaction: with
     WriterTurns a pass waits (its records stay in the intake) while compaction commits, so the rewrite lands
@@ -439,7 +439,7 @@ def test_compaction_of_an_upsert_table_takes_turns_with_a_steady_stream_of_updat
     stop = threading.Event()
     rounds: list[Any] = []
     errors: list[BaseException] = []
-    turns = WriterTurns(lake_settings.data_dir, f"icelog.{topic}")
+    turns = WriterTurns(lake_store, f"icelog.{topic}")
 
     def maintain_meanwhile() -> None:
         lake_spark.sparkContext.setLocalProperty("spark.scheduler.pool", "maintenance")

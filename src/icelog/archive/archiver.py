@@ -43,8 +43,9 @@ from icelog.archive.reconcile import (
     table_offsets,
 )
 from icelog.archive.table_schema import ArchiveSchema, MessageUndecided, TableSchemas
-from icelog.archive.transactions import TransactionTracker
+from icelog.archive.transactions import BrokerTransactions, TransactionTracker, TransactionView
 from icelog.archive.upsert import PassRows, write_upserts
+from icelog.client.properties import parse
 from icelog.config import Settings
 from icelog.errors import IcelogError, TableChangedError, TableMismatchError, first_line
 from icelog.faults import armed, fault_point
@@ -52,7 +53,15 @@ from icelog.lake import iceberg_java
 from icelog.lake.jvm_errors import WorkerError, in_worker, jvm_errors
 from icelog.lake.warm_workers import ARROW, RDD, WorkerKeeper
 from icelog.meta.registry import RegistryStore
-from icelog.meta.store import ArchiveLedger, IntakeChunk, IntakeIndex, PartitionRecord, TopicCatalog, TopicRecord
+from icelog.meta.store import (
+    ArchiveLedger,
+    IntakeChunk,
+    IntakeIndex,
+    PartitionRecord,
+    ProcessLocks,
+    TopicCatalog,
+    TopicRecord,
+)
 from icelog.table.config import (
     ARCHIVE_LAYOUT,
     LAYOUT_RECORD,
@@ -122,9 +131,9 @@ class ForeignTableError(TableMismatchError):
 StableOffsetHook = Callable[[TopicRecord, PartitionRecord], int]
 
 
-class ArchiverStore(TopicCatalog, IntakeIndex, ArchiveLedger, RegistryStore, Protocol):
+class ArchiverStore(TopicCatalog, IntakeIndex, ArchiveLedger, RegistryStore, ProcessLocks, Protocol):
     """What the archiver reads (topics, the intake index, the embedded registry's schemas) and records
-    (archive progress, errors, dead letters, table columns)."""
+    (archive progress, errors, dead letters, table columns), and the upsert tables' writer turns."""
 
 
 class Archiver:
@@ -141,8 +150,11 @@ class Archiver:
         self.settings = settings
         self.spark = spark
         self.store = store
-        self.intake_dir = str(Path(settings.data_dir).resolve() / "intake")
-        self.transactions = TransactionTracker(self.intake_dir)
+        self.transactions: TransactionView = (
+            BrokerTransactions(settings.archive_bootstrap, parse(settings.archive.client_properties))
+            if settings.archive_reads_via_kafka
+            else TransactionTracker(Path(settings.data_dir).resolve() / "intake")
+        )
         # Only committed records are archived: nothing at or past a partition's last stable offset.
         self.stable_offset = stable_offset or self.transactions.stable_offset
         self.clock = clock
@@ -280,6 +292,7 @@ class Archiver:
     def close(self) -> None:
         """Stop starting topics; a topic still running is abandoned (its next run reconciles from the table)."""
         self._workers.shutdown(wait=False, cancel_futures=True)
+        self.transactions.close()
 
     def ensure_table(
         self, config: ArchiveTopicConfig, properties: dict[str, str] | None = None, spec: TableSpec = RECORD_SPEC
@@ -374,8 +387,7 @@ class Archiver:
             )
             for p in partitions
         }
-        for part in partitions:
-            self.transactions.update(topic.topic_id, part.partition, chunks_by_partition[part.partition])
+        self.transactions.refresh(topic, chunks_by_partition)
         last_look = self._last_reconcile_ms.get(topic.topic_id, -1)
         due = self._plan(topic, config, partitions, chunks_by_partition, known, now_ms, force)
         if not due and 0 <= now_ms - last_look < RECONCILE_EVERY_MS:
@@ -435,7 +447,7 @@ class Archiver:
         if not spec.primary_key:
             yield True
             return
-        with WriterTurns(Path(self.settings.data_dir), table_key(config.namespace, config.table)).writing() as mine:
+        with WriterTurns(self.store, table_key(config.namespace, config.table)).writing() as mine:
             yield mine
 
     def _plan(

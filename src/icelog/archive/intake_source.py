@@ -15,13 +15,20 @@ from pathlib import Path
 from typing import Protocol
 
 from icelog.archive.plan import ChunkRef, PlannedArchive
-from icelog.client.fetch import FETCH_MAX_BYTES, PartitionReader
+from icelog.client.fetch import FETCH_MAX_BYTES, CommittedFilter, PartitionReader
 from icelog.client.properties import ClientProperties, parse
 from icelog.config import Settings
 from icelog.errors import IcelogError
 from icelog.log import intake_file
 from icelog.log.batch import iter_stored_batches
-from icelog.log.record_format import HEADER_SIZE
+from icelog.log.record_format import (
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
+    ATTRIBUTES_LOW_BYTE,
+    HEADER_SIZE,
+    INT64,
+    PRODUCER_ID,
+)
 
 
 class ChunkSource(Protocol):
@@ -60,7 +67,9 @@ class KafkaFetch:
 
     Whole batches come back, the first possibly starting before `start` (the decoder drops its earlier
     records, as with files); fetching stops at `end`, and each batch goes with the planned chunk its base
-    offset falls in, so the decoder sees each chunk's ingest time as with files.
+    offset falls in, so the decoder sees each chunk's ingest time as with files. Fetches are read_committed
+    and aborted transactions' batches are left out here (client/fetch.CommittedFilter), so the driver needs
+    no transaction index of its own: it plans up to the last stable offset the broker names.
     """
 
     bootstrap: tuple[str, ...]
@@ -97,7 +106,9 @@ def _split(reader: PartitionReader, topic: str, archive: PlannedArchive) -> Iter
     offset = max(refs[0].base_offset, archive.start_offset)
     while offset < end:
         budget = min(FETCH_MAX_BYTES, max(remaining[i] - len(current), HEADER_SIZE))
-        data = memoryview(reader.fetch(topic, archive.partition, offset, budget))
+        fetched = reader.fetch(topic, archive.partition, offset, budget, committed=True)
+        data = memoryview(fetched.records)
+        committed = CommittedFilter(fetched.aborted)
         positions = iter_stored_batches(data)
         if not positions:
             raise IncompleteReadError(
@@ -120,7 +131,10 @@ def _split(reader: PartitionReader, topic: str, archive: PlannedArchive) -> Iter
             if base >= end:
                 offset = end
                 break
-            current += data[pos : pos + size]
+            attributes = data[pos + ATTRIBUTES_LOW_BYTE]
+            if committed.keeps(INT64.unpack_from(data, pos + PRODUCER_ID)[0], last,
+                               bool(attributes & ATTR_TRANSACTIONAL), bool(attributes & ATTR_CONTROL)):
+                current += data[pos : pos + size]
             offset = last + 1
     yield refs[i], memoryview(bytes(current))
     for ref in refs[i + 1 :]:  # chunks past the end of what was read (none when the plan is whole)

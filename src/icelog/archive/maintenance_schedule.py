@@ -46,7 +46,7 @@ from icelog.config import SETTINGS_ENV, Settings
 from icelog.errors import first_line
 from icelog.faults import armed
 from icelog.lake.iceberg_java import load_table, table_properties
-from icelog.meta.store import ArchiveLedger, MaintenanceRecord, TopicCatalog
+from icelog.meta.store import ArchiveLedger, MaintenanceRecord, ProcessLocks, TopicCatalog
 from icelog.table.layout import quote_identifier
 from icelog.topic_configs.archive import archive_config, table_key
 
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOOK_EVERY_MS = 10_000  # how often the scheduler looks for due tables at most (or every interval, if shorter)
-MAINTENANCE_LOCK = "maintenance.lock"  # one maintenance round per data directory (archiver or `icelog maintain`)
+MAINTENANCE_LOCK = "maintenance.lock"  # one maintenance round per metadata store (archiver or `icelog maintain`)
 # Test hook (ICELOG_TEST_FAULT, see icelog/faults.py): before each table, a round holds one Spark task slot
 # of its session until <data_dir>/maintenance-stall.release exists, as a long rewrite task would (`.started`
 # and `.ended` mark the task's start and end).
@@ -127,8 +127,8 @@ class DueTable:
     check_orphans: bool
 
 
-class MaintenanceStore(TopicCatalog, ArchiveLedger, Protocol):
-    """The topics (their tables are maintained) and the tables' last maintenance rounds."""
+class MaintenanceStore(TopicCatalog, ArchiveLedger, ProcessLocks, Protocol):
+    """The topics (their tables are maintained), the tables' last maintenance rounds, and the locks."""
 
 
 class MaintenanceScheduler:
@@ -142,7 +142,7 @@ class MaintenanceScheduler:
         self.store = store
         self.clock = clock
         self.policy = MaintenancePolicy.from_settings(settings.archive)
-        self.lock = ArchiverLock(Path(settings.data_dir), MAINTENANCE_LOCK)
+        self.lock = ArchiverLock(store, MAINTENANCE_LOCK)
         self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="maintenance")
         self._looking: concurrent.futures.Future[None] | None = None
         self._child: subprocess.Popen[bytes] | None = None
@@ -257,7 +257,7 @@ class MaintenanceScheduler:
         try:
             result = maintain_table(
                 self.spark, table.name, self.policy, remove_orphans=table.check_orphans, clock=self.clock,
-                sort_column=table.sort_column, turns=WriterTurns(Path(self.settings.data_dir), table.key),
+                sort_column=table.sort_column, turns=WriterTurns(self.store, table.key),
             )
         except Exception as exc:  # the catalog is down, the table is being dropped: next round
             message = f"{type(exc).__name__}: {first_line(exc)}"

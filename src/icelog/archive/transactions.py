@@ -1,20 +1,28 @@
 """Which offsets the archiver may write: the last stable offset and aborted ranges of each partition.
 
 Only committed records are archived (Bufstream: "each archive file will contain committed messages").
-The archiver runs in its own process, so it rebuilds the broker's per-partition transaction index
-(log/transactions.TxnIndex) from the intake itself, incrementally: batch headers and the markers of
-control batches, in offset order. Records at or past the last stable offset wait; records of aborted
-transactions are dropped (their offsets still count as archived).
+Records at or past the last stable offset wait; records of aborted transactions are dropped (their offsets
+still count as archived). Two ways to know, one per `archive.read_via`:
+- `TransactionTracker` (files): the archiver shares the broker's disk, so it rebuilds the broker's
+  per-partition transaction index (log/transactions.TxnIndex) from the intake itself, incrementally: batch
+  headers and the markers of control batches, in offset order. Archives carry their aborted ranges.
+- `BrokerTransactions` (kafka): the archiver may run on another machine. It asks the broker for each
+  partition's last stable offset (ListOffsets, read_committed); the tasks' read_committed Fetches name the
+  aborted transactions and drop their batches (archive/intake_source.KafkaFetch), as a Kafka consumer does.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
+from icelog.client.fetch import PartitionReader
+from icelog.client.properties import ClientProperties
 from icelog.log import intake_file
 from icelog.log.producers import iter_stored_headers
 from icelog.log.transactions import MARKER_COMMIT, AbortedRange, TxnIndex, marker_type
@@ -27,12 +35,56 @@ class _PartitionTxns:
     scanned_through: int = -1  # the offset after the last batch replayed into the index
 
 
+class TransactionView(Protocol):
+    """The archiver's view of a topic's transactions, refreshed once per pass before planning."""
+
+    def refresh(self, topic: TopicRecord, chunks_by_partition: Mapping[int, Sequence[IntakeChunk]]) -> None: ...
+
+    def stable_offset(self, topic: TopicRecord, partition: PartitionRecord) -> int: ...
+
+    def aborted(self, topic_id: uuid.UUID, partition: int, start: int, end: int) -> list[AbortedRange]: ...
+
+    def close(self) -> None: ...
+
+
+class BrokerTransactions:
+    """Last stable offsets from the broker (ListOffsets, read_committed) over one connection the topics' threads
+    share; aborted ranges are the tasks' business (their Fetches are read_committed), so none are planned."""
+
+    def __init__(self, bootstrap: Sequence[str], properties: ClientProperties) -> None:
+        self._reader = PartitionReader(bootstrap, properties)
+        self._lock = threading.Lock()
+        self._stable: dict[uuid.UUID, dict[int, int]] = {}
+
+    def refresh(self, topic: TopicRecord, chunks_by_partition: Mapping[int, Sequence[IntakeChunk]]) -> None:
+        with self._lock:
+            self._stable[topic.topic_id] = self._reader.stable_offsets(topic.name, sorted(chunks_by_partition))
+
+    def stable_offset(self, topic: TopicRecord, partition: PartitionRecord) -> int:
+        """The broker's answer at the last refresh (nothing of a partition it was not asked about)."""
+        return self._stable.get(topic.topic_id, {}).get(partition.partition, partition.log_start_offset)
+
+    def aborted(self, topic_id: uuid.UUID, partition: int, start: int, end: int) -> list[AbortedRange]:
+        return []
+
+    def close(self) -> None:
+        with self._lock:
+            self._reader.close()
+
+
 class TransactionTracker:
     """Per-partition TxnIndex kept up to date from intake chunks (the archiver's stable-offset hook)."""
 
     def __init__(self, intake_dir: str | Path) -> None:
         self.intake_dir = Path(intake_dir)
         self._partitions: dict[tuple[uuid.UUID, int], _PartitionTxns] = {}
+
+    def refresh(self, topic: TopicRecord, chunks_by_partition: Mapping[int, Sequence[IntakeChunk]]) -> None:
+        for partition, chunks in chunks_by_partition.items():
+            self.update(topic.topic_id, partition, chunks)
+
+    def close(self) -> None:
+        pass
 
     def update(self, topic_id: uuid.UUID, partition: int, chunks: Sequence[IntakeChunk]) -> None:
         """Replay the batches of `chunks` (offset order) that the index has not seen yet."""

@@ -26,7 +26,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="NAME",
         help="with --once: archive only this topic (repeatable)",
     )
-    archive.add_argument("--data-dir", help="the broker's data directory (default ./icelog-data)")
+    archive.add_argument("--data-dir", help=(
+        "the broker's data directory (default ./icelog-data); with meta_url in PostgreSQL and archive.read_via "
+        "kafka, a directory of this archiver's own"))
     archive.add_argument("--spark-master", help="spark.master (default from config: local[N], half the cores)")
     archive.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     archive.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # set by `icelog serve`
@@ -72,16 +74,17 @@ def cmd_archive(args: argparse.Namespace) -> int:
     settings = archiver_settings(args)
     # A typo in a cron line (the data dir, a topic) must not archive nothing, silently, for ever.
     require_metadata(settings)
-    if args.topics:
-        from icelog.meta.backends import open_store
+    from icelog.meta.backends import open_store
 
-        store = open_store(settings.metadata_url)
-        try:
+    store = open_store(settings.metadata_url)  # kept open for the lock: one archiver per metadata store
+    try:
+        if args.topics:
             refuse_unknown_topics(args.topics, {t.name for t in store.list_topics()})
-        finally:
-            store.close()
-    lock = ArchiverLock(settings.data_dir)
-    lock.acquire(wait_s=0 if args.once else 30)
+        lock = ArchiverLock(store)
+        lock.acquire(wait_s=0 if args.once else 30)
+    except BaseException:
+        store.close()
+        raise
     service = ArchiveService(settings)
     try:
         if args.once:
@@ -96,3 +99,4 @@ def cmd_archive(args: argparse.Namespace) -> int:
     finally:
         service.close()
         lock.release()
+        store.close()

@@ -50,7 +50,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     if args.due:
         return run_due(settings)
     store = open_store(settings.metadata_url)
-    lock = ArchiverLock(settings.data_dir, MAINTENANCE_LOCK)
+    lock = ArchiverLock(store, MAINTENANCE_LOCK)
     try:
         topics = {t.name: t for t in store.list_topics()}
         refuse_unknown_topics(args.topics or (), topics)
@@ -70,7 +70,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         try:
             lock.acquire(wait_s=0)
         except IcelogError:  # held: an automatic round of the archiver is running
-            progress(f"waiting for {lock.path} (an automatic round of the archiver is running)")
+            progress("waiting for the maintenance lock (an automatic round of the archiver is running)")
             lock.acquire(wait_s=600)
         from icelog.lake.spark import create_session
 
@@ -92,7 +92,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
                 try:
                     result = maintain_table(
                         spark, name, policy, dry_run=args.dry_run, progress=Steps(key), sort_column=sort_column,
-                        turns=WriterTurns(settings.data_dir, key),
+                        turns=WriterTurns(store, key),
                     )
                 except Exception as exc:
                     failed += 1

@@ -150,6 +150,22 @@ def _first_line(exc: BaseException) -> str:
     return lines[0][:300] if lines else type(exc).__name__
 
 
+LOCK_PREFIX = "icelog:"  # advisory lock keys are hashes of "icelog:<name>", apart from other users' keys
+
+
+class AdvisoryLock:
+    """A held advisory lock: its connection, closed to let go."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn: Connection | None = conn
+
+    def release(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
+            self._conn = None
+
+
 class PostgresStore(PostgresRegistry, PostgresSecurity, MetadataStore):
     """The metadata in one PostgreSQL database (or the first schema of the URL's search_path)."""
 
@@ -652,6 +668,25 @@ class PostgresStore(PostgresRegistry, PostgresSecurity, MetadataStore):
             "SELECT topic_id, partition, snapshot_offset, state FROM producer_snapshots ORDER BY topic_id, partition"
         )
         return [ProducerSnapshot(*row) for row in rows]
+
+    # -- locks among processes -----------------------------------------------------------------------
+    def try_lock(self, name: str, shared: bool = False) -> AdvisoryLock | None:
+        """A session-level advisory lock on a connection of its own, held until released: PostgreSQL lets go
+        when that connection ends (the holder died, or the network between them did)."""
+        try:
+            conn = psycopg.connect(self._url, **{**self._kwargs, "application_name": f"icelog lock {name}"[:63]})
+        except psycopg.Error as exc:
+            raise self._unavailable(exc) from None
+        try:
+            taking = "pg_try_advisory_lock_shared" if shared else "pg_try_advisory_lock"
+            row = conn.execute(f"SELECT {taking}(hashtextextended(%s, 0))", (LOCK_PREFIX + name,)).fetchone()
+        except psycopg.Error as exc:
+            conn.close()
+            raise self._unavailable(exc) from None
+        if not row or not row[0]:
+            conn.close()
+            return None
+        return AdvisoryLock(conn)
 
     def close(self) -> None:
         if not getattr(self, "_closed", True):

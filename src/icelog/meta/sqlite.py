@@ -12,6 +12,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from icelog.errors import StoreError, TopicExistsError, UnknownTopicError
+from icelog.meta.file_locks import FileLock, FileLocks
 from icelog.meta.sqlite_registry import SqliteRegistry
 from icelog.meta.sqlite_security import SqliteSecurity
 from icelog.meta.store import (
@@ -154,6 +155,7 @@ class SqliteStore(SqliteRegistry, SqliteSecurity, MetadataStore):
 
     def __init__(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._locks = FileLocks(Path(path).parent)  # only this machine's processes share a SQLite store
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._lock = threading.RLock()
         self._conn.execute("PRAGMA journal_mode=WAL")
@@ -630,6 +632,9 @@ class SqliteStore(SqliteRegistry, SqliteSecurity, MetadataStore):
                 "ORDER BY topic_id, partition"
             ).fetchall()
         return [ProducerSnapshot(uuid.UUID(t), p, o, s) for t, p, o, s in rows]
+
+    def try_lock(self, name: str, shared: bool = False) -> FileLock | None:
+        return self._locks.try_lock(name, shared)
 
     def close(self) -> None:
         with self._read_lock:

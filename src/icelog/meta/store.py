@@ -367,6 +367,24 @@ class ProducerSnapshots(Protocol):
         """The latest snapshot of every partition that has one."""
 
 
+class HeldLock(Protocol):
+    """A lock taken with ProcessLocks.try_lock, held until released (or its holder dies)."""
+
+    @abstractmethod
+    def release(self) -> None:
+        """Let go (idempotent)."""
+
+
+@runtime_checkable
+class ProcessLocks(Protocol):
+    """Locks among every process that uses this store, on any machine: one archiver, one maintenance round,
+    an upsert table's writer and its compaction taking turns (archive/locks.py). A holder that dies lets go."""
+
+    @abstractmethod
+    def try_lock(self, name: str, shared: bool = False) -> HeldLock | None:
+        """Take the lock `name` (exclusive, or shared with other shared holders) now; None if it is held."""
+
+
 @runtime_checkable
 class StoreConnection(Protocol):
     """An open store: whoever opened it, or was handed it to own, closes it."""
@@ -379,7 +397,7 @@ class StoreConnection(Protocol):
 @runtime_checkable
 class MetadataStore(
     TopicCatalog, IntakeIndex, ArchiveLedger, ConsumerOffsets, TransactionLog, ProducerSnapshots, RegistryStore,
-    SecurityStore, StoreConnection, Protocol,
+    SecurityStore, ProcessLocks, StoreConnection, Protocol,
 ):
     """Durable metadata shared by every layer: every slice above. Each method commits atomically or raises
     StoreError. A backend subclasses this class; a consumer takes the slice it uses.
