@@ -95,9 +95,15 @@ def lake_settings(lake_broker: BrokerProcess) -> Settings:
 
 @pytest.fixture(scope="session")
 def lake_spark(lake_settings: Settings) -> Iterator[Any]:
+    from icelog.lake.catalog import JDBC_DRIVER_JARS, catalog_jars
     from icelog.lake.spark import create_session
 
-    session = create_session(lake_settings, "icelog-tests")
+    # PostgreSQL's JDBC driver on the session's classpath too, beside SQLite's: java.sql.DriverManager only finds
+    # drivers of the jars a session starts with, and test_archive_cluster.py registers a catalog on PostgreSQL here.
+    jars = [*catalog_jars(lake_settings), JDBC_DRIVER_JARS["jdbc:postgresql:"]]
+    settings = lake_settings.model_copy(deep=True)
+    settings.archive.spark_conf = {"spark.jars": ",".join(str(jar) for jar in jars), **settings.archive.spark_conf}
+    session = create_session(settings, "icelog-tests")
     yield session
     session.stop()
 

@@ -1,9 +1,14 @@
-"""The archiver on a Spark standalone cluster whose worker cannot see the broker's data dir.
+"""The archiver on a Spark standalone cluster whose worker cannot see the broker's data dir, with the metadata
+store and the Iceberg catalog in PostgreSQL.
 
 The worker (tests/support/spark_cluster.py) runs with an empty read-only tmpfs over the broker's data dir, so
 the only way its tasks get records is a Fetch to the broker (archive.read_via auto: kafka with a spark:// master).
-The catalog and the warehouse are outside the data dir, paths every process of this machine reaches (object
-storage is not tested here). `icelog archive --once` is the driver, a process of its own, as on another machine.
+The broker, `icelog archive --once` (the driver, a process of its own, as on another machine) and `icelog maintain`
+share a metadata store (ICELOG_META_URL) and a JDBC catalog in PostgreSQL, two databases of one server as the
+deployment guide sets them up (docs/deployment.md: `icelog` for metadata, `lake` for the catalog). The warehouse is
+a path every process of this machine reaches (object storage is not tested here). Rows are checked exactly in three
+engines through that catalog: pyiceberg (its SQL catalog), Spark SQL (the test process's session, the catalog
+registered on it) and DuckDB (the metadata file the catalog names).
 """
 
 from __future__ import annotations
@@ -12,69 +17,164 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+from confluent_kafka import Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
 
+from icelog.config import Settings, load_settings
+from icelog.lake.catalog import catalog_spark_conf, postgres_catalog_url
 from tests.archive.test_pk_tables import latest, send
 from tests.support.archive import ARCHIVE_ENV, create_topic, produce
 from tests.support.broker import BrokerProcess
+from tests.support.postgres import PASSWORD, ROLE, PostgresCluster
 from tests.support.spark_cluster import SparkCluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 SRC = Path(__file__).resolve().parents[2] / "src"
+# Not the default `lake`: the test process's shared session (lake_spark) has a `lake` catalog on SQLite already, and
+# Iceberg's JDBC catalog keys its rows by the catalog's name, so every process names this one the same.
+CATALOG = "pglake"
+
+Row = tuple[Any, ...]
+Column = Callable[[dict[str, Any]], Any]
+
+# (Spark SQL, DuckDB, pyiceberg) for each compared column; every engine's rows end up as plain tuples.
+RECORD_COLUMNS: list[tuple[str, str, Column]] = [
+    ("kafka.partition", "kafka.partition", lambda r: r["kafka"]["partition"]),
+    ("kafka.offset", "kafka.offset", lambda r: r["kafka"]["offset"]),
+    ("key.__raw__", "key.__raw__", lambda r: r["key"] and r["key"]["__raw__"]),
+    ("value.__raw__", "value.__raw__", lambda r: r["value"] and r["value"]["__raw__"]),
+    ("headers", "headers", lambda r: r["headers"]),
+    ("unix_micros(kafka.event_timestamp)", "epoch_us(kafka.event_timestamp)",
+     lambda r: int(r["kafka"]["event_timestamp"].timestamp() * 1_000_000)),
+]
+TABLE_COLUMNS: list[tuple[str, str, Column]] = [
+    (c, c, lambda r, c=c: r[c]) for c in ("__bucket", "__offset", "__key", "id", "customer", "cents", "note")
+]
+PAYMENT = {
+    "type": "record", "name": "Payment", "namespace": "shop",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "customer", "type": "string"},
+        {"name": "cents", "type": "long"},
+        {"name": "note", "type": ["null", "string"], "default": None},
+    ],
+}
+
+
+def plain(value: Any) -> Any:
+    """An engine's cell as a comparable Python value: bytes for binary, tuples for lists and structs."""
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, list):
+        return tuple(plain(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(plain(v) for v in value.values())
+    if hasattr(value, "asDict"):  # a Spark Row (a header: key, value)
+        return tuple(plain(v) for v in value.asDict().values())
+    return value
 
 
 class ClusterLake:
-    """A broker, the cluster hiding its data dir, and the catalog and warehouse they share."""
+    """A broker, the cluster hiding its data dir, PostgreSQL's metadata store and catalog, the shared warehouse."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, postgres: PostgresCluster, spark: Any) -> None:
         self.root = root
-        self.catalog_db = root / "lake" / "catalog.db"
+        self.meta_url = postgres.new_database("meta")
+        catalog_db = urlsplit(postgres.new_database("lake")).path
         self.warehouse = (root / "lake" / "warehouse").as_uri()
-        self.catalog_db.parent.mkdir(parents=True)
-        self.env = {**ARCHIVE_ENV, "ICELOG_ARCHIVE__CATALOG_URI": f"jdbc:sqlite:{self.catalog_db}",
+        (root / "lake").mkdir(parents=True)
+        self.env = {**ARCHIVE_ENV, "ICELOG_META_URL": self.meta_url,
+                    "ICELOG_ARCHIVE__CATALOG_NAME": CATALOG,
+                    "ICELOG_ARCHIVE__CATALOG_URI": f"jdbc:postgresql://127.0.0.1:{postgres.port}{catalog_db}",
+                    "ICELOG_ARCHIVE__CATALOG_PROPERTIES": json.dumps({"jdbc.user": ROLE, "jdbc.password": PASSWORD}),
                     "ICELOG_ARCHIVE__WAREHOUSE": self.warehouse}
         self.broker = BrokerProcess(root / "data", env=self.env).start()
+        self.settings = self._settings()
         self.cluster = SparkCluster(root / "spark", cores=1).start(hidden=[self.broker.data_dir])
+        # The reader: the test process's Spark session, with this catalog registered beside its own (as
+        # test_hadoop_catalog does); cache-enabled=false there, so it sees what the other processes commit.
+        self.spark = spark
+        for key, value in catalog_spark_conf(self.settings).items():
+            spark.conf.set(key, value)
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        url = postgres_catalog_url(self.settings)
+        assert url is not None
+        self.catalog = SqlCatalog(CATALOG, uri=url, warehouse=self.warehouse)
+
+    def _settings(self) -> Settings:
+        archive = {"catalog_name": CATALOG, "catalog_uri": self.env["ICELOG_ARCHIVE__CATALOG_URI"],
+                   "catalog_properties": {"jdbc.user": ROLE, "jdbc.password": PASSWORD}, "warehouse": self.warehouse}
+        return load_settings(data_dir=str(self.broker.data_dir), meta_url=self.meta_url, archive=archive)
 
     def archive_env(self, **extra: str) -> dict[str, str]:
         conf = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                 "spark.executorEnv.PYTHONPATH": os.environ.get("PYTHONPATH", str(SRC)), "spark.cores.max": "1"}
         return {**os.environ, **self.env, "ICELOG_ARCHIVE__SPARK_MASTER": self.cluster.master_url,
                 "ICELOG_ARCHIVE__SPARK_CONF": json.dumps(conf), "ICELOG_LISTEN": self.broker.bootstrap,
-                "SPARK_LOCAL_IP": "127.0.0.1", **extra}
+                "ICELOG_REGISTRY_LISTEN": f"127.0.0.1:{self.broker.registry_port}", "SPARK_LOCAL_IP": "127.0.0.1",
+                **extra}
 
     def archive_once(self, topic: str, **extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "icelog", "archive", "--once", "--data-dir", str(self.broker.data_dir),
              "--topic", topic], env=self.archive_env(**extra), capture_output=True, text=True, timeout=300)
 
-    def rows(self, topic: str) -> list[dict[str, Any]]:
-        from pyiceberg.catalog.sql import SqlCatalog
+    def maintain(self, topic: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "icelog", "maintain", "--topic", topic, "--data-dir", str(self.broker.data_dir)],
+            env=self.archive_env(), capture_output=True, text=True, timeout=300)
 
-        catalog = SqlCatalog("lake", uri=f"sqlite:///{self.catalog_db}", warehouse=self.warehouse)
-        rows: list[dict[str, Any]] = catalog.load_table(("icelog", topic)).scan().to_arrow().to_pylist()
-        return rows
+    def table(self, topic: str) -> Any:
+        """The table as pyiceberg loads it from the PostgreSQL catalog."""
+        return self.catalog.load_table(("icelog", topic))
 
-    def latest(self, topic: str) -> dict[bytes, tuple[bytes, int, int]]:
-        """key → (value, partition, offset) of a primary-key table of the record layout."""
-        rows = self.rows(topic)
-        got = {r["key"]["__raw__"]: (r["value"]["__raw__"], r["kafka"]["partition"], r["kafka"]["offset"])
-               for r in rows}
-        assert len(got) == len(rows), "a key appears more than once"
-        return got
+    def rows(self, topic: str, columns: list[tuple[str, str, Column]]) -> dict[str, list[Row]]:
+        """engine → the table's rows (the given columns, sorted) as Spark SQL, pyiceberg and DuckDB read them."""
+        import duckdb
+        import duckdb_extension_avro
+        import duckdb_extension_iceberg
+
+        spark_sql = ", ".join(c[0] for c in columns)
+        spark = [tuple(plain(v) for v in r) for r in
+                 self.spark.sql(f"SELECT {spark_sql} FROM {CATALOG}.icelog.`{topic}`").collect()]
+        table = self.table(topic)
+        pyiceberg = [tuple(plain(c[2](r)) for c in columns) for r in table.scan().to_arrow().to_pylist()]
+        con = duckdb.connect(config={"autoinstall_known_extensions": False})
+        for module, name in ((duckdb_extension_avro, "avro"), (duckdb_extension_iceberg, "iceberg")):
+            [path] = Path(str(module.__file__)).parent.glob(f"extensions/*/{name}.duckdb_extension")
+            con.execute(f"LOAD '{path}'")
+        duck_sql = ", ".join(c[1] for c in columns)
+        duck = [tuple(plain(v) for v in r) for r in
+                con.execute(f"SELECT {duck_sql} FROM iceberg_scan('{table.metadata_location}')").fetchall()]
+        con.close()
+        return {"spark": sorted(spark), "pyiceberg": sorted(pyiceberg), "duckdb": sorted(duck)}
+
+    def check_rows(self, topic: str, columns: list[tuple[str, str, Column]], expected: list[Row]) -> None:
+        """Each engine reads exactly `expected` (in any order)."""
+        want = sorted(expected)
+        for engine, got in self.rows(topic, columns).items():
+            assert got == want, f"{engine}: {len(got)} rows, {len(want)} expected"
 
     def stop(self) -> None:
+        self.catalog.engine.dispose()
         self.cluster.stop()
         self.broker.stop()
 
 
 @pytest.fixture(scope="module")
-def cluster_lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterLake]:
-    lake = ClusterLake(tmp_path_factory.mktemp("cluster"))
+def cluster_lake(
+    tmp_path_factory: pytest.TempPathFactory, postgres_cluster: PostgresCluster, lake_spark: Any
+) -> Iterator[ClusterLake]:
+    lake = ClusterLake(tmp_path_factory.mktemp("cluster"), postgres_cluster, lake_spark)
     yield lake
     lake.stop()
 
@@ -94,32 +194,64 @@ def test_record_layout_archived_on_the_cluster(cluster_lake: ClusterLake) -> Non
     produced = produce(cluster_lake.broker, topic, 2000)
     done = cluster_lake.archive_once(topic)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    got = sorted(
-        (r["kafka"]["partition"], r["kafka"]["offset"], r["key"] and r["key"]["__raw__"],
-         r["value"] and r["value"]["__raw__"], tuple((h["key"], h["value"]) for h in r["headers"]),
-         int(r["kafka"]["event_timestamp"].timestamp() * 1_000_000))
-        for r in cluster_lake.rows(topic)
-    )
-    assert got == produced
+    assert not (cluster_lake.broker.data_dir / "meta.db").exists(), "no SQLite store beside PostgreSQL"
+    assert not (cluster_lake.broker.data_dir / "catalog.db").exists(), "no SQLite catalog beside PostgreSQL"
+    cluster_lake.check_rows(topic, RECORD_COLUMNS, [tuple(plain(v) for v in r) for r in produced])
+
+
+def test_table_layout_archived_on_the_cluster(cluster_lake: ClusterLake) -> None:
+    """Avro values (Confluent's serializer, the embedded registry on PostgreSQL) as top-level columns."""
+    topic = "cluster-table"
+    broker = cluster_lake.broker
+    create_topic(broker, topic, 3, {"icelog.archive.layout": "table"})
+    serialize = AvroSerializer(SchemaRegistryClient({"url": broker.registry_url}), json.dumps(PAYMENT),
+                               conf={"auto.register.schemas": True})
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    payments = {f"pay-{i}".encode(): {"id": i, "customer": f"cust {i} ü", "cents": i * 101 - 5_000,
+                                      "note": None if i % 3 else f"note {i}"} for i in range(300)}
+    expected: list[Row] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        assert err is None, err
+        p = payments[msg.key()]
+        expected.append((msg.partition(), msg.offset(), msg.key(), p["id"], p["customer"], p["cents"], p["note"]))
+
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "compression.type": "zstd"})
+    for i, (key, payment) in enumerate(payments.items()):
+        producer.produce(topic, key=key, value=serialize(payment, ctx), partition=i % 3, on_delivery=on_delivery)
+    assert producer.flush(30) == 0 and len(expected) == len(payments)
+    done = cluster_lake.archive_once(topic)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    columns = {f.name for f in cluster_lake.table(topic).schema().fields}
+    assert {"__key", "id", "customer", "cents", "note", "__bucket", "__offset"} <= columns, columns
+    cluster_lake.check_rows(topic, TABLE_COLUMNS, expected)
 
 
 def test_primary_key_table_on_the_cluster(cluster_lake: ClusterLake) -> None:
     topic = "cluster_pk"
     create_topic(cluster_lake.broker, topic, 3, {"cleanup.policy": "compact", "icelog.archive.layout": "record"})
+    pk_columns = [RECORD_COLUMNS[i] for i in (2, 3, 0, 1)]  # key, value, partition, offset
     produced = []
     for round_ in range(2):  # the second pass updates and deletes: deletion vectors
         batch = [(f"k{i}".encode(), None if i % 5 == 0 and round_ else f"v{round_}-{i}".encode()) for i in range(60)]
         produced += send(cluster_lake.broker, topic, batch)
         done = cluster_lake.archive_once(topic)
         assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    assert cluster_lake.latest(topic) == latest(produced)
+    expected = [(k, v, p, o) for k, (v, p, o) in latest(produced).items()]
+    cluster_lake.check_rows(topic, pk_columns, expected)
+    assert cluster_lake.table(topic).metadata.format_version == 3
+    deletes = cluster_lake.spark.sql(
+        f"SELECT content, file_format, referenced_data_file FROM {CATALOG}.icelog.`{topic}`.delete_files").collect()
+    assert deletes, "the second pass's updates and deletes are deletion vectors"
+    assert all(d.content == 1 and d.file_format == "PUFFIN" for d in deletes), deletes  # no equality deletes
+    assert len({d.referenced_data_file for d in deletes}) == len(deletes), "one deletion vector per data file"
 
     # A maintenance round on the cluster (compaction applies the deletion vectors; expiry; orphans): same rows.
-    maintain = subprocess.run(
-        [sys.executable, "-m", "icelog", "maintain", "--topic", topic, "--data-dir", str(cluster_lake.broker.data_dir)],
-        env=cluster_lake.archive_env(), capture_output=True, text=True, timeout=300)
+    snapshot = cluster_lake.table(topic).metadata.current_snapshot_id
+    maintain = cluster_lake.maintain(topic)
     assert maintain.returncode == 0, maintain.stdout + maintain.stderr[-3000:]
-    assert cluster_lake.latest(topic) == latest(produced)
+    assert cluster_lake.table(topic).metadata.current_snapshot_id != snapshot, "maintenance committed nothing"
+    cluster_lake.check_rows(topic, pk_columns, expected)
 
 
 def test_read_back_after_the_trim_is_byte_identical(cluster_lake: ClusterLake) -> None:
@@ -138,7 +270,7 @@ def test_read_back_after_the_trim_is_byte_identical(cluster_lake: ClusterLake) -
     ends: dict[int, int] = {}
     for rec in expected:
         ends[rec.partition] = max(ends.get(rec.partition, 0), rec.offset + 1)
-    store = open_store(f"sqlite:///{broker.data_dir / 'meta.db'}")
+    store = open_store(cluster_lake.meta_url)  # the broker's store, in PostgreSQL
     try:
         wait_trimmed(store, topic, ends)
     finally:
@@ -146,3 +278,4 @@ def test_read_back_after_the_trim_is_byte_identical(cluster_lake: ClusterLake) -
     for client in ("confluent", "kafka-python"):
         got = read_back(client, broker, topic, [0, 1], len(expected))
         assert comparable(got) == comparable(expected), client
+    assert PASSWORD not in broker.log(), "the password is never logged"
