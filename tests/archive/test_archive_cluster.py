@@ -97,6 +97,7 @@ class ClusterLake:
                     "ICELOG_ARCHIVE__CATALOG_PROPERTIES": json.dumps({"jdbc.user": ROLE, "jdbc.password": PASSWORD}),
                     "ICELOG_ARCHIVE__WAREHOUSE": self.warehouse}
         self.broker = BrokerProcess(root / "data", env=self.env).start()
+        self.archiver_dir = root / "archiver"  # the archiver's own: primary-key indexes, its pass figures
         self.settings = self._settings()
         self.cluster = SparkCluster(root / "spark", cores=1).start(hidden=[self.broker.data_dir])
         # The reader: the test process's Spark session, with this catalog registered beside its own (as
@@ -123,14 +124,16 @@ class ClusterLake:
                 "ICELOG_REGISTRY_LISTEN": f"127.0.0.1:{self.broker.registry_port}", "SPARK_LOCAL_IP": "127.0.0.1",
                 **extra}
 
-    def archive_once(self, topic: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    def archive_once(self, topic: str, data_dir: Path | None = None, **extra: str) -> subprocess.CompletedProcess[str]:
+        """`icelog archive --once` with a data dir of its own (as on another machine: it needs nothing of the
+        broker's), or the one given."""
         return subprocess.run(
-            [sys.executable, "-m", "icelog", "archive", "--once", "--data-dir", str(self.broker.data_dir),
+            [sys.executable, "-m", "icelog", "archive", "--once", "--data-dir", str(data_dir or self.archiver_dir),
              "--topic", topic], env=self.archive_env(**extra), capture_output=True, text=True, timeout=300)
 
     def maintain(self, topic: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "icelog", "maintain", "--topic", topic, "--data-dir", str(self.broker.data_dir)],
+            [sys.executable, "-m", "icelog", "maintain", "--topic", topic, "--data-dir", str(self.archiver_dir)],
             env=self.archive_env(), capture_output=True, text=True, timeout=300)
 
     def table(self, topic: str) -> Any:
@@ -180,11 +183,12 @@ def cluster_lake(
 
 
 def test_the_worker_cannot_read_the_intake_by_path(cluster_lake: ClusterLake) -> None:
-    """The control: with read_via=files the cluster's tasks fail, so the other tests prove reads over Kafka."""
+    """The control: with read_via=files (and a driver that does see the broker's data dir) the cluster's tasks
+    fail, so the other tests prove reads over Kafka."""
     topic = "cluster-files"
     create_topic(cluster_lake.broker, topic, partitions=1)
     produce(cluster_lake.broker, topic, 50, partitions=1)
-    done = cluster_lake.archive_once(topic, ICELOG_ARCHIVE__READ_VIA="files")
+    done = cluster_lake.archive_once(topic, cluster_lake.broker.data_dir, ICELOG_ARCHIVE__READ_VIA="files")
     assert "No such file or directory" in done.stdout + done.stderr, done.stdout + done.stderr[-3000:]
 
 
@@ -197,6 +201,36 @@ def test_record_layout_archived_on_the_cluster(cluster_lake: ClusterLake) -> Non
     assert not (cluster_lake.broker.data_dir / "meta.db").exists(), "no SQLite store beside PostgreSQL"
     assert not (cluster_lake.broker.data_dir / "catalog.db").exists(), "no SQLite catalog beside PostgreSQL"
     cluster_lake.check_rows(topic, RECORD_COLUMNS, [tuple(plain(v) for v in r) for r in produced])
+
+
+def test_only_committed_records_are_archived_on_the_cluster(cluster_lake: ClusterLake) -> None:
+    """No intake file anywhere near the archiver: the last stable offset comes from the broker (ListOffsets,
+    read_committed) and the tasks drop what their read_committed Fetches name aborted."""
+    topic = "cluster-txn"
+    broker = cluster_lake.broker
+    create_topic(broker, topic, partitions=2)
+    committer, aborter, pending = (Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"ct-{n}"})
+                                   for n in ("commit", "abort", "open"))
+    for producer in (committer, aborter, pending):
+        producer.init_transactions(30)
+        producer.begin_transaction()
+    for i in range(40):
+        committer.produce(topic, value=f"c{i}".encode(), partition=i % 2)
+        aborter.produce(topic, value=f"a{i}".encode(), partition=i % 2)
+    assert committer.flush(30) == 0 and aborter.flush(30) == 0
+    aborter.abort_transaction(30)
+    committer.commit_transaction(30)
+    pending.produce(topic, value=b"open", partition=0)  # undecided: partition 0 waits at its first offset
+    assert pending.flush(30) == 0
+    plain = Producer({"bootstrap.servers": broker.bootstrap})
+    for p in range(2):
+        plain.produce(topic, value=f"after-{p}".encode(), partition=p)
+    assert plain.flush(30) == 0
+    done = cluster_lake.archive_once(topic)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    got = sorted(r["value"]["__raw__"] for r in cluster_lake.table(topic).scan().to_arrow().to_pylist())
+    assert got == sorted([f"c{i}".encode() for i in range(40)] + [b"after-1"])
+    pending.abort_transaction(30)
 
 
 def test_table_layout_archived_on_the_cluster(cluster_lake: ClusterLake) -> None:
