@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Protocol
 
 from icelog.archive.plan import ChunkRef, PlannedArchive
-from icelog.client.fetch import FETCH_MAX_BYTES, CommittedFilter, PartitionReader
+from icelog.client.cluster import SourceCluster
+from icelog.client.fetch import FETCH_MAX_BYTES, CommittedFilter
 from icelog.client.properties import ClientProperties, parse
 from icelog.config import Settings
 from icelog.errors import IcelogError
@@ -79,21 +80,15 @@ class KafkaFetch:
     def check(self) -> None:
         """Connect and log in once, from the driver: an unreachable broker or a refused login is one line here
         (BrokerUnreachableError, BrokerLoginError) instead of failed tasks and Spark's stack traces."""
-        reader = PartitionReader(self.bootstrap, self.properties)
-        try:
-            reader.connect()
-        finally:
-            reader.close()
+        with SourceCluster(self.bootstrap, self.properties) as cluster:
+            cluster.connect()
 
     def chunks(self, archive: PlannedArchive) -> Iterator[tuple[ChunkRef, memoryview]]:
-        reader = PartitionReader(self.bootstrap, self.properties)
-        try:
-            yield from _split(reader, self.topic, archive)
-        finally:
-            reader.close()
+        with SourceCluster(self.bootstrap, self.properties) as cluster:
+            yield from _split(cluster, self.topic, archive)
 
 
-def _split(reader: PartitionReader, topic: str, archive: PlannedArchive) -> Iterator[tuple[ChunkRef, memoryview]]:
+def _split(cluster: SourceCluster, topic: str, archive: PlannedArchive) -> Iterator[tuple[ChunkRef, memoryview]]:
     refs: Sequence[ChunkRef] = archive.chunks
     if not refs:
         return
@@ -106,7 +101,7 @@ def _split(reader: PartitionReader, topic: str, archive: PlannedArchive) -> Iter
     offset = max(refs[0].base_offset, archive.start_offset)
     while offset < end:
         budget = min(FETCH_MAX_BYTES, max(remaining[i] - len(current), HEADER_SIZE))
-        fetched = reader.fetch(topic, archive.partition, offset, budget, committed=True)
+        fetched = cluster.fetch(topic, archive.partition, offset, budget, committed=True)
         data = memoryview(fetched.records)
         committed = CommittedFilter(fetched.aborted)
         positions = iter_stored_batches(data)

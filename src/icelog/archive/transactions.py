@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from icelog.client.fetch import PartitionReader
+from icelog.client.cluster import SourceCluster
 from icelog.client.properties import ClientProperties
 from icelog.log import intake_file
 from icelog.log.producers import iter_stored_headers
@@ -48,17 +48,17 @@ class TransactionView(Protocol):
 
 
 class BrokerTransactions:
-    """Last stable offsets from the broker (ListOffsets, read_committed) over one connection the topics' threads
+    """Last stable offsets from the broker (ListOffsets, read_committed) through one client the topics' threads
     share; aborted ranges are the tasks' business (their Fetches are read_committed), so none are planned."""
 
     def __init__(self, bootstrap: Sequence[str], properties: ClientProperties) -> None:
-        self._reader = PartitionReader(bootstrap, properties)
+        self._cluster = SourceCluster(bootstrap, properties)
         self._lock = threading.Lock()
         self._stable: dict[uuid.UUID, dict[int, int]] = {}
 
     def refresh(self, topic: TopicRecord, chunks_by_partition: Mapping[int, Sequence[IntakeChunk]]) -> None:
         with self._lock:
-            self._stable[topic.topic_id] = self._reader.stable_offsets(topic.name, sorted(chunks_by_partition))
+            self._stable[topic.topic_id] = self._cluster.stable_offsets(topic.name, sorted(chunks_by_partition))
 
     def stable_offset(self, topic: TopicRecord, partition: PartitionRecord) -> int:
         """The broker's answer at the last refresh (nothing of a partition it was not asked about)."""
@@ -69,7 +69,7 @@ class BrokerTransactions:
 
     def close(self) -> None:
         with self._lock:
-            self._reader.close()
+            self._cluster.close()
 
 
 class TransactionTracker:
