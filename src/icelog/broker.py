@@ -77,6 +77,7 @@ class Broker:
         self._stopping = asyncio.Event()
         self._retention: asyncio.Future[int] | None = None  # the retention pass in flight, on a worker thread
         self.archiver: ArchiverProcess | None = None
+        self.sinks: ArchiverProcess | None = None  # `icelog sink`, when icelog.yaml configures sinks
         # Read-back: partitions of archived topics serve offsets below the intake from the Iceberg table.
         schemas = (RegistryClient(settings.registry_url) if settings.registry_url
                    else StoreSchemaSource(self.store))
@@ -140,6 +141,9 @@ class Broker:
             # A child process: the Spark driver must not share this event loop (or its GIL).
             self.archiver = ArchiverProcess(self.settings)
             self.archiver.start()
+        if self.settings.sinks:
+            self.sinks = ArchiverProcess(self.settings, "sink")
+            self.sinks.start()
         upkeep = asyncio.create_task(self._upkeep())
         readback_task = asyncio.create_task(self._refresh_readback())
         pressure_task = asyncio.create_task(self._refresh_pressure())
@@ -166,6 +170,8 @@ class Broker:
             if stop_wait.done() and self.archiver.running():
                 print("icelog stopping: the archiver first ends the pass in flight (at most 15 s)", flush=True)
             await asyncio.get_running_loop().run_in_executor(None, self.archiver.stop)
+        if self.sinks is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.sinks.stop)
         await self.server.stop()
         if self.registry is not None:
             await self.registry.stop()
@@ -187,6 +193,8 @@ class Broker:
             await asyncio.sleep(interval)
             if self.archiver is not None:
                 self.archiver.check()
+            if self.sinks is not None:
+                self.sinks.check()
             # On a worker thread: a retention pass reads the store, commits trims durably (an fsync) and
             # deletes files, and each would stall every connection; only its in-memory changes run here.
             # Shielded: shutting down waits for a pass in flight (`run`) instead of closing the store under it.

@@ -295,6 +295,42 @@ class ArchiveSettings(BaseModel):
     )
 
 
+class SinkSettings(BaseModel):
+    """One sink: topics of an external Kafka cluster archived into icelog's Iceberg tables (`icelog sink`)."""
+
+    model_config = {"extra": "forbid"}
+
+    bootstrap_servers: str = Field(description="HOST:PORT[,HOST:PORT…] of the source cluster.")
+    group_id: str | None = Field(
+        None, description="The source's consumer group the sink commits its progress to; default icelog-sink-<name>."
+    )
+    topics: list[str] = Field(default_factory=list, description="Source topics to archive (or topic_pattern).")
+    topic_pattern: str | None = Field(None, description="A regular expression: every source topic it matches.")
+    namespace: str | None = Field(None, description="Iceberg namespace of the sink's tables; default its name.")
+    registry_url: str | None = Field(
+        None, description="The source's schema registry (http://HOST:PORT): typed tables, as for built-in topics."
+    )
+    client: dict[str, str] = Field(
+        default_factory=dict,
+        description="Kafka client settings for the source, named as librdkafka names them (security.protocol, "
+        "sasl.mechanism, sasl.username, sasl.password, ssl.ca.location, …).",
+    )
+    topic_configs: dict[str, dict[str, str]] = Field(
+        default_factory=dict, description="Per source topic, icelog topic configs (the archive and table keys)."
+    )
+
+    @model_validator(mode="after")
+    def _check_topics(self) -> SinkSettings:
+        if bool(self.topics) == bool(self.topic_pattern):
+            raise ValueError("a sink names its topics with exactly one of topics: [...] and topic_pattern: '...'")
+        if self.topic_pattern:
+            try:
+                re.compile(self.topic_pattern)
+            except re.error as exc:
+                raise ValueError(f"topic_pattern {self.topic_pattern!r} is not a regular expression: {exc}") from None
+        return self
+
+
 class Settings(BaseSettings):
     """Everything `icelog serve` needs; each field can come from icelog.yaml, ICELOG_<NAME> or a flag."""
 
@@ -409,6 +445,9 @@ class Settings(BaseSettings):
     )
     intake: IntakeSettings = Field(default_factory=lambda: IntakeSettings())  # type: ignore[call-arg]
     archive: ArchiveSettings = Field(default_factory=lambda: ArchiveSettings())  # type: ignore[call-arg]
+    sinks: dict[str, SinkSettings] = Field(
+        default_factory=dict, description="External Kafka clusters whose topics icelog archives (`icelog sink`)."
+    )
 
     @field_validator("listen")
     @classmethod

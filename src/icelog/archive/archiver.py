@@ -56,10 +56,10 @@ from icelog.meta.registry import RegistryStore
 from icelog.meta.store import (
     ArchiveLedger,
     IntakeChunk,
-    IntakeIndex,
+    IntakeReader,
     PartitionRecord,
     ProcessLocks,
-    TopicCatalog,
+    TopicReader,
     TopicRecord,
 )
 from icelog.table.config import (
@@ -129,11 +129,15 @@ class ForeignTableError(TableMismatchError):
 
 
 StableOffsetHook = Callable[[TopicRecord, PartitionRecord], int]
+# (topic, partition, table offset, log start): the table's next offset is below what the log still holds, so
+# offsets in between will never be archived (a sink's source deleted them: sink/source_store.py reports it).
+GapHook = Callable[[TopicRecord, int, int, int], None]
 
 
-class ArchiverStore(TopicCatalog, IntakeIndex, ArchiveLedger, RegistryStore, ProcessLocks, Protocol):
-    """What the archiver reads (topics, the intake index, the embedded registry's schemas) and records
-    (archive progress, errors, dead letters, table columns), and the upsert tables' writer turns."""
+class ArchiverStore(TopicReader, IntakeReader, ArchiveLedger, ProcessLocks, Protocol):
+    """What the archiver reads (topics, where their records lie) and records (archive progress, errors, dead
+    letters, table columns), and the upsert tables' writer turns. The metadata store is one; a sink's view of
+    its source cluster is another (sink/source_store.py)."""
 
 
 class Archiver:
@@ -146,6 +150,7 @@ class Archiver:
         store: ArchiverStore,
         stable_offset: StableOffsetHook | None = None,
         clock: Callable[[], float] = time.time,
+        on_gap: GapHook | None = None,
     ) -> None:
         self.settings = settings
         self.spark = spark
@@ -158,12 +163,14 @@ class Archiver:
         # Only committed records are archived: nothing at or past a partition's last stable offset.
         self.stable_offset = stable_offset or self.transactions.stable_offset
         self.clock = clock
+        self.on_gap = on_gap
         self._tables_ready: set[tuple[str, str]] = set()
         self._layouts: dict[tuple[str, str], str] = {}  # an existing table's layout (its icelog.layout property)
         self._synced: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {}  # forwarded properties last synced
         self._last_reconcile_ms: dict[uuid.UUID, int] = {}
         # Topics with a Protobuf schema (registry subjects per icelog.schema.<side>): table_schema.py
-        self.schemas = TableSchemas(settings, spark, store)
+        # The embedded registry's schemas: the store's, if it is a registry too (a sink's view is not).
+        self.schemas = TableSchemas(settings, spark, store, store if isinstance(store, RegistryStore) else None)
         self._backoff: dict[uuid.UUID, TopicBackoff] = {}
         # Topics run on worker threads so that one that hangs cannot hold up the pass; threads are reused
         # (each keeps its py4j connection). A topic still running is in _in_flight and is not started again.
@@ -411,6 +418,11 @@ class Archiver:
                 chunks_by_partition[part.partition] = self.store.intake_chunks_after(
                     topic.topic_id, part.partition, table_offset, POLL_CHUNKS
                 )
+        if self.on_gap is not None:
+            for part in partitions:
+                table_offset = committed.offsets.get(part.partition, 0)
+                if table_offset < part.log_start_offset:
+                    self.on_gap(topic, part.partition, table_offset, part.log_start_offset)
         archives = self._plan(
             topic, config, partitions, chunks_by_partition, committed.offsets, now_ms, force
         )

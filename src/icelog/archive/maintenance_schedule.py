@@ -26,7 +26,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -46,7 +46,7 @@ from icelog.config import SETTINGS_ENV, Settings
 from icelog.errors import first_line
 from icelog.faults import armed
 from icelog.lake.iceberg_java import load_table, table_properties
-from icelog.meta.store import ArchiveLedger, MaintenanceRecord, ProcessLocks, TopicCatalog
+from icelog.meta.store import ArchiveLedger, MaintenanceRecord, ProcessLocks, TopicReader
 from icelog.table.layout import quote_identifier
 from icelog.topic_configs.archive import archive_config, table_key
 
@@ -127,7 +127,7 @@ class DueTable:
     check_orphans: bool
 
 
-class MaintenanceStore(TopicCatalog, ArchiveLedger, ProcessLocks, Protocol):
+class MaintenanceStore(TopicReader, ArchiveLedger, ProcessLocks, Protocol):
     """The topics (their tables are maintained), the tables' last maintenance rounds, and the locks."""
 
 
@@ -135,9 +135,11 @@ class MaintenanceScheduler:
     """Finds due tables (`due_tables`, `run_due`); in the archiver, runs rounds in a child process (`poll`)."""
 
     def __init__(
-        self, settings: Settings, spark: SparkSession, store: MaintenanceStore, clock: Callable[[], float] = time.time
+        self, settings: Settings, spark: SparkSession, store: MaintenanceStore, clock: Callable[[], float] = time.time,
+        round_args: Sequence[str] = (),
     ) -> None:
         self.settings = settings
+        self.round_args = round_args  # to `icelog maintain --due`: a sink's rounds name it (--sink NAME)
         self.spark = spark
         self.store = store
         self.clock = clock
@@ -183,7 +185,7 @@ class MaintenanceScheduler:
             return
         if due:
             log.info("starting a maintenance round (%s)", "; ".join(f"{t.key}: {t.reason}" for t in due))
-            self._child = start_round_process(self.settings)
+            self._child = start_round_process(self.settings, self.round_args)
 
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)
@@ -270,10 +272,10 @@ class MaintenanceScheduler:
         return result
 
 
-def start_round_process(settings: Settings) -> subprocess.Popen[bytes]:
-    """`icelog maintain --due` with these settings (its output goes to the archiver's)."""
+def start_round_process(settings: Settings, args: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    """`icelog maintain --due [args]` with these settings (its output goes to the archiver's)."""
     env = {**os.environ, SETTINGS_ENV: settings.model_dump_json()}
-    return subprocess.Popen([sys.executable, "-m", "icelog", "maintain", "--due"], env=env)
+    return subprocess.Popen([sys.executable, "-m", "icelog", "maintain", "--due", *args], env=env)
 
 
 def hold_task_slot(spark: SparkSession, marker: Path) -> None:

@@ -13,14 +13,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from icelog.archive.archiver import Archiver, ArchiverStore, TopicPassResult
+from icelog.archive.archiver import Archiver, ArchiverStore, GapHook, TopicPassResult
 from icelog.config import SETTINGS_ENV, Settings
 from icelog.errors import IcelogError, first_line
 from icelog.lake.jvm_errors import jvm_errors
 from icelog.meta.backends import open_store
-from icelog.meta.store import StoreConnection, TopicCatalog
+from icelog.meta.store import StoreConnection, TopicReader
 from icelog.topic_configs.archive import archive_config
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ def lower_priority(niceness: int, setting: str = "archive.nice") -> None:
         log.warning("could not set the CPU niceness to %d (%s): %s", niceness, setting, exc)
 
 
-def archived_topics_exist(settings: Settings, store: TopicCatalog) -> bool:
+def archived_topics_exist(settings: Settings, store: TopicReader) -> bool:
     return any(
         archive_config(t.name, t.configs, settings.topic_defaults, settings.archive).enabled
         for t in store.list_topics()
@@ -63,10 +64,15 @@ class ArchiveService:
     """Runs passes until stopped; owns the Spark session and the metadata store connection."""
 
     def __init__(
-        self, settings: Settings, spark: SparkSession | None = None, store: ArchiveServiceStore | None = None
+        self, settings: Settings, spark: SparkSession | None = None, store: ArchiveServiceStore | None = None,
+        on_gap: GapHook | None = None, after_pass: Callable[[], None] | None = None,
+        maintenance_args: Sequence[str] = (),
     ) -> None:
         self.settings = settings
         self.store = store or open_store(settings.metadata_url)
+        self.on_gap = on_gap  # offsets the log lost before they were archived (a sink's source retention)
+        self.after_pass = after_pass  # called after every pass of run_forever, failed or not (a sink's status)
+        self.maintenance_args = maintenance_args  # to the maintenance rounds' `icelog maintain --due`
         self._spark = spark
         self._owns_spark = spark is None
         self._archiver: Archiver | None = None
@@ -87,7 +93,7 @@ class ArchiveService:
                     # (cli/archive.py: end the pass in flight, then stop) stays the process's.
                     signal.signal(signal.SIGINT, ours)
                 log.info("Spark started in %.1f s", time.monotonic() - started)  # after: Ctrl-C is ours again
-            self._archiver = Archiver(self.settings, self._spark, self.store)
+            self._archiver = Archiver(self.settings, self._spark, self.store, on_gap=self.on_gap)
         return self._archiver
 
     def maintenance(self) -> MaintenanceScheduler:
@@ -96,7 +102,8 @@ class ArchiveService:
         if self._maintenance is None:
             from icelog.archive.maintenance_schedule import MaintenanceScheduler
 
-            self._maintenance = MaintenanceScheduler(self.settings, self.archiver().spark, self.store)
+            self._maintenance = MaintenanceScheduler(self.settings, self.archiver().spark, self.store,
+                                                     round_args=self.maintenance_args)
         return self._maintenance
 
     def run_once(self, force: bool = True, topics: list[str] | None = None) -> list[TopicPassResult]:
@@ -137,6 +144,8 @@ class ArchiveService:
             except Exception:
                 log.exception("archive pass failed")
                 failed = True
+            if self.after_pass is not None:
+                self.after_pass()
             if (failed or topic_failed) and not self.spark_alive():
                 log.error("the Spark driver is gone; exiting so that a new archiver starts")
                 return False
@@ -153,6 +162,8 @@ class ArchiveService:
                 config = archive_config(topic.name, topic.configs, self.settings.topic_defaults, self.settings.archive)
                 if config.enabled:
                     self.store.record_archive_error(topic.topic_id, range(topic.partitions), message, now_ms)
+        except IcelogError as why:  # the store (or a sink's source) is away too: one line
+            log.warning("could not record the archive error: %s", first_line(why))
         except Exception:
             log.exception("could not record the archive error")
 
@@ -183,25 +194,27 @@ class ArchiveService:
 
 
 class ArchiverProcess:
-    """The archiver child of `icelog serve`: started with the broker's settings, restarted if it dies."""
+    """A child of `icelog serve` started with the broker's settings and restarted if it dies: the archiver
+    (`icelog archive`), or the configured sinks (`icelog sink`)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, command: str = "archive") -> None:
         self.settings = settings
+        self.command = command
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
 
     def start(self) -> None:
         env = {**os.environ, SETTINGS_ENV: self.settings.model_dump_json()}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "icelog", "archive", "--parent-pid", str(os.getpid())], env=env
+            [sys.executable, "-m", "icelog", self.command, "--parent-pid", str(os.getpid())], env=env
         )
-        log.info("started the archiver (pid %d)", self.proc.pid)
+        log.info("started `icelog %s` (pid %d)", self.command, self.proc.pid)
 
     def check(self) -> None:
         """Restart the child if it exited (called from the broker's upkeep loop)."""
         if self.proc is not None and self.proc.poll() is not None:
             self.restarts += 1
-            log.warning("the archiver exited with %s; restarting it", self.proc.returncode)
+            log.warning("`icelog %s` exited with %s; restarting it", self.command, self.proc.returncode)
             self.start()
 
     def running(self) -> bool:

@@ -30,7 +30,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from google.protobuf import descriptor_pb2
 
@@ -234,19 +234,17 @@ def side_was_decoded(known: Sequence[TableColumn], side: str, is_table: bool) ->
     return any(c.path == err and not c.deleted for c in known)
 
 
-class TableSchemaStore(ArchiveLedger, RegistryStore, Protocol):
-    """The tables' column records (field ids), and the embedded registry's schemas."""
-
-
 class TableSchemas:
     """Per pass: the registry's latest schemas; per topic: the archive table's schema, kept current."""
 
-    def __init__(self, settings: Settings, spark: SparkSession, store: TableSchemaStore) -> None:
+    def __init__(
+        self, settings: Settings, spark: SparkSession, store: ArchiveLedger, registry: RegistryStore | None
+    ) -> None:
         self.settings = settings
         self.spark = spark
-        self.store = store
+        self.store = store  # the tables' column records (field ids)
+        self.registry = registry  # the embedded registry's schemas, when the settings name no other
         self.spec = source_spec(settings)
-        self.intake_dir = str(Path(settings.data_dir).resolve() / "intake")
         self._source: SchemaSource | None = None
         self._compiled: dict[int, CompiledSchema] = {}  # schema id → compiled, across passes
         self._version_ids: dict[tuple[str, int], int] = {}  # (subject, version) → schema id, across passes
@@ -263,7 +261,9 @@ class TableSchemas:
             if self.spec.kind == "http":
                 self._source = RegistryClient(self.spec.location, self._compiled, self._version_ids)
             else:  # the embedded registry: the archiver's own store holds its state
-                self._source = StoreSchemaSource(self.store, self._compiled)
+                if self.registry is None:
+                    raise ConfigError("the archive reads schemas from the embedded registry, but its store has none")
+                self._source = StoreSchemaSource(self.registry, self._compiled)
         return self._source
 
     def _subject_latest(self, subject: str) -> LatestSchema | None:

@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     from icelog.cli import user
 
     user.add_parser(sub)
+    from icelog.cli import sink
+
+    sink.add_parser(sub)
     return parser
 
 

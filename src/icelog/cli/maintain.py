@@ -26,6 +26,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     maintain.add_argument("--due", action="store_true",
                           help="only the tables due for automatic maintenance (what the archiver runs)")
     maintain.add_argument("--data-dir", help="the broker's data directory (default ./icelog-data)")
+    maintain.add_argument("--sink", help=argparse.SUPPRESS)  # with --due: a sink's tables (its archiver's rounds)
     maintain.add_argument("--spark-master", help="spark.master (default from config: local[N], half the cores)")
     maintain.set_defaults(func=cmd_maintain)
 
@@ -48,7 +49,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     require_metadata(settings)
     lower_priority(settings.archive.maintenance_nice, "archive.maintenance_nice")  # before Spark: its JVM inherits it
     if args.due:
-        return run_due(settings)
+        return run_due(settings, args.sink)
     store = open_store(settings.metadata_url)
     lock = ArchiverLock(store, MAINTENANCE_LOCK)
     try:
@@ -113,13 +114,16 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         store.close()
 
 
-def run_due(settings: Settings) -> int:
-    """The automatic round: every due table, in a Spark session of this process (skipped if locked)."""
+def run_due(settings: Settings, sink: str | None = None) -> int:
+    """The automatic round: every due table (of the broker's topics, or of a sink's), in a Spark session of this
+    process (skipped if locked)."""
     from icelog.archive.maintenance_schedule import MaintenanceScheduler
+    from icelog.archive.service import ArchiveServiceStore
     from icelog.lake.spark import create_session
     from icelog.meta.backends import open_store
+    from icelog.sink.service import open_view
 
-    store = open_store(settings.metadata_url)
+    store: ArchiveServiceStore = open_store(settings.metadata_url) if sink is None else open_view(settings, sink)
     spark = create_session(settings, "icelog-maintenance")
     scheduler = MaintenanceScheduler(settings, spark, store)
     try:

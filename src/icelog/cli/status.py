@@ -116,8 +116,47 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     if len(rows) == 1:
         print("(no topics)")
+    if settings.sinks:
+        print()
+        _print_sinks(settings)
     print(f"icelog status: {_space_line(settings)}", file=sys.stderr)  # stdout stays one row per partition
     return 0
+
+
+def _print_sinks(settings: Settings) -> None:
+    """Each sink's topics as its process last wrote them (sink/service.py): source offsets, table, lag."""
+    import time
+
+    from icelog.sink.service import read_status
+
+    rows: list[tuple[str, ...]] = [("SINK", "TOPIC", "PARTITION", "SOURCE-START", "SOURCE-END", "TABLE-OFFSET",
+                                    "LAG-RECORDS", "LAG-SECONDS", "ERROR")]
+    notes: list[str] = []
+    for name in sorted(settings.sinks):
+        status = read_status(settings, name)
+        if status is None:
+            notes.append(f"sink {name}: has not run yet (`icelog sink --name {name}`, or `icelog serve`)")
+            continue
+        age = time.time() - status["at_ms"] / 1000
+        notes.append(f"sink {name}: source {status['bootstrap_servers']}, group {status['group_id']}; "
+                     f"as of {age:.0f} s ago" + (f"; last pass failed: {status['error']}" if status["error"] else ""))
+        for topic, data in sorted(status["topics"].items()):
+            for part in data["partitions"]:
+                rows.append((name, topic, str(part["partition"]), _cell(part["source_start"]),
+                             _cell(part["source_end"]), _cell(part["table_offset"]), _cell(part["lag_records"]),
+                             str(part["lag_seconds"]), part["error"] or "-"))
+        for gap in status["gaps"]:
+            notes.append(f"sink {name}: GAP {gap['topic']}-{gap['partition']} offsets {gap['start']}..{gap['end'] - 1} "
+                         "were deleted by the source's retention before the sink read them")
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    for note in notes:
+        print(note)
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None else str(value)
 
 
 def _space_line(settings: Settings) -> str:

@@ -163,7 +163,25 @@ class MaintenanceRecord:
 
 
 @runtime_checkable
-class TopicCatalog(Protocol):
+class TopicReader(Protocol):
+    """Reading topics and where their partitions stand (what the archiver needs: a sink's source cluster
+    answers it too, sink/source_store.py)."""
+
+    @abstractmethod
+    def get_topic(self, name: str) -> TopicRecord | None:
+        """The topic by name, or None."""
+
+    @abstractmethod
+    def list_topics(self) -> list[TopicRecord]:
+        """All topics, sorted by name."""
+
+    @abstractmethod
+    def partitions(self, topic_id: uuid.UUID) -> list[PartitionRecord]:
+        """The partitions of a topic, ordered by partition number."""
+
+
+@runtime_checkable
+class TopicCatalog(TopicReader, Protocol):
     """Topics, their partitions (offsets and intake totals) and explicitly set configs."""
 
     @abstractmethod
@@ -184,21 +202,23 @@ class TopicCatalog(Protocol):
     ) -> TopicRecord:
         """Set and remove explicit topic configs in one step."""
 
-    @abstractmethod
-    def get_topic(self, name: str) -> TopicRecord | None:
-        """The topic by name, or None."""
+
+
+class IntakeReader(Protocol):
+    """Where the records of a partition past an offset lie (what the archiver plans from)."""
 
     @abstractmethod
-    def list_topics(self) -> list[TopicRecord]:
-        """All topics, sorted by name."""
+    def intake_chunks_after(
+        self, topic_id: uuid.UUID, partition: int, offset: int, limit: int
+    ) -> list[IntakeChunk]:
+        """At most `limit` chunks of one partition holding offsets at or past `offset`, in offset order.
 
-    @abstractmethod
-    def partitions(self, topic_id: uuid.UUID) -> list[PartitionRecord]:
-        """The partitions of a topic, ordered by partition number."""
+        Its cost depends on `limit`, not on how many chunks are indexed (the archiver's poll uses it).
+        """
 
 
 @runtime_checkable
-class IntakeIndex(Protocol):
+class IntakeIndex(IntakeReader, Protocol):
     """Where each partition's record batches lie in the intake files, the tail recovery rescans from, and
     the log starts that trims and Kafka retention move."""
 
@@ -218,14 +238,6 @@ class IntakeIndex(Protocol):
     def intake_chunks(self, topic_id: uuid.UUID | None = None) -> list[IntakeChunk]:
         """Indexed chunks (of one topic, or all), ordered by topic, partition and offset."""
 
-    @abstractmethod
-    def intake_chunks_after(
-        self, topic_id: uuid.UUID, partition: int, offset: int, limit: int
-    ) -> list[IntakeChunk]:
-        """At most `limit` chunks of one partition holding offsets at or past `offset`, in offset order.
-
-        Its cost depends on `limit`, not on how many chunks are indexed (the archiver's poll uses it).
-        """
 
     @abstractmethod
     def intake_last_chunks(self, topic_id: uuid.UUID, partition: int, limit: int) -> list[IntakeChunk]:

@@ -1,0 +1,194 @@
+"""`icelog sink`: topics of another Kafka cluster archived into icelog's tables, exactly once.
+
+A second icelog broker with archiving off stands in for the external cluster (it speaks the Kafka protocol; no
+other broker can be installed here). Real clients produce to it; `icelog sink --once` runs as a cron job would,
+in a process of its own, against a lake (metadata store, catalog, warehouse) in a data dir of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from tests.archive.test_pk_tables import latest, send
+from tests.support.archive import create_topic, produce
+from tests.support.broker import BrokerProcess
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+SINK = "prod"
+GROUP = "icelog-sink-prod"
+
+
+class Lake:
+    """The sink's side: a data dir with the metadata store, the catalog and the warehouse, and its config."""
+
+    def __init__(self, root: Path, source: BrokerProcess) -> None:
+        self.root = root
+        self.data_dir = root / "lake"
+        self.source = source
+        self.config = root / "icelog.yaml"
+        self.topics = ["orders", "users", "payments"]
+        self.write_config()
+
+    def write_config(self, **extra: Any) -> None:
+        sink = {"bootstrap_servers": self.source.bootstrap, "topics": self.topics, **extra}
+        self.config.write_text(yaml.safe_dump({"sinks": {SINK: sink}}))
+
+    def run(self, *args: str, fault: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "ICELOG_ARCHIVE__ENABLED": "false"}
+        env.pop("ICELOG_TEST_FAULT", None)
+        if fault:
+            env["ICELOG_TEST_FAULT"] = fault
+        return subprocess.run([sys.executable, "-m", "icelog", "--config", str(self.config), *args, "--data-dir",
+                               str(self.data_dir)], env=env, capture_output=True, text=True, timeout=timeout)
+
+    def sink_once(self, fault: str | None = None) -> subprocess.CompletedProcess[str]:
+        return self.run("sink", "--once", fault=fault)
+
+    def rows(self, topic: str) -> list[dict[str, Any]]:
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        catalog = SqlCatalog("lake", uri=f"sqlite:///{self.data_dir / 'catalog.db'}",
+                             warehouse=(self.data_dir / "warehouse").resolve().as_uri())
+        rows: list[dict[str, Any]] = catalog.load_table((SINK, topic)).scan().to_arrow().to_pylist()
+        return rows
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    proc = BrokerProcess(tmp_path_factory.mktemp("source") / "data").start()  # archiving off: a plain Kafka
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def lake(tmp_path: Path, source: BrokerProcess) -> Lake:
+    return Lake(tmp_path, source)
+
+
+def record_rows(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return sorted(
+        (r["kafka"]["partition"], r["kafka"]["offset"], r["key"] and r["key"]["__raw__"],
+         r["value"] and r["value"]["__raw__"], tuple((h["key"], h["value"]) for h in r["headers"]),
+         int(r["kafka"]["event_timestamp"].timestamp() * 1_000_000))
+        for r in rows
+    )
+
+
+def group_offsets(source: BrokerProcess, topic: str, partitions: int) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": source.bootstrap, "group.id": GROUP})
+    try:
+        got = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
+        return {tp.partition: tp.offset for tp in got}
+    finally:
+        consumer.close()
+
+
+def end_offsets(source: BrokerProcess, topic: str, partitions: int) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": source.bootstrap, "group.id": "probe"})
+    try:
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in range(partitions)}
+    finally:
+        consumer.close()
+
+
+def transactional(source: BrokerProcess, topic: str, tag: str) -> list[bytes]:
+    """A committed and an aborted transaction, interleaved with plain records; the values a table must hold."""
+    producer = Producer({"bootstrap.servers": source.bootstrap, "transactional.id": f"sink-{topic}-{tag}"})
+    aborter = Producer({"bootstrap.servers": source.bootstrap, "transactional.id": f"sink-{topic}-{tag}-a"})
+    plain = Producer({"bootstrap.servers": source.bootstrap})
+    producer.init_transactions(30)
+    aborter.init_transactions(30)
+    producer.begin_transaction()
+    aborter.begin_transaction()
+    kept = []
+    for i in range(20):
+        producer.produce(topic, value=f"{tag}-c{i}".encode(), partition=i % 2)
+        aborter.produce(topic, value=f"{tag}-a{i}".encode(), partition=i % 2)
+        plain.produce(topic, value=f"{tag}-p{i}".encode(), partition=i % 2)
+        kept += [f"{tag}-c{i}".encode(), f"{tag}-p{i}".encode()]
+    assert plain.flush(30) == 0
+    aborter.abort_transaction(30)
+    producer.commit_transaction(30)
+    return kept
+
+
+def test_a_sink_archives_raw_compacted_and_transactional_topics_exactly_once(lake: Lake, source: BrokerProcess) -> None:
+    create_topic(source, "orders", 3)
+    create_topic(source, "users", 2, {"cleanup.policy": "compact"})
+    create_topic(source, "payments", 2)
+    orders = produce(source, "orders", 600)
+    users = send(source, "users", [(f"u{i}".encode(), f"v0-{i}".encode()) for i in range(40)], partitions=2)
+    payments = transactional(source, "payments", "one")
+
+    done = lake.sink_once()
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert record_rows(lake.rows("orders")) == orders
+    got_users = {r["key"]["__raw__"]: r["value"]["__raw__"] for r in lake.rows("users")}
+    assert got_users == {k: v for k, (v, _p, _o) in latest(users).items()}
+    assert sorted(r["value"]["__raw__"] for r in lake.rows("payments")) == sorted(payments)
+    # The source's group shows the sink's progress once the tables hold it.
+    for topic, partitions in (("orders", 3), ("users", 2), ("payments", 2)):
+        assert group_offsets(source, topic, partitions) == end_offsets(source, topic, partitions), topic
+
+    # A second pass takes only what is new: updates and deletes of the compacted topic, more of the others.
+    orders += produce(source, "orders", 300, tag="two-")
+    changes = [(f"u{i}".encode(), None if i % 3 == 0 else f"v1-{i}".encode()) for i in range(0, 40, 2)]
+    users += send(source, "users", changes, partitions=2)
+    payments += transactional(source, "payments", "two")
+    done = lake.sink_once()
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert record_rows(lake.rows("orders")) == sorted(orders)
+    got_users = {r["key"]["__raw__"]: r["value"]["__raw__"] for r in lake.rows("users")}
+    assert got_users == {k: v for k, (v, _p, _o) in latest(users).items()}
+    assert sorted(r["value"]["__raw__"] for r in lake.rows("payments")) == sorted(payments)
+
+    status = lake.run("status")
+    assert status.returncode == 0, status.stderr[-2000:]
+    lines = [line.split() for line in status.stdout.splitlines() if line.startswith(SINK + " ")]
+    assert {(cells[1], cells[2]) for cells in lines} == {("orders", "0"), ("orders", "1"), ("orders", "2"),
+                                                          ("users", "0"), ("users", "1"), ("payments", "0"),
+                                                          ("payments", "1")}
+    assert all(cells[6] == "0" for cells in lines), status.stdout  # LAG-RECORDS
+
+
+@pytest.mark.parametrize("fault", ["after-write", "after-commit"])
+def test_a_sink_killed_before_or_after_its_iceberg_commit_loses_and_repeats_nothing(
+    lake: Lake, source: BrokerProcess, fault: str
+) -> None:
+    """Killed before the commit (files written, nothing committed) or between the Iceberg commit and the group
+    commit: the next run resumes from the table, so the table holds each record once, and the group catches up."""
+    topic = f"crash-{fault}"
+    lake.topics = [topic]
+    lake.write_config()
+    create_topic(source, topic, 2)
+    produced = produce(source, topic, 400, partitions=2)
+
+    crashed = lake.sink_once(fault=fault)
+    assert crashed.returncode == 137, crashed.stdout + crashed.stderr[-3000:]
+    committed_before = group_offsets(source, topic, 2)
+    assert all(offset < 0 for offset in committed_before.values()), committed_before  # the group was not told
+
+    done = lake.sink_once()
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert record_rows(lake.rows(topic)) == produced
+    assert group_offsets(source, topic, 2) == end_offsets(source, topic, 2)
+
+
+def test_an_unreachable_source_is_one_line(lake: Lake, source: BrokerProcess, tmp_path: Path) -> None:
+    from tests.support.broker import free_port
+
+    lake.write_config(bootstrap_servers=f"127.0.0.1:{free_port()}")
+    done = lake.sink_once()
+    assert done.returncode != 0
+    assert "cannot reach the broker at 127.0.0.1:" in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stdout + done.stderr
