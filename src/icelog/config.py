@@ -449,6 +449,15 @@ class Settings(BaseSettings):
         default_factory=dict, description="External Kafka clusters whose topics icelog archives (`icelog sink`)."
     )
 
+    @field_validator("sinks")
+    @classmethod
+    def _check_sink_names(cls, value: dict[str, SinkSettings]) -> dict[str, SinkSettings]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+                raise ValueError(f"sink name {name!r}: use letters, digits, '.', '_' and '-' (it names a namespace, "
+                                 "a consumer group and a directory)")
+        return value
+
     @field_validator("listen")
     @classmethod
     def _check_listen(cls, value: str) -> str:

@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from icelog.client.cluster import PartitionOffsets
+from icelog.client.connection import BrokerRequestError
 from icelog.config import SinkSettings
+from icelog.errors import ErrorCode
 from icelog.meta.store import (
     ArchiveLedger,
     ArchiveState,
@@ -115,6 +117,7 @@ class SourceView:
         self._topics: dict[str, TopicRecord] = {}
         self._by_id: dict[uuid.UUID, TopicRecord] = {}
         self._topics_read = -TOPICS_REFRESH_S
+        self._configs_refused = False
         self._parts: dict[tuple[uuid.UUID, int], _Partition] = {}
 
     # -- topics ------------------------------------------------------------------------------------------------
@@ -131,7 +134,7 @@ class SourceView:
         missing = [t for t in self.sink.topics if t not in found]
         if missing:
             log.warning("sink %s: the source has no topic %s (yet)", self.name, ", ".join(missing))
-        source_configs = self.client.topic_configs(sorted(found)) if found else {}
+        source_configs = self._source_configs(sorted(found))
         topics: dict[str, TopicRecord] = {}
         for topic, count in sorted(found.items()):
             configs = {k: v for k, v in source_configs.get(topic, {}).items() if k in SOURCE_CONFIGS}
@@ -141,6 +144,22 @@ class SourceView:
             self._topics = topics
             self._by_id = {t.topic_id: t for t in topics.values()}
             self._topics_read = now
+
+    def _source_configs(self, topics: Sequence[str]) -> Mapping[str, Mapping[str, str]]:
+        """The source topics' configs; {} when the sink's principal may not describe them (it then takes
+        cleanup.policy from `topic_configs` only, and says so once)."""
+        if not topics:
+            return {}
+        try:
+            return self.client.topic_configs(topics)
+        except BrokerRequestError as exc:
+            if exc.code != ErrorCode.TOPIC_AUTHORIZATION_FAILED:
+                raise
+            if not self._configs_refused:
+                log.warning("sink %s: the source refuses DescribeConfigs (%s): a compacted topic is a primary-key "
+                            "table only if topic_configs says cleanup.policy: compact", self.name, exc)
+                self._configs_refused = True
+            return {}
 
     def list_topics(self) -> list[TopicRecord]:
         self._refresh_topics()
