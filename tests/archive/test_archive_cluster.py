@@ -209,8 +209,9 @@ def test_only_committed_records_are_archived_on_the_cluster(cluster_lake: Cluste
     topic = "cluster-txn"
     broker = cluster_lake.broker
     create_topic(broker, topic, partitions=2)
-    committer, aborter, pending = (Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"ct-{n}"})
-                                   for n in ("commit", "abort", "open"))
+    # (The open transaction outlives the pass: 5 minutes before the broker would abort it, not 1.)
+    committer, aborter, pending = (Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"ct-{n}",
+                                             "transaction.timeout.ms": 300_000}) for n in ("commit", "abort", "open"))
     for producer in (committer, aborter, pending):
         producer.init_transactions(30)
         producer.begin_transaction()
