@@ -7,61 +7,18 @@ in a process of its own, against a lake (metadata store, catalog, warehouse) in 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from tests.archive.test_pk_tables import latest, send
 from tests.support.archive import create_topic, produce
 from tests.support.broker import BrokerProcess
+from tests.support.sink import Lake, end_offsets, group_offsets, record_rows, sink_status_lines
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-SINK = "prod"
-GROUP = "icelog-sink-prod"
-
-
-class Lake:
-    """The sink's side: a data dir with the metadata store, the catalog and the warehouse, and its config."""
-
-    def __init__(self, root: Path, source: BrokerProcess) -> None:
-        self.root = root
-        self.data_dir = root / "lake"
-        self.source = source
-        self.config = root / "icelog.yaml"
-        self.topics = ["orders", "users", "payments"]
-        self.write_config()
-
-    def write_config(self, **extra: Any) -> None:
-        sink = {"bootstrap_servers": self.source.bootstrap, "topics": self.topics, **extra}
-        self.config.write_text(yaml.safe_dump({"sinks": {SINK: sink}}))
-
-    def run(self, *args: str, fault: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "ICELOG_ARCHIVE__ENABLED": "false"}
-        env.pop("ICELOG_TEST_FAULT", None)
-        if fault:
-            env["ICELOG_TEST_FAULT"] = fault
-        return subprocess.run([sys.executable, "-m", "icelog", "--config", str(self.config), *args, "--data-dir",
-                               str(self.data_dir)], env=env, capture_output=True, text=True, timeout=timeout)
-
-    def sink_once(self, fault: str | None = None) -> subprocess.CompletedProcess[str]:
-        return self.run("sink", "--once", fault=fault)
-
-    def rows(self, topic: str) -> list[dict[str, Any]]:
-        from pyiceberg.catalog.sql import SqlCatalog
-
-        catalog = SqlCatalog("lake", uri=f"sqlite:///{self.data_dir / 'catalog.db'}",
-                             warehouse=(self.data_dir / "warehouse").resolve().as_uri())
-        rows: list[dict[str, Any]] = catalog.load_table((SINK, topic)).scan().to_arrow().to_pylist()
-        return rows
-
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
@@ -73,32 +30,6 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
 @pytest.fixture
 def lake(tmp_path: Path, source: BrokerProcess) -> Lake:
     return Lake(tmp_path, source)
-
-
-def record_rows(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    return sorted(
-        (r["kafka"]["partition"], r["kafka"]["offset"], r["key"] and r["key"]["__raw__"],
-         r["value"] and r["value"]["__raw__"], tuple((h["key"], h["value"]) for h in r["headers"]),
-         int(r["kafka"]["event_timestamp"].timestamp() * 1_000_000))
-        for r in rows
-    )
-
-
-def group_offsets(source: BrokerProcess, topic: str, partitions: int) -> dict[int, int]:
-    consumer = Consumer({"bootstrap.servers": source.bootstrap, "group.id": GROUP})
-    try:
-        got = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
-        return {tp.partition: tp.offset for tp in got}
-    finally:
-        consumer.close()
-
-
-def end_offsets(source: BrokerProcess, topic: str, partitions: int) -> dict[int, int]:
-    consumer = Consumer({"bootstrap.servers": source.bootstrap, "group.id": "probe"})
-    try:
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in range(partitions)}
-    finally:
-        consumer.close()
 
 
 def transactional(source: BrokerProcess, topic: str, tag: str) -> list[bytes]:
@@ -154,7 +85,7 @@ def test_a_sink_archives_raw_compacted_and_transactional_topics_exactly_once(lak
 
     status = lake.run("status")
     assert status.returncode == 0, status.stderr[-2000:]
-    lines = [line.split() for line in status.stdout.splitlines() if line.startswith(SINK + " ")]
+    lines = sink_status_lines(status.stdout)
     assert {(cells[1], cells[2]) for cells in lines} == {("orders", "0"), ("orders", "1"), ("orders", "2"),
                                                           ("users", "0"), ("users", "1"), ("payments", "0"),
                                                           ("payments", "1")}

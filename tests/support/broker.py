@@ -21,8 +21,9 @@ class BrokerProcess:
     """`icelog serve` in a child process, so tests can SIGKILL and restart it."""
 
     def __init__(self, data_dir: Path, port: int | None = None, env: dict[str, str] | None = None,
-                 extra_args: list[str] | None = None) -> None:
+                 extra_args: list[str] | None = None, config: Path | None = None) -> None:
         self.data_dir = data_dir
+        self.config = config  # an icelog.yaml, passed as a user does: `icelog --config F serve`
         self.port = port or free_port()
         self.registry_port = free_port()  # the embedded schema registry; 8081 would clash between brokers
         self.metrics_port = free_port()  # /metrics, /healthz, /readyz; 9644 would clash too
@@ -51,9 +52,10 @@ class BrokerProcess:
                  "ICELOG_METRICS_LISTEN": f"127.0.0.1:{self.metrics_port}"}
         env = {**os.environ, **quiet, **self.env}
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child process keeps writing after we return
+        config = ["--config", str(self.config)] if self.config else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "icelog", "serve", "--listen", self.bootstrap, "--data-dir", str(self.data_dir),
-             *self.extra_args],
+            [sys.executable, "-m", "icelog", *config, "serve", "--listen", self.bootstrap, "--data-dir",
+             str(self.data_dir), *self.extra_args],
             stdout=log, stderr=subprocess.STDOUT, env=env,
         )
         deadline = time.monotonic() + timeout

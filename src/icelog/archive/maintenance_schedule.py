@@ -46,6 +46,7 @@ from icelog.config import SETTINGS_ENV, Settings
 from icelog.errors import first_line
 from icelog.faults import armed
 from icelog.lake.iceberg_java import load_table, table_properties
+from icelog.lake.jvm_errors import from_jvm
 from icelog.meta.store import ArchiveLedger, MaintenanceRecord, ProcessLocks, TopicReader
 from icelog.table.layout import quote_identifier
 from icelog.topic_configs.archive import archive_config, table_key
@@ -212,7 +213,8 @@ class MaintenanceScheduler:
                 try:
                     found = self._due(key, sort_column, records.get(key))
                 except Exception as exc:  # the catalog is down, the table is being dropped: next look
-                    log.warning("could not read %s to schedule maintenance: %s", key, first_line(exc))
+                    # (py4j's own first line says only which call failed: the Java exception says why)
+                    log.warning("could not read %s to schedule maintenance: %s", key, first_line(from_jvm(exc)))
                     continue
                 if found is not None:
                     due.append(found)
