@@ -7,22 +7,24 @@ in a process of its own, against a lake (metadata store, catalog, warehouse) in 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tests.archive.test_pk_tables import latest, send
 from tests.support.archive import create_topic, produce
 from tests.support.broker import BrokerProcess
-from tests.support.sink import Lake, end_offsets, group_offsets, record_rows, sink_status_lines
+from tests.support.sink import SINK, Lake, end_offsets, group_offsets, record_rows, sink_status_lines
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path_factory.mktemp("source") / "data").start()  # archiving off: a plain Kafka
+    proc = BrokerProcess(tmp_path_factory.mktemp("source") / "data",  # archiving off: a plain Kafka
+                         env={"ICELOG_RETENTION_CHECK_INTERVAL_MS": "200"}).start()
     yield proc
     proc.stop()
 
@@ -53,10 +55,35 @@ def transactional(source: BrokerProcess, topic: str, tag: str) -> list[bytes]:
     return kept
 
 
+def set_retention(source: BrokerProcess, topic: str, retention_ms: str | None) -> None:
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    op = AlterConfigOpType.SET if retention_ms else AlterConfigOpType.DELETE
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+        ConfigEntry("retention.ms", retention_ms, incremental_operation=op)])
+    admin = AdminClient({"bootstrap.servers": source.bootstrap})  # (held: a dropped client fails its futures)
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+
+
+def log_start(source: BrokerProcess, topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": source.bootstrap, "group.id": "probe"})
+    try:
+        return int(consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)[0])
+    finally:
+        consumer.close()
+
+
 def test_a_sink_archives_raw_compacted_and_transactional_topics_exactly_once(lake: Lake, source: BrokerProcess) -> None:
+    """Two passes over a raw, a compacted and a transactional topic; and a topic whose retention deletes records
+    the sink has not read between the passes: a gap, reported in the log and `icelog status`."""
+    lake.topics = [*lake.topics, "gappy"]
+    lake.write_config()
     create_topic(source, "orders", 3)
     create_topic(source, "users", 2, {"cleanup.policy": "compact"})
     create_topic(source, "payments", 2)
+    create_topic(source, "gappy", 1)
+    gappy = [r[3] for r in produce(source, "gappy", 50, partitions=1)]
     orders = produce(source, "orders", 600)
     users = send(source, "users", [(f"u{i}".encode(), f"v0-{i}".encode()) for i in range(40)], partitions=2)
     payments = transactional(source, "payments", "one")
@@ -71,6 +98,16 @@ def test_a_sink_archives_raw_compacted_and_transactional_topics_exactly_once(lak
     for topic, partitions in (("orders", 3), ("users", 2), ("payments", 2)):
         assert group_offsets(source, topic, partitions) == end_offsets(source, topic, partitions), topic
 
+    # Retention on the source deletes 30 records of gappy the sink never read (offsets 50..79).
+    produce(source, "gappy", 30, partitions=1, tag="lost-")
+    set_retention(source, "gappy", "300")
+    deadline = time.monotonic() + 30
+    while log_start(source, "gappy") < 80:
+        assert time.monotonic() < deadline, "the source's retention did not run"
+        time.sleep(0.2)
+    set_retention(source, "gappy", None)
+    gappy += [r[3] for r in produce(source, "gappy", 10, partitions=1, tag="after-")]
+
     # A second pass takes only what is new: updates and deletes of the compacted topic, more of the others.
     orders += produce(source, "orders", 300, tag="two-")
     changes = [(f"u{i}".encode(), None if i % 3 == 0 else f"v1-{i}".encode()) for i in range(0, 40, 2)]
@@ -82,14 +119,19 @@ def test_a_sink_archives_raw_compacted_and_transactional_topics_exactly_once(lak
     got_users = {r["key"]["__raw__"]: r["value"]["__raw__"] for r in lake.rows("users")}
     assert got_users == {k: v for k, (v, _p, _o) in latest(users).items()}
     assert sorted(r["value"]["__raw__"] for r in lake.rows("payments")) == sorted(payments)
+    assert sorted(r["kafka"]["offset"] for r in lake.rows("gappy")) == [*range(50), *range(80, 90)]
+    assert sorted((r["value"] or {}).get("__raw__") or b"" for r in lake.rows("gappy")) == sorted(
+        v or b"" for v in gappy)
+    assert "gappy-0: offsets 50..79 were deleted by the source's retention before the sink read them" in done.stderr
 
     status = lake.run("status")
     assert status.returncode == 0, status.stderr[-2000:]
     lines = sink_status_lines(status.stdout)
     assert {(cells[1], cells[2]) for cells in lines} == {("orders", "0"), ("orders", "1"), ("orders", "2"),
                                                           ("users", "0"), ("users", "1"), ("payments", "0"),
-                                                          ("payments", "1")}
+                                                          ("payments", "1"), ("gappy", "0")}
     assert all(cells[6] == "0" for cells in lines), status.stdout  # LAG-RECORDS
+    assert f"sink {SINK}: GAP gappy-0 offsets 50..79 were deleted by the source's retention" in status.stdout
 
 
 def test_a_sink_killed_before_or_after_its_iceberg_commit_loses_and_repeats_nothing(
