@@ -235,8 +235,8 @@ def builtin_freshness(source: BrokerProcess, work: Path, seconds: float, rate_mb
     from confluent_kafka.admin import AdminClient, NewTopic
 
     topic = "bench-builtin-fresh"
-    AdminClient({"bootstrap.servers": source.bootstrap}).create_topics(
-        [NewTopic(topic, PARTITIONS, 1, config={"icelog.archive.kind": "iceberg"})])[topic].result(30)
+    admin = AdminClient({"bootstrap.servers": source.bootstrap})  # held: a collected client fails its futures
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1, config={"icelog.archive.kind": "iceberg"})])[topic].result(30)
     lake = lake_settings(work / "lake", source.bootstrap, {})
     env = {"ICELOG_ARCHIVE__DEFAULT_KIND": "none",  # only this topic: the others are archived, or the sink's
            "ICELOG_ARCHIVE__CATALOG_URI": lake.catalog_uri, "ICELOG_ARCHIVE__WAREHOUSE": lake.warehouse,
@@ -259,8 +259,8 @@ def freshness(source: BrokerProcess, work: Path, seconds: float, rate_mb: float)
     from confluent_kafka.admin import AdminClient, NewTopic
 
     topic, name = "bench-sink-fresh", "fresh"
-    AdminClient({"bootstrap.servers": source.bootstrap}).create_topics(  # the source's archiver leaves it alone
-        [NewTopic(topic, PARTITIONS, 1, config={"icelog.archive.kind": "none"})])[topic].result(30)
+    admin = AdminClient({"bootstrap.servers": source.bootstrap})  # the source's archiver leaves this topic alone
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1, config={"icelog.archive.kind": "none"})])[topic].result(30)
     lake = work / "fresh-lake"
     config = work / "fresh.yaml"
     config.write_text(yaml.safe_dump({"sinks": {name: {"bootstrap_servers": source.bootstrap, "topics": [topic]}}}))
