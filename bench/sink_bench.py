@@ -321,12 +321,12 @@ def main() -> None:
     }
     try:
         results["throughput"] = throughput(source, work, args.records, args.rounds)
-        print("throughput", results["throughput"], flush=True)
+        print("throughput", results["throughput"], file=sys.stderr, flush=True)
         if not args.skip_freshness:
             results["builtin_freshness"] = builtin_freshness(source, work, args.seconds, args.rate_mb)
-            print("built-in freshness", results["builtin_freshness"], flush=True)
+            print("built-in freshness", results["builtin_freshness"], file=sys.stderr, flush=True)
             results["freshness"] = freshness(source, work, args.seconds, args.rate_mb)
-            print("freshness", results["freshness"], flush=True)
+            print("freshness", results["freshness"], file=sys.stderr, flush=True)
             results["freshness_p50_sink_over_builtin"] = round(
                 results["freshness"]["p50_s"] / results["builtin_freshness"]["p50_s"], 2)
     finally:
