@@ -27,7 +27,7 @@ from icelog.meta.store import MetadataStore
 # The archiver child's first pass includes its Spark start; on a loaded 2-core machine (load 10+), at
 # archive.nice 10, that took more than the 180 s this wait used to allow.
 START_TIMEOUT_S = 600
-ARCHIVED_LINE = re.compile(r"^(\S+ \S+) INFO icelog\.pipeline\.archiver: archived (\S+): (\d+) records")
+ARCHIVED_LINE = re.compile(r"^(\S+ \S+) INFO icelog\.archive\.archiver: archived (\S+): (\d+) records")
 
 
 @dataclass

@@ -73,6 +73,42 @@ def test_kafka_fetch_gives_the_planned_chunks_of_the_files(broker: BrokerProcess
     assert _rows(kafka, [cut]) == _rows(files, [cut])
 
 
+def test_kafka_fetch_serves_runs_cut_inside_batches_as_a_sink_plans_them(broker: BrokerProcess,
+                                                                          topic_name: str) -> None:
+    """A sink plans runs of offsets cut anywhere (sink/source_store.py), so an archive can start inside a stored
+    batch: its first fetch returns that batch whole, from before the planned chunk. Every record comes out once,
+    none as a dead letter (the decoder took such a batch for broken framing: 10 M records in bench/sink_bench.py
+    sent whole runs to the dead-letter table)."""
+    from icelog.archive.decode import find_dead_letters
+    from icelog.meta.store import IntakeChunk
+    from icelog.sink.source_store import RECORD_BYTES_GUESS
+    from tests.support.archive import create_topic, produce
+
+    create_topic(broker, topic_name)
+    produced = produce(broker, topic_name, 3000)
+    store = open_store(f"sqlite:///{broker.data_dir / 'meta.db'}")
+    try:
+        record = store.get_topic(topic_name)
+        assert record is not None
+        partitions = store.partitions(record.topic_id)
+    finally:
+        store.close()
+    run = 37  # records a run: not a batch boundary
+    config = archive_config(topic_name, {}, {}, ArchiveSettings(max_bytes=2 * run * RECORD_BYTES_GUESS))
+    kafka = KafkaFetch((broker.bootstrap,), parse({}), topic_name)
+    archives: list[PlannedArchive] = []
+    for part in partitions:
+        runs = [IntakeChunk(record.topic_id, part.partition, start, min(start + run, part.high_watermark), -1, 0,
+                            (min(start + run, part.high_watermark) - start) * RECORD_BYTES_GUESS, -1, 0)
+                for start in range(0, part.high_watermark, run)]
+        archives += plan_partition(runs, 0, part.high_watermark, config, now_ms=0, force=True)
+    assert len(archives) > 3 * len(partitions)
+    assert not [letter for archive in archives for letter in find_dead_letters(kafka, archive)]
+    rows = _rows(kafka, archives)
+    got = sorted((r["kafka"]["partition"], r["kafka"]["offset"]) for r in rows)  # type: ignore[index]
+    assert got == sorted((row[0], row[1]) for row in produced)
+
+
 def _archive_once(
     data_dir: Path, port: int, topic: str, properties: dict[str, str]
 ) -> subprocess.CompletedProcess[str]:

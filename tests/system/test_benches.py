@@ -1,4 +1,5 @@
-"""The quick benchmarks still run on main: each bench/ script without Spark, at a small size, as a user runs it.
+"""The quick benchmarks still run on main: each bench/ script at a small size (without Spark where it can go without;
+the sink bench cannot), as a user runs it.
 
 (A benchmark that no longer runs is a broken promise: bench/startup_bench.py failed for a session before anyone
 ran it. The Spark benchmarks are exercised by their own code paths' tests and re-run before a figure is quoted.)
@@ -30,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
     ("fuzz_broker.py", ["--seconds", "5"], "tracebacks"),
     ("meta_bench.py", ["--rounds", "1", "--latency-seconds", "1", "--records", "2000"], "ack_p99_ratio"),
     ("archive_read_via_bench.py", ["--no-spark", "--records", "20000", "--out", "none"], "decode_kafka_over_files"),
+    # Spark (the bench's and a sink child's): a minute or two; "freshness" comes last, after both parts ran.
+    ("sink_bench.py", ["--records", "20000", "--rounds", "1", "--seconds", "3", "--out", "none"], "freshness"),
     ("security_bench.py", ["--records", "5000", "--rounds", "1", "--latency-seconds", "1", "--connections", "10"],
      "throughput_ratio"),
 ])

@@ -8,6 +8,7 @@ task's closure, never put in the Spark conf, so a SASL password is not shown in 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -68,7 +69,10 @@ class KafkaFetch:
 
     Whole batches come back, the first possibly starting before `start` (the decoder drops its earlier
     records, as with files); fetching stops at `end`, and each batch goes with the planned chunk its base
-    offset falls in, so the decoder sees each chunk's ingest time as with files. Fetches are read_committed
+    offset falls in, so the decoder sees each chunk's ingest time as with files. A chunk whose first batch
+    starts before the planned chunk (a sink's runs are cut at any offset, not at batch boundaries) goes with
+    its ref's base offset lowered to that batch's, since the decoder takes a batch below its chunk's base
+    for broken framing. Fetches are read_committed
     and aborted transactions' batches are left out here (client/fetch.CommittedFilter), so the driver needs
     no transaction index of its own: it plans up to the last stable offset the broker names.
     """
@@ -88,6 +92,11 @@ class KafkaFetch:
             yield from _split(cluster, self.topic, archive)
 
 
+def _from_first(ref: ChunkRef, first_base: int) -> ChunkRef:
+    """`ref`, starting at the first batch it got (base `first_base`, -1: none) if that starts before it."""
+    return dataclasses.replace(ref, base_offset=first_base) if 0 <= first_base < ref.base_offset else ref
+
+
 def _split(cluster: SourceCluster, topic: str, archive: PlannedArchive) -> Iterator[tuple[ChunkRef, memoryview]]:
     refs: Sequence[ChunkRef] = archive.chunks
     if not refs:
@@ -98,6 +107,8 @@ def _split(cluster: SourceCluster, topic: str, archive: PlannedArchive) -> Itera
         remaining[n] = remaining[n + 1] + refs[n].length
     i = 0
     current = bytearray()
+    first_base = -1  # base offset of the first batch in `current` (-1: none yet)
+
     offset = max(refs[0].base_offset, archive.start_offset)
     while offset < end:
         budget = min(FETCH_MAX_BYTES, max(remaining[i] - len(current), HEADER_SIZE))
@@ -116,22 +127,24 @@ def _split(cluster: SourceCluster, topic: str, archive: PlannedArchive) -> Itera
                 if i + 1 >= len(refs):
                     offset = end
                     break
-                yield refs[i], memoryview(bytes(current))
-                i, current = i + 1, bytearray()
+                yield _from_first(refs[i], first_base), memoryview(bytes(current))
+                i, current, first_base = i + 1, bytearray(), -1
                 offset = refs[i].base_offset
                 break
             while i + 1 < len(refs) and base >= refs[i + 1].base_offset:
-                yield refs[i], memoryview(bytes(current))
-                i, current = i + 1, bytearray()
+                yield _from_first(refs[i], first_base), memoryview(bytes(current))
+                i, current, first_base = i + 1, bytearray(), -1
             if base >= end:
                 offset = end
                 break
             attributes = data[pos + ATTRIBUTES_LOW_BYTE]
             if committed.keeps(INT64.unpack_from(data, pos + PRODUCER_ID)[0], last,
                                bool(attributes & ATTR_TRANSACTIONAL), bool(attributes & ATTR_CONTROL)):
+                if not current:
+                    first_base = base
                 current += data[pos : pos + size]
             offset = last + 1
-    yield refs[i], memoryview(bytes(current))
+    yield _from_first(refs[i], first_base), memoryview(bytes(current))
     for ref in refs[i + 1 :]:  # chunks past the end of what was read (none when the plan is whole)
         yield ref, memoryview(b"")
 

@@ -93,6 +93,9 @@ class SinkService:
     def __init__(self, settings: Settings, name: str) -> None:
         self.name = name
         self.settings = sink_settings(settings, name)
+        # Its state dir before the first pass: the pass counters (archive/pass_stats.py) go there, and a sink's
+        # first `--once` lost them (a warning, no directory) since only write_status, after the pass, made it.
+        Path(self.settings.data_dir).mkdir(parents=True, exist_ok=True)
         self.view = open_view(settings, name)
         self.lock = ArchiverLock(self.view.local, f"sink-{name}.lock")
         self._service: ArchiveService | None = None
