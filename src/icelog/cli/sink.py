@@ -58,6 +58,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         for service in services:
             service.service.stop_event = stop
+            service.watch()
         threads = [threading.Thread(target=s.service.run_forever, args=(args.parent_pid,), name=f"sink-{s.name}",
                                     daemon=True) for s in services]
         for thread in threads:

@@ -112,6 +112,13 @@ class SinkService:
         assert self._service is not None, "attach a Spark session first"
         return self._service
 
+    def watch(self) -> None:
+        """Continuous runs: the source's offsets are looked at every poll interval, between passes and during them
+        (source_store.SourceView.watch), so the archive delays count from when records arrive."""
+        sink = self.settings.sinks[self.name]
+        bootstrap = [a.strip() for a in sink.bootstrap_servers.split(",") if a.strip()]
+        self.view.watch(SourceCluster(bootstrap, parse(sink.client)), self.settings.archive.poll_interval_ms / 1000)
+
     def acquire(self, wait_s: float) -> None:
         """One process runs this sink (LockHeldError, retriable, naming the lock, otherwise)."""
         self.lock.acquire(wait_s)

@@ -118,6 +118,9 @@ class SourceView:
         self._by_id: dict[uuid.UUID, TopicRecord] = {}
         self._topics_read = -TOPICS_REFRESH_S
         self._configs_refused = False
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._watch_client: SourceClient | None = None
         self._parts: dict[tuple[uuid.UUID, int], _Partition] = {}
 
     # -- topics ------------------------------------------------------------------------------------------------
@@ -179,18 +182,35 @@ class SourceView:
         if topic is None:
             return []
         offsets = self.client.offsets(topic.name, range(topic.partitions))
+        self._observe(topic, offsets)
+        return [PartitionRecord(topic_id, p, seen.log_start, seen.high_watermark)
+                for p, seen in sorted(offsets.items())]
+
+    def _observe(self, topic: TopicRecord, offsets: Mapping[int, PartitionOffsets]) -> None:
+        """The partitions' offsets as just seen: what is new since the last look becomes a run stamped now."""
         now_ms = int(self.clock() * 1000)
-        out = []
         with self._lock:
-            for p in range(topic.partitions):
-                seen = offsets.get(p)
-                if seen is None:
-                    continue
-                part = self._parts.setdefault((topic_id, p), _Partition())
+            for p, seen in offsets.items():
+                part = self._parts.setdefault((topic.topic_id, p), _Partition())
                 part.offsets = seen
-                self._extend(topic_id, p, part, seen, now_ms)
-                out.append(PartitionRecord(topic_id, p, seen.log_start, seen.high_watermark))
-        return out
+                self._extend(topic.topic_id, p, part, seen, now_ms)
+
+    def watch(self, client: SourceClient, every_s: float) -> None:
+        """Look at the source's offsets every `every_s` on a thread of its own (with a client of its own), so runs
+        are stamped within a poll of their records' arrival, not only between passes: a pass that writes for W
+        seconds would otherwise start the archive delays of what arrived meanwhile W seconds late."""
+        self._watch_client = client
+        self._watcher = threading.Thread(target=self._watch, args=(client, every_s), name=f"sink-{self.name}-watch",
+                                         daemon=True)
+        self._watcher.start()
+
+    def _watch(self, client: SourceClient, every_s: float) -> None:
+        while not self._stopping.wait(every_s):
+            try:
+                for topic in list(self._topics.values()):
+                    self._observe(topic, client.offsets(topic.name, range(topic.partitions)))
+            except Exception as exc:  # noqa: BLE001 - the passes report the source's failures; this only stamps
+                log.debug("sink %s: looking at the source's offsets failed: %s", self.name, exc)
 
     def _extend(self, topic_id: uuid.UUID, partition: int, part: _Partition, seen: PartitionOffsets,
                 now_ms: int) -> None:
@@ -295,5 +315,10 @@ class SourceView:
         return self.local.try_lock(name, shared)
 
     def close(self) -> None:
+        self._stopping.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=30)
+        if self._watch_client is not None:
+            self._watch_client.close()
         self.client.close()
         self.local.close()
