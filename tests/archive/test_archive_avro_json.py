@@ -343,7 +343,8 @@ def test_bad_schemas_and_payloads(lake_broker: BrokerProcess, lake_archiver: Arc
         ctx = SerializationContext(f"{kind}-shared", MessageField.VALUE)
         sample = good(order(1) if kind == "avro" else reading(1), ctx)
         assert sample is not None
-        producer = Producer({"bootstrap.servers": lake_broker.bootstrap, "linger.ms": 50, "retries": 0})
+        # One batch whatever the load: flush() sends at once, the linger only keeps the three together.
+        producer = Producer({"bootstrap.servers": lake_broker.bootstrap, "linger.ms": 5000, "retries": 0})
         results: list[Any] = []
         for payload in (sample, sample[5:], bad):
             producer.produce(strict, value=payload, partition=0, on_delivery=lambda err, _msg, r=results: r.append(err))
