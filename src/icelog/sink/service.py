@@ -21,7 +21,7 @@ from icelog.archive.locks import ArchiverLock
 from icelog.archive.service import ArchiveService
 from icelog.client.cluster import SourceCluster
 from icelog.client.properties import parse
-from icelog.config import Settings
+from icelog.config import Settings, SinkSettings
 from icelog.errors import ConfigError, first_line
 from icelog.meta.backends import open_store
 from icelog.sink.source_store import SourceView
@@ -65,13 +65,17 @@ def group_of(settings: Settings, name: str) -> str:
     return settings.sinks[name].group_id or f"icelog-sink-{name}"
 
 
+def source_cluster(sink: SinkSettings) -> SourceCluster:
+    """A client of the sink's source cluster, with the sink's client settings."""
+    return SourceCluster([a.strip() for a in sink.bootstrap_servers.split(",") if a.strip()], parse(sink.client))
+
+
 def open_view(settings: Settings, name: str) -> SourceView:
     """Sink `name`'s view of its source, over the metadata store `settings` name (the broker's or derived)."""
     sink = settings.sinks[name]
-    bootstrap = [a.strip() for a in sink.bootstrap_servers.split(",") if a.strip()]
     local = open_store(settings.metadata_url)
     try:
-        return SourceView(name, sink, group_of(settings, name), SourceCluster(bootstrap, parse(sink.client)), local)
+        return SourceView(name, sink, group_of(settings, name), source_cluster(sink), local)
     except BaseException:
         local.close()
         raise
@@ -115,9 +119,7 @@ class SinkService:
     def watch(self) -> None:
         """Continuous runs: the source's offsets are looked at every poll interval, between passes and during them
         (source_store.SourceView.watch), so the archive delays count from when records arrive."""
-        sink = self.settings.sinks[self.name]
-        bootstrap = [a.strip() for a in sink.bootstrap_servers.split(",") if a.strip()]
-        self.view.watch(SourceCluster(bootstrap, parse(sink.client)), self.settings.archive.poll_interval_ms / 1000)
+        self.view.watch(source_cluster(self.view.sink), self.settings.archive.poll_interval_ms / 1000)
 
     def acquire(self, wait_s: float) -> None:
         """One process runs this sink (LockHeldError, retriable, naming the lock, otherwise)."""
