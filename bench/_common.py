@@ -14,7 +14,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -84,6 +84,23 @@ def running_archiver(
         proc.terminate()
         proc.wait(60)
         store.close()
+
+
+def send_all(prod: Any, count: int, send: Callable[[int], None]) -> float:
+    """`send(i)` (one `prod.produce`) for each i < count, polling while the producer's queue is full, then a flush:
+    the seconds taken."""
+    started = time.perf_counter()
+    for i in range(count):
+        while True:
+            try:
+                send(i)
+                break
+            except BufferError:
+                prod.poll(0.01)
+        if i % 10000 == 0:
+            prod.poll(0)
+    assert prod.flush(300) == 0
+    return time.perf_counter() - started
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:

@@ -35,7 +35,14 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import freshness_latencies, pass_stats, percentile, running_archiver, write_results  # noqa: E402
+from _common import (  # noqa: E402
+    freshness_latencies,
+    pass_stats,
+    percentile,
+    running_archiver,
+    send_all,
+    write_results,
+)
 
 from icelog.archive.archiver import Archiver  # noqa: E402
 from icelog.archive.decode import decode_archive  # noqa: E402
@@ -77,18 +84,7 @@ def producer(bootstrap: str) -> ck.Producer:
 def produce_bulk(bootstrap: str, topic: str, records: int) -> float:
     prod = producer(bootstrap)
     pool = values(1000)
-    started = time.perf_counter()
-    for i in range(records):
-        while True:
-            try:
-                prod.produce(topic, value=pool[i % 1000], partition=i % PARTITIONS)
-                break
-            except BufferError:
-                prod.poll(0.01)
-        if i % 10000 == 0:
-            prod.poll(0)
-    assert prod.flush(300) == 0
-    return time.perf_counter() - started
+    return send_all(prod, records, lambda i: prod.produce(topic, value=pool[i % 1000], partition=i % PARTITIONS))
 
 
 def decode_benchmark(settings: Any, store: Any, topic_id: Any, sample: int = 300_000) -> dict[str, float]:

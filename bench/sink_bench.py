@@ -40,7 +40,14 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import freshness_latencies, pass_stats, percentile, running_archiver, write_results  # noqa: E402
+from _common import (  # noqa: E402
+    freshness_latencies,
+    pass_stats,
+    percentile,
+    running_archiver,
+    send_all,
+    write_results,
+)
 from archive_bench import (  # noqa: E402
     PARTITIONS,
     RECORD_SIZE,
@@ -66,19 +73,8 @@ def produce_keyed(bootstrap: str, topic: str, records: int, pool: list[bytes]) -
     """`records` records with 12-byte keys and 100-byte values from `pool` (the same records for every topic):
     seconds taken."""
     prod = producer(bootstrap)
-    started = time.perf_counter()
-    for i in range(records):
-        while True:
-            try:
-                prod.produce(topic, key=b"key-%08d" % (i % 100_000_000), value=pool[i % len(pool)],
-                             partition=i % PARTITIONS)
-                break
-            except BufferError:
-                prod.poll(0.01)
-        if i % 10000 == 0:
-            prod.poll(0)
-    assert prod.flush(300) == 0
-    return time.perf_counter() - started
+    return send_all(prod, records, lambda i: prod.produce(
+        topic, key=b"key-%08d" % (i % 100_000_000), value=pool[i % len(pool)], partition=i % PARTITIONS))
 
 
 def lake_settings(lake: Path, bootstrap: str, sinks: dict[str, str]) -> Settings:
