@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 import requests
-from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -35,6 +34,7 @@ from tests.readback.test_readback import archive_and_trim
 from tests.support.archive import table
 from tests.support.broker import BrokerProcess
 from tests.support.clients_util import CLIENTS, create_topic
+from tests.wire.test_bad_input import INVALID_RECORD, Connection, batch, high_watermark, produce
 
 pytestmark = pytest.mark.slow
 
@@ -343,18 +343,17 @@ def test_bad_schemas_and_payloads(lake_broker: BrokerProcess, lake_archiver: Arc
         ctx = SerializationContext(f"{kind}-shared", MessageField.VALUE)
         sample = good(order(1) if kind == "avro" else reading(1), ctx)
         assert sample is not None
-        # One batch whatever the load: flush() sends at once, the linger only keeps the three together.
-        producer = Producer({"bootstrap.servers": lake_broker.bootstrap, "linger.ms": 5000, "retries": 0})
-        results: list[Any] = []
-        for payload in (sample, sample[5:], bad):
-            producer.produce(strict, value=payload, partition=0, on_delivery=lambda err, _msg, r=results: r.append(err))
-        producer.flush(30)
-        # One batch: Kafka refuses the whole batch with INVALID_RECORD (the record's index is in the message).
-        assert {e.name() if e else None for e in results} == {"INVALID_RECORD"}, results
+        # One batch, built by hand so no client's batching can split it: Kafka refuses the whole batch with
+        # INVALID_RECORD and names the bad record's index (KIP-467); nothing of it is stored.
+        with Connection(lake_broker) as conn:
+            refused = produce(conn, strict, batch([sample, sample[5:], bad]))
+            assert refused.error_code == INVALID_RECORD
+            assert [e.batch_index for e in refused.record_errors] == [2], refused
+            assert high_watermark(conn, strict) == 0
         produce_all(lake_broker, strict, [(None, sample), (None, sample[5:])])  # coerce: the envelope is added
         produce_all(lake_broker, lenient, [(None, sample), (None, bad)])
-        results_ = lake_archiver.run_pass(force=True, topics=[strict, lenient])
-        assert [r.error for r in results_] == ["", ""], results_
+        results = lake_archiver.run_pass(force=True, topics=[strict, lenient])
+        assert [r.error for r in results] == ["", ""], results
         strict_rows = lake_spark.sql(f"SELECT value FROM {table(strict)} ORDER BY kafka.offset").collect()
         assert [r.value["__err__"] for r in strict_rows] == [None, None]
         assert bytes(strict_rows[1].value["__prefix__"]) == sample[:5]  # coerced: the latest schema's envelope
