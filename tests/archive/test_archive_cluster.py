@@ -124,12 +124,15 @@ class ClusterLake:
                 "ICELOG_REGISTRY_LISTEN": f"127.0.0.1:{self.broker.registry_port}", "SPARK_LOCAL_IP": "127.0.0.1",
                 **extra}
 
-    def archive_once(self, topic: str, data_dir: Path | None = None, **extra: str) -> subprocess.CompletedProcess[str]:
-        """`icelog archive --once` with a data dir of its own (as on another machine: it needs nothing of the
-        broker's), or the one given."""
+    def archive_once(
+        self, *topics: str, data_dir: Path | None = None, **extra: str
+    ) -> subprocess.CompletedProcess[str]:
+        """`icelog archive --once` of `topics` with a data dir of its own (as on another machine: it needs nothing of
+        the broker's), or the one given."""
+        named = [arg for topic in topics for arg in ("--topic", topic)]
         return subprocess.run(
             [sys.executable, "-m", "icelog", "archive", "--once", "--data-dir", str(data_dir or self.archiver_dir),
-             "--topic", topic], env=self.archive_env(**extra), capture_output=True, text=True, timeout=300)
+             *named], env=self.archive_env(**extra), capture_output=True, text=True, timeout=300)
 
     def maintain(self, topic: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -188,91 +191,156 @@ def test_the_worker_cannot_read_the_intake_by_path(cluster_lake: ClusterLake) ->
     topic = "cluster-files"
     create_topic(cluster_lake.broker, topic, partitions=1)
     produce(cluster_lake.broker, topic, 50, partitions=1)
-    done = cluster_lake.archive_once(topic, cluster_lake.broker.data_dir, ICELOG_ARCHIVE__READ_VIA="files")
+    done = cluster_lake.archive_once(topic, data_dir=cluster_lake.broker.data_dir, ICELOG_ARCHIVE__READ_VIA="files")
     assert "No such file or directory" in done.stdout + done.stderr, done.stdout + done.stderr[-3000:]
 
 
-def test_record_layout_archived_on_the_cluster(cluster_lake: ClusterLake) -> None:
-    topic = "cluster-records"
-    create_topic(cluster_lake.broker, topic)
-    produced = produce(cluster_lake.broker, topic, 2000)
-    done = cluster_lake.archive_once(topic)
+class Produced:
+    """What the shared pass archives: five topics produced, then one `icelog archive --once` over all of them (each
+    pass on the cluster is a driver JVM and an executor: the tests below check one topic each)."""
+
+    RECORDS, TXN, TABLE, READBACK = "cluster-records", "cluster-txn", "cluster-table", "cluster-readback"
+    PK = "cluster_pk"
+
+    def __init__(self, lake: ClusterLake) -> None:
+        self.records = self._records(lake)
+        pending = self._transactions(lake)
+        self.table = self._table(lake)
+        self.readback = self._readback(lake)
+        # The primary-key table's first round (inserts); its test sends the second.
+        create_topic(lake.broker, self.PK, 3, {"cleanup.policy": "compact", "icelog.archive.layout": "record"})
+        self.pk = send(lake.broker, self.PK, pk_round(0))
+        self.pass_ = lake.archive_once(self.RECORDS, self.TXN, self.TABLE, self.READBACK, self.PK)
+        pending.abort_transaction(30)
+
+    def _records(self, lake: ClusterLake) -> list[Row]:
+        create_topic(lake.broker, self.RECORDS)
+        return [tuple(plain(v) for v in r) for r in produce(lake.broker, self.RECORDS, 2000)]
+
+    def _transactions(self, lake: ClusterLake) -> Any:
+        """40 committed and 40 aborted records over 2 partitions, then a transaction left open on partition 0 (it
+        outlives the pass: 5 minutes before the broker would abort it) and one plain record per partition."""
+        broker = lake.broker
+        create_topic(broker, self.TXN, partitions=2)
+        committer, aborter, pending = (
+            Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"ct-{n}",
+                      "transaction.timeout.ms": 300_000}) for n in ("commit", "abort", "open"))
+        for producer in (committer, aborter, pending):
+            producer.init_transactions(30)
+            producer.begin_transaction()
+        for i in range(40):
+            committer.produce(self.TXN, value=f"c{i}".encode(), partition=i % 2)
+            aborter.produce(self.TXN, value=f"a{i}".encode(), partition=i % 2)
+        assert committer.flush(30) == 0 and aborter.flush(30) == 0
+        aborter.abort_transaction(30)
+        committer.commit_transaction(30)
+        pending.produce(self.TXN, value=b"open", partition=0)  # undecided: partition 0 waits at its first offset
+        assert pending.flush(30) == 0
+        after = Producer({"bootstrap.servers": broker.bootstrap})
+        for p in range(2):
+            after.produce(self.TXN, value=f"after-{p}".encode(), partition=p)
+        assert after.flush(30) == 0
+        return pending
+
+    def _table(self, lake: ClusterLake) -> list[Row]:
+        """Avro values (Confluent's serializer, the embedded registry on PostgreSQL) for the table layout."""
+        broker = lake.broker
+        create_topic(broker, self.TABLE, 3, {"icelog.archive.layout": "table"})
+        serialize = AvroSerializer(SchemaRegistryClient({"url": broker.registry_url}), json.dumps(PAYMENT),
+                                   conf={"auto.register.schemas": True})
+        ctx = SerializationContext(self.TABLE, MessageField.VALUE)
+        payments = {f"pay-{i}".encode(): {"id": i, "customer": f"cust {i} ü", "cents": i * 101 - 5_000,
+                                          "note": None if i % 3 else f"note {i}"} for i in range(300)}
+        expected: list[Row] = []
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            assert err is None, err
+            p = payments[msg.key()]
+            expected.append((msg.partition(), msg.offset(), msg.key(), p["id"], p["customer"], p["cents"], p["note"]))
+
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "compression.type": "zstd"})
+        for i, (key, payment) in enumerate(payments.items()):
+            producer.produce(self.TABLE, key=key, value=serialize(payment, ctx), partition=i % 3,
+                             on_delivery=on_delivery)
+        assert producer.flush(30) == 0 and len(expected) == len(payments)
+        return expected
+
+    def _readback(self, lake: ClusterLake) -> list[Any]:
+        from tests.readback.test_readback import TRIM, produce_codecs
+        from tests.support.clients_util import create_topic as create_topic_with
+
+        create_topic_with(lake.broker.bootstrap, self.READBACK, partitions=2, configs=TRIM)
+        return produce_codecs(lake.broker, self.READBACK, 30, 2)
+
+
+@pytest.fixture(scope="module")
+def produced(cluster_lake: ClusterLake) -> Produced:
+    return Produced(cluster_lake)
+
+
+def test_one_pass_archives_every_topic_without_a_local_store(cluster_lake: ClusterLake, produced: Produced) -> None:
+    done = produced.pass_
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert not (cluster_lake.broker.data_dir / "meta.db").exists(), "no SQLite store beside PostgreSQL"
     assert not (cluster_lake.broker.data_dir / "catalog.db").exists(), "no SQLite catalog beside PostgreSQL"
-    cluster_lake.check_rows(topic, RECORD_COLUMNS, [tuple(plain(v) for v in r) for r in produced])
 
 
-def test_only_committed_records_are_archived_on_the_cluster(cluster_lake: ClusterLake) -> None:
+def test_record_layout_archived_on_the_cluster(cluster_lake: ClusterLake, produced: Produced) -> None:
+    assert produced.pass_.returncode == 0
+    cluster_lake.check_rows(Produced.RECORDS, RECORD_COLUMNS, produced.records)
+
+
+def test_only_committed_records_are_archived_on_the_cluster(cluster_lake: ClusterLake, produced: Produced) -> None:
     """No intake file anywhere near the archiver: the last stable offset comes from the broker (ListOffsets,
     read_committed) and the tasks drop what their read_committed Fetches name aborted."""
-    topic = "cluster-txn"
-    broker = cluster_lake.broker
-    create_topic(broker, topic, partitions=2)
-    # (The open transaction outlives the pass: 5 minutes before the broker would abort it, not 1.)
-    committer, aborter, pending = (Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"ct-{n}",
-                                             "transaction.timeout.ms": 300_000}) for n in ("commit", "abort", "open"))
-    for producer in (committer, aborter, pending):
-        producer.init_transactions(30)
-        producer.begin_transaction()
-    for i in range(40):
-        committer.produce(topic, value=f"c{i}".encode(), partition=i % 2)
-        aborter.produce(topic, value=f"a{i}".encode(), partition=i % 2)
-    assert committer.flush(30) == 0 and aborter.flush(30) == 0
-    aborter.abort_transaction(30)
-    committer.commit_transaction(30)
-    pending.produce(topic, value=b"open", partition=0)  # undecided: partition 0 waits at its first offset
-    assert pending.flush(30) == 0
-    plain = Producer({"bootstrap.servers": broker.bootstrap})
-    for p in range(2):
-        plain.produce(topic, value=f"after-{p}".encode(), partition=p)
-    assert plain.flush(30) == 0
-    done = cluster_lake.archive_once(topic)
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    got = sorted(r["value"]["__raw__"] for r in cluster_lake.table(topic).scan().to_arrow().to_pylist())
+    assert produced.pass_.returncode == 0
+    got = sorted(r["value"]["__raw__"] for r in cluster_lake.table(Produced.TXN).scan().to_arrow().to_pylist())
     assert got == sorted([f"c{i}".encode() for i in range(40)] + [b"after-1"])
-    pending.abort_transaction(30)
 
 
-def test_table_layout_archived_on_the_cluster(cluster_lake: ClusterLake) -> None:
-    """Avro values (Confluent's serializer, the embedded registry on PostgreSQL) as top-level columns."""
-    topic = "cluster-table"
-    broker = cluster_lake.broker
-    create_topic(broker, topic, 3, {"icelog.archive.layout": "table"})
-    serialize = AvroSerializer(SchemaRegistryClient({"url": broker.registry_url}), json.dumps(PAYMENT),
-                               conf={"auto.register.schemas": True})
-    ctx = SerializationContext(topic, MessageField.VALUE)
-    payments = {f"pay-{i}".encode(): {"id": i, "customer": f"cust {i} ü", "cents": i * 101 - 5_000,
-                                      "note": None if i % 3 else f"note {i}"} for i in range(300)}
-    expected: list[Row] = []
+def test_table_layout_archived_on_the_cluster(cluster_lake: ClusterLake, produced: Produced) -> None:
+    assert produced.pass_.returncode == 0
+    columns = {f.name for f in cluster_lake.table(Produced.TABLE).schema().fields}
+    assert {"__key", "id", "customer", "cents", "note", "__bucket", "__offset"} <= columns, columns
+    cluster_lake.check_rows(Produced.TABLE, TABLE_COLUMNS, produced.table)
 
-    def on_delivery(err: Any, msg: Any) -> None:
-        assert err is None, err
-        p = payments[msg.key()]
-        expected.append((msg.partition(), msg.offset(), msg.key(), p["id"], p["customer"], p["cents"], p["note"]))
 
-    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "compression.type": "zstd"})
-    for i, (key, payment) in enumerate(payments.items()):
-        producer.produce(topic, key=key, value=serialize(payment, ctx), partition=i % 3, on_delivery=on_delivery)
-    assert producer.flush(30) == 0 and len(expected) == len(payments)
+def test_read_back_after_the_trim_is_byte_identical(cluster_lake: ClusterLake, produced: Produced) -> None:
+    """What the cluster archived is served back by the broker once its intake is gone, byte for byte."""
+    from icelog.meta.backends import open_store
+    from tests.readback.test_readback import read_back, wait_trimmed
+    from tests.support.clients_util import comparable
+
+    assert produced.pass_.returncode == 0
+    expected = produced.readback
+    ends: dict[int, int] = {}
+    for rec in expected:
+        ends[rec.partition] = max(ends.get(rec.partition, 0), rec.offset + 1)
+    store = open_store(cluster_lake.meta_url)  # the broker's store, in PostgreSQL
+    try:
+        wait_trimmed(store, Produced.READBACK, ends)
+    finally:
+        store.close()
+    for client in ("confluent", "kafka-python"):
+        got = read_back(client, cluster_lake.broker, Produced.READBACK, [0, 1], len(expected))
+        assert comparable(got) == comparable(expected), client
+    assert PASSWORD not in cluster_lake.broker.log(), "the password is never logged"
+
+
+def pk_round(round_: int) -> list[tuple[bytes, bytes | None]]:
+    """60 keys: inserts in round 0; in round 1 updates, and tombstones for every fifth key."""
+    return [(f"k{i}".encode(), None if i % 5 == 0 and round_ else f"v{round_}-{i}".encode()) for i in range(60)]
+
+
+def test_primary_key_table_on_the_cluster(cluster_lake: ClusterLake, produced: Produced) -> None:
+    topic = Produced.PK
+    pk_columns = [RECORD_COLUMNS[i] for i in (2, 3, 0, 1)]  # key, value, partition, offset
+    assert produced.pass_.returncode == 0
+    # The second pass updates and deletes what the shared pass inserted: deletion vectors.
+    all_sent = produced.pk + send(cluster_lake.broker, topic, pk_round(1))
     done = cluster_lake.archive_once(topic)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    columns = {f.name for f in cluster_lake.table(topic).schema().fields}
-    assert {"__key", "id", "customer", "cents", "note", "__bucket", "__offset"} <= columns, columns
-    cluster_lake.check_rows(topic, TABLE_COLUMNS, expected)
-
-
-def test_primary_key_table_on_the_cluster(cluster_lake: ClusterLake) -> None:
-    topic = "cluster_pk"
-    create_topic(cluster_lake.broker, topic, 3, {"cleanup.policy": "compact", "icelog.archive.layout": "record"})
-    pk_columns = [RECORD_COLUMNS[i] for i in (2, 3, 0, 1)]  # key, value, partition, offset
-    produced = []
-    for round_ in range(2):  # the second pass updates and deletes: deletion vectors
-        batch = [(f"k{i}".encode(), None if i % 5 == 0 and round_ else f"v{round_}-{i}".encode()) for i in range(60)]
-        produced += send(cluster_lake.broker, topic, batch)
-        done = cluster_lake.archive_once(topic)
-        assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    expected = [(k, v, p, o) for k, (v, p, o) in latest(produced).items()]
+    expected = [(k, v, p, o) for k, (v, p, o) in latest(all_sent).items()]
     cluster_lake.check_rows(topic, pk_columns, expected)
     assert cluster_lake.table(topic).metadata.format_version == 3
     deletes = cluster_lake.spark.sql(
@@ -287,30 +355,3 @@ def test_primary_key_table_on_the_cluster(cluster_lake: ClusterLake) -> None:
     assert maintain.returncode == 0, maintain.stdout + maintain.stderr[-3000:]
     assert cluster_lake.table(topic).metadata.current_snapshot_id != snapshot, "maintenance committed nothing"
     cluster_lake.check_rows(topic, pk_columns, expected)
-
-
-def test_read_back_after_the_trim_is_byte_identical(cluster_lake: ClusterLake) -> None:
-    """What the cluster archived is served back by the broker once its intake is gone, byte for byte."""
-    from icelog.meta.backends import open_store
-    from tests.readback.test_readback import TRIM, produce_codecs, read_back, wait_trimmed
-    from tests.support.clients_util import comparable
-    from tests.support.clients_util import create_topic as create_topic_with
-
-    topic = "cluster-readback"
-    broker = cluster_lake.broker
-    create_topic_with(broker.bootstrap, topic, partitions=2, configs=TRIM)
-    expected = produce_codecs(broker, topic, 30, 2)
-    done = cluster_lake.archive_once(topic)
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    ends: dict[int, int] = {}
-    for rec in expected:
-        ends[rec.partition] = max(ends.get(rec.partition, 0), rec.offset + 1)
-    store = open_store(cluster_lake.meta_url)  # the broker's store, in PostgreSQL
-    try:
-        wait_trimmed(store, topic, ends)
-    finally:
-        store.close()
-    for client in ("confluent", "kafka-python"):
-        got = read_back(client, broker, topic, [0, 1], len(expected))
-        assert comparable(got) == comparable(expected), client
-    assert PASSWORD not in broker.log(), "the password is never logged"
