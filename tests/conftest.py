@@ -9,6 +9,7 @@ fails there instead of making the quick lane slow.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -22,12 +23,13 @@ from icelog.archive.archiver import Archiver
 from icelog.config import Settings, load_settings
 from icelog.meta.backends import open_store
 from icelog.meta.store import MetadataStore
-from tests.support.archive import ARCHIVE_ENV
+from tests.support.archive import ARCHIVE_ENV, SHORT_JVM_CONF
 from tests.support.broker import BrokerProcess
 from tests.support.postgres import postgres_cluster  # noqa: F401 (a session fixture: the throwaway PostgreSQL)
 
 SPARK_FIXTURES = {"lake_spark"}
 NO_JVM_ENV = "ICELOG_TESTS_NO_JVM"
+os.environ.setdefault("ICELOG_ARCHIVE__SPARK_CONF", json.dumps(SHORT_JVM_CONF))
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
@@ -102,7 +104,8 @@ def lake_spark(lake_settings: Settings) -> Iterator[Any]:
     # drivers of the jars a session starts with, and test_archive_cluster.py registers a catalog on PostgreSQL here.
     jars = [*catalog_jars(lake_settings), JDBC_DRIVER_JARS["jdbc:postgresql:"]]
     settings = lake_settings.model_copy(deep=True)
-    settings.archive.spark_conf = {"spark.jars": ",".join(str(jar) for jar in jars), **settings.archive.spark_conf}
+    conf = {k: v for k, v in settings.archive.spark_conf.items() if k not in SHORT_JVM_CONF}
+    settings.archive.spark_conf = {"spark.jars": ",".join(str(jar) for jar in jars), **conf}
     session = create_session(settings, "icelog-tests")
     yield session
     session.stop()
