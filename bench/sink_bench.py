@@ -1,7 +1,7 @@
 """Sink benchmark (issue 33): `icelog sink` against the built-in archiver on the same records, and its freshness.
 
 Run: .venv/bin/python bench/sink_bench.py [--records 10000000] [--rounds 2] [--seconds 60] [--rate-mb 5]
-     .venv/bin/python bench/sink_bench.py --records 20000 --rounds 1 --seconds 5 --out none   # a check run
+     .venv/bin/python bench/sink_bench.py --records 2000 --rounds 1 --seconds 1 --rate-mb 0.5 --out none   # a check run
 
 A source broker with archiving off stands in for the external Kafka cluster (as tests/sink/test_sink.py does). One
 run measures, on the same machine and moment:
@@ -130,12 +130,13 @@ def throughput(source: BrokerProcess, work: Path, records: int, rounds: int) -> 
     from icelog.lake.spark import create_session
 
     pool = values(1000)
+    warm = min(20_000, records)  # (no more than a round: a check run's small sizes stay small)
     topics = ["warm-up"] + [f"bench-sink-{n}" for n in range(1, rounds + 1)]
     names = {"warm-up": "warm", **{f"bench-sink-{n}": f"s{n}" for n in range(1, rounds + 1)}}  # sink → namespace
     produce_s = []
     for topic in topics:
         create_topic(source.bootstrap, topic, PARTITIONS)
-        produce_s.append(produce_keyed(source.bootstrap, topic, 20_000 if topic == "warm-up" else records, pool))
+        produce_s.append(produce_keyed(source.bootstrap, topic, warm if topic == "warm-up" else records, pool))
         print(f"produced {topic} in {produce_s[-1]:.1f} s", flush=True)
     lake = lake_settings(work / "lake", source.bootstrap, {names[t]: t for t in topics})
     builtin = builtin_settings(source, lake)
@@ -143,8 +144,8 @@ def throughput(source: BrokerProcess, work: Path, records: int, rounds: int) -> 
     out: dict[str, Any] = {"produce_records_s": round(records * rounds / sum(produce_s[1:])),
                            "sink_s": [], "builtin_s": [], "load_before": load()}
     try:
-        sink_pass(lake, "warm", spark, 20_000)  # JIT, Python workers, the catalog: warm for both
-        builtin_pass(builtin, "warm-up", spark, 20_000)
+        sink_pass(lake, "warm", spark, warm)  # JIT, Python workers, the catalog: warm for both
+        builtin_pass(builtin, "warm-up", spark, warm)
         for n, topic in enumerate(topics[1:]):
             order = ("builtin", "sink") if n % 2 == 0 else ("sink", "builtin")
             for which in order:
