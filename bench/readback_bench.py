@@ -34,7 +34,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_results  # noqa: E402
+from _common import send_all, write_results  # noqa: E402
 
 from icelog.archive.archiver import Archiver  # noqa: E402
 from icelog.config import load_settings  # noqa: E402
@@ -50,18 +50,8 @@ def produce(bootstrap: str, records: int) -> float:
                         "batch.size": 1_000_000, "queue.buffering.max.kbytes": 1024 * 1024,
                         "queue.buffering.max.messages": 2_000_000})
     filler = bytes(RECORD_SIZE // 2)
-    start = time.perf_counter()
-    for i in range(records):
-        while True:
-            try:
-                prod.produce(TOPIC, value=os.urandom(RECORD_SIZE // 2) + filler, key=b"%d" % i, partition=0)
-                break
-            except BufferError:
-                prod.poll(0.05)
-        if i % 10000 == 0:
-            prod.poll(0)
-    assert prod.flush(300) == 0
-    return time.perf_counter() - start
+    return send_all(prod, records, lambda i: prod.produce(
+        TOPIC, value=os.urandom(RECORD_SIZE // 2) + filler, key=b"%d" % i, partition=0))
 
 
 def kcat_read(bootstrap: str, records: int) -> float:
