@@ -104,7 +104,8 @@ def lake_spark(lake_settings: Settings) -> Iterator[Any]:
     # drivers of the jars a session starts with, and test_archive_cluster.py registers a catalog on PostgreSQL here.
     jars = [*catalog_jars(lake_settings), JDBC_DRIVER_JARS["jdbc:postgresql:"]]
     settings = lake_settings.model_copy(deep=True)
-    conf = {k: v for k, v in settings.archive.spark_conf.items() if k not in SHORT_JVM_CONF}
+    # (ours only: a user's own extraJavaOptions stay)
+    conf = {k: v for k, v in settings.archive.spark_conf.items() if SHORT_JVM_CONF.get(k) != v}
     settings.archive.spark_conf = {"spark.jars": ",".join(str(jar) for jar in jars), **conf}
     session = create_session(settings, "icelog-tests")
     yield session
