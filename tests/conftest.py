@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,18 @@ from icelog.archive.archiver import Archiver
 from icelog.config import Settings, load_settings
 from icelog.meta.backends import open_store
 from icelog.meta.store import MetadataStore
-from tests.support.archive import ARCHIVE_ENV, SHORT_JVM_CONF
+from tests.support.archive import ARCHIVE_ENV
 from tests.support.broker import BrokerProcess
+from tests.support.jvm import class_archive, driver_conf
 from tests.support.postgres import postgres_cluster  # noqa: F401 (a session fixture: the throwaway PostgreSQL)
 
 SPARK_FIXTURES = {"lake_spark"}
 NO_JVM_ENV = "ICELOG_TESTS_NO_JVM"
-os.environ.setdefault("ICELOG_ARCHIVE__SPARK_CONF", json.dumps(SHORT_JVM_CONF))
+SPARK_CONF_ENV = "ICELOG_ARCHIVE__SPARK_CONF"
+# The JVM options of the Spark drivers tests start in child processes (tests/support/jvm.py), unless the user set
+# the variable: the first JIT tier now, and the class archive once collection says a Spark test will run.
+CHILD_DRIVER_CONF: dict[str, str] = {} if SPARK_CONF_ENV in os.environ else driver_conf()
+os.environ.setdefault(SPARK_CONF_ENV, json.dumps(CHILD_DRIVER_CONF))
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
@@ -38,6 +44,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # fixturenames is the closure: it holds lake_spark also when the test asks for lake_archiver only.
         if SPARK_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.spark)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not CHILD_DRIVER_CONF or os.environ.get(NO_JVM_ENV) or session.config.option.collectonly:
+        return
+    if not any(item.get_closest_marker("spark") for item in session.items):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    started = time.monotonic()
+    archive = class_archive()
+    if reporter is not None:
+        said = f"in {time.monotonic() - started:.0f} s: {archive}" if archive else "none could be made; JIT option only"
+        reporter.write_line(f"Spark drivers of child processes: class archive {said}")
+    CHILD_DRIVER_CONF.update(driver_conf(archive))
+    os.environ[SPARK_CONF_ENV] = json.dumps(CHILD_DRIVER_CONF)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -105,7 +126,7 @@ def lake_spark(lake_settings: Settings) -> Iterator[Any]:
     jars = [*catalog_jars(lake_settings), JDBC_DRIVER_JARS["jdbc:postgresql:"]]
     settings = lake_settings.model_copy(deep=True)
     # (ours only: a user's own extraJavaOptions stay)
-    conf = {k: v for k, v in settings.archive.spark_conf.items() if SHORT_JVM_CONF.get(k) != v}
+    conf = {k: v for k, v in settings.archive.spark_conf.items() if CHILD_DRIVER_CONF.get(k) != v}
     settings.archive.spark_conf = {"spark.jars": ",".join(str(jar) for jar in jars), **conf}
     session = create_session(settings, "icelog-tests")
     yield session

@@ -31,7 +31,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from icelog.config import Settings, load_settings
 from icelog.lake.catalog import catalog_spark_conf, postgres_catalog_url
 from tests.archive.test_pk_tables import latest, send
-from tests.support.archive import ARCHIVE_ENV, SHORT_JVM_CONF, create_topic, produce
+from tests.support.archive import ARCHIVE_ENV, create_topic, produce
 from tests.support.broker import BrokerProcess
 from tests.support.postgres import PASSWORD, ROLE, PostgresCluster
 from tests.support.spark_cluster import SparkCluster
@@ -117,7 +117,8 @@ class ClusterLake:
         return load_settings(data_dir=str(self.broker.data_dir), meta_url=self.meta_url, archive=archive)
 
     def archive_env(self, **extra: str) -> dict[str, str]:
-        conf = {**SHORT_JVM_CONF, "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+        conf = {**json.loads(os.environ.get("ICELOG_ARCHIVE__SPARK_CONF", "{}")),  # tests/conftest.py's JVM options
+                "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                 "spark.executorEnv.PYTHONPATH": os.environ.get("PYTHONPATH", str(SRC)), "spark.cores.max": "1"}
         return {**os.environ, **self.env, "ICELOG_ARCHIVE__SPARK_MASTER": self.cluster.master_url,
                 "ICELOG_ARCHIVE__SPARK_CONF": json.dumps(conf), "ICELOG_LISTEN": self.broker.bootstrap,

@@ -29,12 +29,6 @@ ARCHIVE_ENV = {
     "ICELOG_RETENTION_CHECK_INTERVAL_MS": "200",
 }
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
-# The Spark drivers the tests start in child processes (`icelog archive --once`, `icelog maintain`, a broker's
-# archiver, `icelog sink`) live for seconds and work on little data: the JIT's first tier only halves their start on a
-# busy 2-core machine (C2 compiler threads compete for the cores; 30 s → 15 s measured), and no test's outcome depends
-# on it. The test process's own long-lived session (lake_spark) keeps the default JIT.
-SHORT_JVM_CONF = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}  # tests/conftest.py sets it
-
 Row = tuple[int, int, bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...], int]
 
 
