@@ -1,6 +1,7 @@
 """An unreachable Spark master: one line naming it, no Java stack trace, retried with backoff, shown by `icelog status`.
 
-No JVM starts: the master is checked with a TCP connection before Spark is (lake/spark.py check_master).
+No JVM starts in the master's test: the master is checked with a TCP connection before Spark is (lake/spark.py
+check_master). An unreachable broker, and a JVM that exits as it starts, are one line too.
 """
 
 from __future__ import annotations
@@ -68,3 +69,20 @@ def test_an_unreachable_broker_is_one_line_without_a_java_stack_trace(broker: Br
     assert f"{topic_name}: failed: BrokerUnreachableError: cannot reach the broker at {address}: Connection refused" \
         in once.stdout, once.stdout + once.stderr[-3000:]
     assert "Traceback" not in once.stderr and "at org.apache" not in once.stderr, once.stderr[-3000:]
+
+
+@pytest.mark.spark
+def test_a_jvm_that_does_not_start_is_one_line(broker: BrokerProcess, topic_name: str) -> None:
+    """A JVM option Java refuses in archive.spark_conf (Spark ignores unknown -XX names, not bad values): Java's own
+    message, then icelog's line; no Python traceback."""
+    create_topic(broker, topic_name, partitions=1)
+    produce(broker, topic_name, 3, partitions=1)
+    env = {**os.environ, **ARCHIVE_ENV,
+           "ICELOG_ARCHIVE__SPARK_CONF": '{"spark.driver.extraJavaOptions": "-XX:ThreadStackSize=lots"}'}
+    once = subprocess.run([sys.executable, "-m", "icelog", "archive", "--data-dir", str(broker.data_dir), "--once",
+                           "--topic", topic_name], env=env, capture_output=True, text=True, timeout=120)
+    assert once.returncode == 2, once.stderr
+    assert "Improperly specified VM option 'ThreadStackSize=lots'" in once.stderr  # Java's own
+    assert once.stderr.strip().splitlines()[-1].startswith("icelog: Spark's JVM (")
+    assert "check JAVA_HOME and the JVM options in archive.spark_conf" in once.stderr
+    assert "Traceback" not in once.stderr

@@ -36,6 +36,10 @@ class SparkMasterUnreachableError(IcelogError):
     retriable = True
 
 
+class SparkStartError(IcelogError):
+    """Spark's JVM exited as it started (no Java, or a JVM option it refuses): its own message is on stderr."""
+
+
 def check_master(master: str) -> None:
     """Raise SparkMasterUnreachableError, in one line, if no master of a spark:// URL takes a TCP connection.
 
@@ -112,6 +116,17 @@ def create_session(settings: Settings, app_name: str = "icelog") -> SparkSession
     builder = SparkSession.builder
     for key, value in spark_conf(settings, app_name).items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    from pyspark.errors import PySparkRuntimeError
+
+    try:
+        session = builder.getOrCreate()
+    except PySparkRuntimeError as exc:
+        if exc.getErrorClass() != "JAVA_GATEWAY_EXITED":
+            raise
+        java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
+        raise SparkStartError(
+            f"Spark's JVM ({java}) exited as it started; its own message is above: check JAVA_HOME and the JVM "
+            "options in archive.spark_conf"
+        ) from None
     session.sparkContext.setLogLevel("ERROR")
     return session
