@@ -131,6 +131,9 @@ def class_archive(cache_dir: Path | None = None) -> Path | None:
         if not _archive_pass(work / "data", driver_conf(dumped), log):  # maps it: a bad archive fails here
             return None
         os.replace(dumped, final)
+        for stale in cache.glob("classes-*.jsa"):  # an older Java, pyspark or jar set's (150 MB each)
+            if stale != final:
+                stale.unlink(missing_ok=True)
         return final
     except (OSError, subprocess.SubprocessError, RuntimeError):
         return None
