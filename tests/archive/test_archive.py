@@ -283,9 +283,13 @@ def test_delays_hold_an_archive_until_due(
     ingest_ms = min(c.ingest_timestamp for c in lake_store.intake_chunks(lake_store.get_topic(topic).topic_id))
     now = {"ms": ingest_ms + 59_000}
     delayed = Archiver(lake_settings, lake_spark, lake_store, clock=lambda: now["ms"] / 1000)
-    assert delayed.run_pass(topics=[topic])[0].records == 0
+    [held] = delayed.run_pass(topics=[topic])
+    assert held.records == 0
+    last_ms = max(c.ingest_timestamp for c in lake_store.intake_chunks(lake_store.get_topic(topic).topic_id))
+    assert held.next_due_ms == last_ms + 60_000  # when idle.max completes it: a continuous archiver wakes then
     now["ms"] = ingest_ms + 61_000  # idle.max passed (no data since)
-    assert delayed.run_pass(topics=[topic])[0].records == 10
+    [written] = delayed.run_pass(topics=[topic])
+    assert written.records == 10 and written.next_due_ms is None  # nothing left open
 
 
 def test_complete_delay_bounds_an_archive_that_is_not_idle(
@@ -306,7 +310,8 @@ def test_complete_delay_bounds_an_archive_that_is_not_idle(
     first, last = chunks[0].ingest_timestamp, chunks[-1].ingest_timestamp
     now = {"ms": first + 29_000}
     delayed = Archiver(lake_settings, lake_spark, lake_store, clock=lambda: now["ms"] / 1000)
-    assert delayed.run_pass(topics=[topic])[0].records == 0
+    [held] = delayed.run_pass(topics=[topic])
+    assert held.records == 0 and held.next_due_ms == first + 30_000
     now["ms"] = first + 30_000  # complete.delay.max reached; idle.max (from the last record) is not
     assert now["ms"] < last + 600_000
     assert delayed.run_pass(topics=[topic])[0].records == 10

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import uuid
 
+from icelog.archive.archiver import TopicPassResult
 from icelog.archive.plan import PlannedArchive, monotonic_ingest_times, next_due_ms, plan_partition, task_groups
+from icelog.archive.service import until_due_s
 from icelog.config import ArchiveSettings
 from icelog.meta.store import IntakeChunk
 from icelog.topic_configs.archive import archive_config
@@ -110,3 +112,14 @@ def test_task_groups_pack_partitions_into_few_tasks_and_never_two_archives_of_on
         assert partitions == sorted(partitions) and len(set(partitions)) == len(partitions)
     assert [i for g in groups for i in g if catch_up[i].partition == 0] == [2, 3, 0]
     assert task_groups([], 1) == []
+
+
+def test_a_continuous_archiver_wakes_when_the_earliest_open_archive_is_due() -> None:
+    def due(ms: int | None) -> TopicPassResult:
+        return TopicPassResult("t", next_due_ms=ms)
+
+    now = 10_000
+    assert until_due_s([due(10_800), due(None), due(10_300)], now, 0.5) == 0.3  # the earliest, before the poll
+    assert until_due_s([due(12_000)], now, 0.5) == 0.5  # later than the next poll: the poll
+    assert until_due_s([due(9_000), due(None)], now, 0.5) == 0  # completed while the pass wrote: at once
+    assert until_due_s([due(None)], now, 0.5) == until_due_s([], now, 0.5) == 0.5

@@ -32,7 +32,7 @@ from icelog.archive.decode import find_dead_letters
 from icelog.archive.intake_source import KafkaFetch, chunk_source
 from icelog.archive.locks import WriterTurns
 from icelog.archive.pass_stats import PassStats
-from icelog.archive.plan import PlannedArchive, over_task_numbers, plan_partition, task_groups
+from icelog.archive.plan import PlannedArchive, next_due_ms, over_task_numbers, plan_partition, task_groups
 from icelog.archive.reconcile import (
     COMMIT_USER,
     COMMIT_USER_PROPERTY,
@@ -112,6 +112,7 @@ class TopicPassResult:
     error: str = ""
     skipped: str = ""  # why the topic was not attempted this pass (backoff, still running)
     dead_letters: int = 0  # batches this pass sent to the dead-letter table
+    next_due_ms: int | None = None  # when an archive left open completes by time (None: none, or all were due)
 
 
 @dataclass(frozen=True)
@@ -381,6 +382,21 @@ class Archiver:
     def archive_topic(
         self, topic: TopicRecord, config: ArchiveTopicConfig, force: bool = False
     ) -> TopicPassResult:
+        """One topic's pass. Its result says when an archive it left open completes by time, so that a continuous
+        archiver wakes for it (service.py) rather than at its next poll: one that completes during the pass is
+        written by the next one at once. (One already due when planned but left open, e.g. behind an open
+        transaction, is not counted: it waits a poll.)"""
+        planned_ms = int(self.clock() * 1000)
+        result, chunks_by_partition = self._archive_topic(topic, config, force)
+        dues = [due for partition, chunks in chunks_by_partition.items()
+                if (due := next_due_ms(chunks, result.offsets.get(partition, 0), config)) is not None
+                and due > planned_ms]
+        result.next_due_ms = min(dues, default=None)
+        return result
+
+    def _archive_topic(
+        self, topic: TopicRecord, config: ArchiveTopicConfig, force: bool
+    ) -> tuple[TopicPassResult, dict[int, list[IntakeChunk]]]:
         now_ms = int(self.clock() * 1000)
         partitions = self.store.partitions(topic.topic_id)
         # Cheap look first, from the store's copy of the offsets: touch the catalog only when some
@@ -398,7 +414,7 @@ class Archiver:
         last_look = self._last_reconcile_ms.get(topic.topic_id, -1)
         due = self._plan(topic, config, partitions, chunks_by_partition, known, now_ms, force)
         if not due and 0 <= now_ms - last_look < RECONCILE_EVERY_MS:
-            return TopicPassResult(topic.name, offsets=known)
+            return TopicPassResult(topic.name, offsets=known), chunks_by_partition
         # The latest registry schemas (None: raw record layout) decide the table's columns before anything is read.
         spec = self.table_spec(topic, config)
         properties = creation_properties(topic.configs)
@@ -406,7 +422,7 @@ class Archiver:
             schema = self.schemas.resolve(topic, config, self.table_name(config), due, spec, properties)
         except MessageUndecided:  # nothing due, and no payload yet says which message the table holds
             self._last_reconcile_ms[topic.topic_id] = now_ms
-            return TopicPassResult(topic.name, offsets=known)
+            return TopicPassResult(topic.name, offsets=known), chunks_by_partition
         if schema is None:
             self.ensure_table(config, properties, spec)
         self.sync_properties(topic, config, spec)
@@ -428,14 +444,14 @@ class Archiver:
         )
         result = TopicPassResult(topic.name, offsets=dict(committed.offsets))
         if not archives:
-            return result
+            return result, chunks_by_partition
         new_offsets = dict(committed.offsets)
         for archive in archives:
             new_offsets[archive.partition] = max(new_offsets.get(archive.partition, 0), archive.end_offset)
         with self._turn(config, spec) as mine:
             if not mine:  # an upsert table being compacted: its records wait in the intake for the next poll
                 log.info("%s: the table is being compacted; archiving waits for it", topic.name)
-                return result
+                return result, chunks_by_partition
             result.dead_letters = self.write(topic, config, archives, new_offsets, schema, spec)
         fault_point("after-commit")
         self.store.record_archive(topic.topic_id, new_offsets, int(self.clock() * 1000))
@@ -451,7 +467,7 @@ class Archiver:
             ",".join(sorted({a.reason for a in archives})),
             encode_offsets(new_offsets),
         )
-        return result
+        return result, chunks_by_partition
 
     @contextlib.contextmanager
     def _turn(self, config: ArchiveTopicConfig, spec: TableSpec) -> Iterator[bool]:

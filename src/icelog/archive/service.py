@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from icelog.archive.archiver import Archiver, ArchiverStore, GapHook, TopicPassResult
@@ -54,6 +54,18 @@ def archived_topics_exist(settings: Settings, store: TopicReader) -> bool:
         archive_config(t.name, t.configs, settings.topic_defaults, settings.archive).enabled
         for t in store.list_topics()
     )
+
+
+def until_due_s(results: Iterable[TopicPassResult], now_ms: int, poll_s: float) -> float:
+    """The wait before the next pass: the poll interval, or less when an archive a pass left open completes sooner.
+
+    An archive completes when its oldest record is `complete.delay.max.ms` old (or its newest `idle.max.ms`): waking
+    then, not at the next poll, takes up to a poll interval off its records' freshness, and one that completed while
+    the pass wrote (a pass longer than the delay) is written at once. Results only name archives not yet due when
+    their pass planned (Archiver.archive_topic), so this never spins on one left open for another reason.
+    """
+    dues = [r.next_due_ms for r in results if r.next_due_ms is not None]
+    return max(0.0, min(poll_s, (min(dues) - now_ms) / 1000)) if dues else poll_s
 
 
 class ArchiveServiceStore(ArchiverStore, StoreConnection, Protocol):
@@ -132,9 +144,12 @@ class ArchiveService:
                 log.info("the broker that started the archiver is gone; stopping")
                 return True
             failed = topic_failed = False
+            wait_s = poll_s
             try:
                 if archived_topics_exist(self.settings, self.store):
-                    topic_failed = any(r.error and not r.skipped for r in self.archiver().run_pass(force=False))
+                    results = self.archiver().run_pass(force=False)
+                    topic_failed = any(r.error and not r.skipped for r in results)
+                    wait_s = until_due_s(results, int(time.time() * 1000), poll_s)
                     self.maintenance().poll()  # may start a round in a child process; never waits for one
             except IcelogError as exc:  # a dependency named in one line (the Spark master, the broker, the catalog)
                 log.warning("archive pass failed (retry in %.0f s): %s", min(max(backoff_s * 2, 1.0), backoff_max_s),
@@ -150,7 +165,7 @@ class ArchiveService:
                 log.error("the Spark driver is gone; exiting so that a new archiver starts")
                 return False
             backoff_s = min(max(backoff_s * 2, 1.0), backoff_max_s) if failed else 0.0
-            self.stop_event.wait(backoff_s or poll_s)
+            self.stop_event.wait(backoff_s or wait_s)
         return True
 
     def record_failure(self, exc: Exception) -> None:
