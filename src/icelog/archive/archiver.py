@@ -387,7 +387,7 @@ class Archiver:
         written by the next one at once. (One already due when planned but left open, e.g. behind an open
         transaction, is not counted: it waits a poll.)"""
         planned_ms = int(self.clock() * 1000)
-        result, chunks_by_partition = self._archive_topic(topic, config, force)
+        result, chunks_by_partition = self._archive_topic(topic, config, force, planned_ms)
         dues = [due for partition, chunks in chunks_by_partition.items()
                 if (due := next_due_ms(chunks, result.offsets.get(partition, 0), config)) is not None
                 and due > planned_ms]
@@ -395,9 +395,8 @@ class Archiver:
         return result
 
     def _archive_topic(
-        self, topic: TopicRecord, config: ArchiveTopicConfig, force: bool
+        self, topic: TopicRecord, config: ArchiveTopicConfig, force: bool, now_ms: int
     ) -> tuple[TopicPassResult, dict[int, list[IntakeChunk]]]:
-        now_ms = int(self.clock() * 1000)
         partitions = self.store.partitions(topic.topic_id)
         # Cheap look first, from the store's copy of the offsets: touch the catalog only when some
         # archive is due (or now and then, to notice a table changed behind our back).

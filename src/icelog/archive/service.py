@@ -147,9 +147,10 @@ class ArchiveService:
             wait_s = poll_s
             try:
                 if archived_topics_exist(self.settings, self.store):
-                    results = self.archiver().run_pass(force=False)
+                    archiver = self.archiver()
+                    results = archiver.run_pass(force=False)
                     topic_failed = any(r.error and not r.skipped for r in results)
-                    wait_s = until_due_s(results, int(time.time() * 1000), poll_s)
+                    wait_s = until_due_s(results, int(archiver.clock() * 1000), poll_s)  # the dues' clock
                     self.maintenance().poll()  # may start a round in a child process; never waits for one
             except IcelogError as exc:  # a dependency named in one line (the Spark master, the broker, the catalog)
                 log.warning("archive pass failed (retry in %.0f s): %s", min(max(backoff_s * 2, 1.0), backoff_max_s),
