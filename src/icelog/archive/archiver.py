@@ -32,7 +32,7 @@ from icelog.archive.decode import find_dead_letters
 from icelog.archive.intake_source import KafkaFetch, chunk_source
 from icelog.archive.locks import WriterTurns
 from icelog.archive.pass_stats import PassStats
-from icelog.archive.plan import PlannedArchive, next_due_ms, over_task_numbers, plan_partition, task_groups
+from icelog.archive.plan import PlannedArchive, next_due_ms, plan_partition, task_groups
 from icelog.archive.reconcile import (
     COMMIT_USER,
     COMMIT_USER_PROPERTY,
@@ -50,8 +50,9 @@ from icelog.config import Settings
 from icelog.errors import IcelogError, TableChangedError, TableMismatchError, first_line
 from icelog.faults import armed, fault_point
 from icelog.lake import iceberg_java
-from icelog.lake.jvm_errors import WorkerError, in_worker, jvm_errors
-from icelog.lake.warm_workers import ARROW, RDD, WorkerKeeper
+from icelog.lake.data_files import write_data_files
+from icelog.lake.jvm_errors import WorkerError, jvm_errors
+from icelog.lake.warm_workers import RDD, WorkerKeeper
 from icelog.meta.registry import RegistryStore
 from icelog.meta.store import (
     ArchiveLedger,
@@ -72,7 +73,6 @@ from icelog.table.config import (
 )
 from icelog.table.layout import (
     RECORD_SPEC,
-    SPARK_SCHEMA_DDL,
     TableSpec,
     archive_table_ddl,
     layout_of_properties,
@@ -567,10 +567,8 @@ class Archiver:
             for archive in task_archives(tasks):
                 yield from decode_archive(intake_dir, archive)
 
-        ddl = SPARK_SCHEMA_DDL
         if schema is not None and schema.layout == LAYOUT_TABLE:
             key, value, arrow = schema.key, schema.value, schema.arrow_schema()
-            ddl = schema.spark_ddl
 
             def decode(tasks: Iterable[int]) -> Iterator[pa.RecordBatch]:  # noqa: F811 - the table layout's variant
                 from icelog.archive.decode_table import decode_archive_table
@@ -581,7 +579,6 @@ class Archiver:
 
         elif schema is not None:
             key, value, arrow = schema.key, schema.value, schema.arrow_schema()
-            ddl = schema.spark_ddl
 
             def decode(tasks: Iterable[int]) -> Iterator[pa.RecordBatch]:  # noqa: F811 - the typed variant
                 from icelog.archive.decode_schema import decode_archive_schema
@@ -602,27 +599,20 @@ class Archiver:
                           fault_point)
             self.python_workers.used(RDD)
             return
-        frame = self.spark.range(0, len(groups), 1, len(groups)).mapInArrow(in_worker(over_task_numbers(decode)), ddl)
-        writer = (
-            frame.writeTo(self.table_name(config))
-            # Each task holds whole archives in partition and offset order already: no shuffle, no re-sort.
-            .option("use-table-distribution-and-ordering", "false")
-        )
-        for name, text in summary.items():
-            writer = writer.option(f"snapshot-property.{name}", text)
-        if schema is not None and schema.layout == LAYOUT_TABLE:
-            # An archive spans many values of a partition.by column: one open file per value in the task.
-            writer = writer.option("fanout-enabled", "true")
+        # The workers write the data files themselves (lake/data_files.py: pyarrow's Parquet writer, the table's
+        # field ids, spec and write.* properties), so the rows never become JVM rows; the driver describes the
+        # files from their footers and appends them in one snapshot. Each task holds whole archives in partition
+        # and offset order: a file holds one partition's rows in offset order, as the table's sort order says.
+        table = iceberg_java.load_table(self.spark, self.table_name(config))
+        written = write_data_files(self.spark, iceberg_java.metadata_location(table), len(groups), decode,
+                                   self.settings.archive.catalog_properties)
+        files = iceberg_java.parquet_data_files(self.spark, table, written)
         if armed("after-write"):
             # Stage the snapshot (files written, snapshot not current) and die before publishing it.
-            self.spark.sql(
-                f"ALTER TABLE {self.table_name(config)} SET TBLPROPERTIES ('write.wap.enabled'='true')"
-            )
-            self.spark.conf.set("spark.wap.id", uuid.uuid4().hex)
-            writer.append()
+            iceberg_java.commit_append(table, files, summary, stage_only=True)
             fault_point("after-write")
-        writer.append()
-        self.python_workers.used(ARROW)
+        iceberg_java.commit_append(table, files, summary)
+        self.python_workers.used(RDD)
 
 
 def creation_properties(configs: dict[str, str]) -> dict[str, str]:

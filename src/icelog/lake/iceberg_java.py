@@ -250,6 +250,15 @@ class JavaExpireSnapshots(Protocol):
     def commit(self) -> None: ...
 
 
+class JavaAppendFiles(Protocol):
+    """org.apache.iceberg.AppendFiles."""
+
+    def appendFile(self, data_file: JavaDataFile) -> JavaAppendFiles: ...
+    def set(self, key: str, value: str) -> JavaAppendFiles: ...
+    def stageOnly(self) -> JavaAppendFiles: ...
+    def commit(self) -> None: ...
+
+
 class JavaTable(Protocol):
     """org.apache.iceberg.Table."""
 
@@ -265,6 +274,7 @@ class JavaTable(Protocol):
     def schema(self) -> JavaSchema: ...
     def sortOrder(self) -> JavaSortOrder: ...
     def newRowDelta(self) -> JavaRowDelta: ...
+    def newAppend(self) -> JavaAppendFiles: ...
     def newScan(self) -> JavaTableScan: ...
     def expireSnapshots(self) -> JavaExpireSnapshots: ...
     def io(self) -> JavaFileIO: ...
@@ -663,6 +673,23 @@ def write_deletion_vectors(
 
 
 @jvm_errors()
+@jvm_errors()
+def commit_append(
+    table: JavaTable, data_files: Iterable[JavaDataFile], summary: Mapping[str, str], stage_only: bool = False
+) -> None:
+    """Append data files in one snapshot whose summary carries `summary`. An append conflicts with nothing: on a
+    concurrent commit Iceberg retries it on the new base (commit.retry.*). `stage_only` writes the snapshot
+    without making it current (what a crash between the two looks like, for the fault tests)."""
+    append = table.newAppend()
+    for data_file in data_files:
+        append = append.appendFile(data_file)
+    for key, value in summary.items():
+        append = append.set(key, value)
+    if stage_only:
+        append = append.stageOnly()
+    append.commit()
+
+
 def commit_row_delta(
     table: JavaTable,
     base_snapshot_id: int | None,
