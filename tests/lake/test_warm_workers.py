@@ -2,8 +2,9 @@
 
 Spark stops a Python worker idle for 60 s, and its replacement makes the next pass ~0.4 s slower (measured in
 bench/upsert_bench.py). Here the archiver's clock is moved instead of waiting: after real passes of an append
-and a compacted topic, an idle pass 45 s later hands the workers of both pools a task, and they are the same
-processes each time (reused, not replaced); once the archiver has been idle for 10 minutes it runs no job.
+and a compacted topic (both write their data files in RDD jobs), an idle pass 45 s later hands the workers of
+that pool a task, and they are the same processes each time (reused, not replaced); once the archiver has been
+idle for 10 minutes it runs no job.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from confluent_kafka import Producer
 
 from icelog.archive.archiver import Archiver
 from icelog.config import Settings
-from icelog.lake.warm_workers import ARROW, KEEP_FOR_S, PING_EVERY_S, RDD
+from icelog.lake.warm_workers import KEEP_FOR_S, PING_EVERY_S, RDD
 from icelog.meta.store import MetadataStore
 from tests.support.archive import create_topic
 from tests.support.broker import BrokerProcess
 
 
-def test_idle_passes_keep_both_pools_of_python_workers_alive_then_let_them_go(
+def test_idle_passes_keep_the_python_workers_alive_then_let_them_go(
     lake_broker: BrokerProcess, lake_settings: Settings, lake_spark: Any, lake_store: MetadataStore,
 ) -> None:
     now = [1000.0]
@@ -44,8 +45,7 @@ def test_idle_passes_keep_both_pools_of_python_workers_alive_then_let_them_go(
     now[0] += 2
     archiver.run_pass(topics=set())
     pinged = archiver.python_workers.pids
-    assert set(pinged) == {RDD, ARROW}, pinged
-    assert not set(pinged[RDD]) & set(pinged[ARROW])  # two pools of processes
+    assert set(pinged) == {RDD}, pinged  # appends and upserts alike write their files in RDD jobs
     for pids in pinged.values():
         assert len(pids) == archiver.task_slots
         for pid in pids:

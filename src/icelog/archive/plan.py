@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -20,7 +20,7 @@ from icelog.meta.store import IntakeChunk
 from icelog.topic_configs.archive import ArchiveTopicConfig
 
 if TYPE_CHECKING:
-    import pyarrow as pa
+    pass
 
 
 @dataclass(frozen=True)
@@ -170,14 +170,3 @@ def task_groups(archives: Sequence[PlannedArchive], slots: int) -> list[list[int
     for n, i in enumerate(order):  # a partition's archives are consecutive here, and at most `tasks` many
         groups[n % tasks].append(i)
     return [group for group in groups if group]
-
-
-def over_task_numbers(
-    decode: Callable[[Iterable[int]], Iterator[pa.RecordBatch]],
-) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """A decoder of task numbers (task_groups' indexes) as a mapInArrow function over a frame of those numbers."""
-
-    def batches(numbers: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return decode(n for batch in numbers for n in batch.column(0).to_pylist())
-
-    return batches

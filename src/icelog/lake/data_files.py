@@ -1,7 +1,8 @@
-"""Data files written by pyiceberg in Spark's Python workers, for the driver to commit (upsert passes).
+"""Data files written by pyiceberg in Spark's Python workers, for the driver to commit (every archive pass).
 
-An upsert pass commits its data files and its deletion vectors in one RowDelta (archive/upsert.py), so its data
-files must be written without a commit. The worker that decoded a task's rows writes them itself, with pyiceberg's
+An append pass commits its data files in one AppendFiles (archive/archiver.py), an upsert pass its data files and
+its deletion vectors in one RowDelta (archive/upsert.py), so data files are written without a commit. The worker
+that decoded a task's rows writes them itself, with pyiceberg's
 Parquet writer and the table's metadata (its schema's field ids, partition spec, location provider and
 `write.parquet.*` properties): no Arrow → JVM row → Parquet conversion, no staged snapshot. The task yields one row
 per file (a WrittenFile); the driver reads each file's metrics from its footer with Iceberg's Java ParquetUtil and

@@ -6,10 +6,11 @@ worker forked in its place is slow in its first task although the daemon preload
 use of pyarrow's memory and thread pools). Measured on a 100 k-record upsert pass: 0.72 s after 50 s idle,
 1.05 s after 70 s, 0.76 s after 70 s with this keeper.
 
-Spark keeps one pool of workers for RDD jobs (the upsert pass's file writers, lake/data_files.py) and another for
-SQL's Python functions (the append pass's mapInArrow): each kind the archiver used within the last KEEP_FOR_S
-gets a trivial job on every task slot after PING_EVERY_S of idleness, which hands each idle worker a task and
-resets its idle clock. An archiver idle for longer lets its workers go (and runs no job at all).
+The archive's jobs are RDD jobs (every pass's file writers, lake/data_files.py), so they use Spark's pool of
+workers for RDD jobs. (SQL's Python functions, e.g. mapInArrow, have a pool of their own; the archive runs none.)
+A pool the archiver used within the last KEEP_FOR_S gets a trivial job on every task slot after PING_EVERY_S of
+idleness, which hands each idle worker a task and resets its idle clock. An archiver idle for longer lets its
+workers go (and runs no job at all).
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
-RDD, ARROW = "rdd", "arrow"  # the two pools of Python workers the archive's jobs use
+RDD = "rdd"  # the pool of Python workers the archive's jobs use (RDD jobs)
 PING_EVERY_S = 45.0  # under Spark's 60 s idle timeout
 KEEP_FOR_S = 600.0  # after the last pass of a kind, its workers are kept this long
 JOB_DESCRIPTION = "icelog: keep the archive's Python workers alive between passes"
@@ -39,24 +39,14 @@ def worker_pid(tasks: Iterable[int]) -> Iterator[int]:
     yield os.getpid()
 
 
-def arrow_worker_pid(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """A mapInArrow task: the worker's pid, as one row."""
-    import pyarrow as pa
-
-    for _ in batches:
-        pass
-    yield pa.RecordBatch.from_pydict({"pid": [os.getpid()]})
-
-
 def ping(spark: SparkSession, kind: str, slots: int) -> list[int]:
     """Run a trivial job of `slots` tasks in the pool of `kind`; the pids of the workers that ran them."""
     context = spark.sparkContext
     context.setJobDescription(JOB_DESCRIPTION)
     try:
-        if kind == RDD:
-            return [int(pid) for pid in context.parallelize(range(slots), slots).mapPartitions(worker_pid).collect()]
-        rows = spark.range(0, slots, 1, slots).mapInArrow(arrow_worker_pid, "pid long").collect()
-        return [int(row.pid) for row in rows]
+        if kind != RDD:
+            raise ValueError(f"no pool of Python workers named {kind!r}")
+        return [int(pid) for pid in context.parallelize(range(slots), slots).mapPartitions(worker_pid).collect()]
     finally:
         context.setJobDescription(None)  # type: ignore[arg-type]  # None clears it; pyspark's annotation says str
 
