@@ -115,3 +115,40 @@ def test_worker_written_files_have_the_tables_row_groups_and_no_writer_warning(t
     assert len(groups) >= produced.nbytes // limit >= 2
     assert all(group.total_byte_size <= 1.25 * limit for group in groups)
     assert parquet.read().equals(produced.cast(parquet.schema_arrow))
+
+
+@pytest.mark.slow
+def test_null_lists_and_maps_of_structs_stay_null_and_empty_ones_stay_empty(
+    lake_spark: Any, lake_settings: Settings
+) -> None:
+    """pyiceberg's projection rebuilds lists of structs and maps with struct values from their offsets and drops
+    their nulls (lake/data_files._keep_null_lists_and_maps puts them back): a payload that did not decode has
+    null fields, and an empty list is not one. Committed with the append passes' commit_append."""
+    catalog = lake_settings.archive.catalog_name
+    name = f"{catalog}.data_files.nulls_{uuid.uuid4().hex[:8]}"
+    lake_spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {catalog}.data_files")
+    lake_spark.sql(f"CREATE TABLE {name} (id bigint, lines array<struct<a: int>>, "
+                   "by_id map<string, struct<a: int>>, tags array<int>) USING iceberg")
+    produced = [(0, None, None, None), (1, [], {}, []), (2, [{"a": 1}, None], {"k": {"a": 2}}, [3, None])]
+
+    def decode(tasks: Any) -> Any:
+        import pyarrow as pa
+
+        inner = pa.struct([("a", pa.int32())])
+        schema = pa.schema([("id", pa.int64()), ("lines", pa.list_(inner)),
+                            ("by_id", pa.map_(pa.string(), inner)), ("tags", pa.list_(pa.int32()))])
+        for _task in tasks:
+            yield pa.RecordBatch.from_pylist(
+                [{"id": i, "lines": lines, "by_id": None if by_id is None else list(by_id.items()), "tags": tags}
+                 for i, lines, by_id, tags in produced], schema=schema)
+
+    table = iceberg_java.load_table(lake_spark, name)
+    files = iceberg_java.parquet_data_files(lake_spark, table, write_data_files(lake_spark, table,
+                                                                              PassRows(1, decode, {})))
+    iceberg_java.commit_append(table, files, {"note": "test"})
+    got = [(r.id, None if r.lines is None else [None if x is None else x.asDict() for x in r.lines],
+            None if r.by_id is None else {k: v.asDict() for k, v in r.by_id.items()}, r.tags)
+           for r in lake_spark.sql(f"SELECT * FROM {name} ORDER BY id").collect()]
+    assert got == produced
+    summary = lake_spark.sql(f"SELECT summary FROM {name}.snapshots").collect()[0].summary
+    assert summary["note"] == "test" and summary["added-records"] == "3"

@@ -103,6 +103,8 @@ def _written(
     # the spec's transforms, bin-packs to write.target-file-size-bytes, writes Parquet with the schema's field ids.
     from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
+    _keep_null_lists_and_maps()
+
     spec, schema = metadata.spec(), metadata.schema()
     metadata = metadata.model_copy(update={"properties": writer_properties(metadata.properties, rows)})
     for data_file in _dataframe_to_data_files(metadata, rows, io, write_uuid, counter):
@@ -111,6 +113,41 @@ def _written(
             result_type = field.transform.result_type(schema.find_field(field.source_id).field_type)
             values[str(field.field_id)] = partition_json_value(result_type, data_file.partition[position])
         yield data_file.file_path, data_file.file_size_in_bytes, data_file.record_count, json.dumps(values)
+
+
+def _keep_null_lists_and_maps() -> None:
+    """Make pyiceberg's writer keep null lists and maps null (once per worker process).
+
+    Its projection onto the file schema (pyiceberg.io.pyarrow.ArrowProjectionVisitor, 0.12) rebuilds a list of
+    structs and a map with struct values from their offsets alone, working around apache/arrow#38809, which
+    drops their validity: a null list or map (a field of a payload that did not decode, an absent optional field)
+    would be written as an empty one, and a row would not read back as it was decoded. The subclass puts the
+    nulls back where the input had them; `_to_requested_schema` looks the visitor up by its module's name.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyiceberg.io import pyarrow as pyarrow_io
+
+    base = pyarrow_io.ArrowProjectionVisitor
+    if getattr(base, "keeps_nulls", False):
+        return
+
+    def nulls_back(projected: pa.Array | None, original: pa.Array | None) -> pa.Array | None:
+        if projected is None or original is None or original.null_count == projected.null_count:
+            return projected
+        return pc.if_else(original.is_null(), pa.nulls(len(projected), projected.type), projected)
+
+    class NullKeepingProjection(base):  # type: ignore[misc, valid-type]  # pyiceberg's class, chosen at run time
+        keeps_nulls = True
+
+        def list(self, list_type: Any, list_array: pa.Array | None, value_array: pa.Array | None) -> pa.Array | None:
+            return nulls_back(super().list(list_type, list_array, value_array), list_array)
+
+        def map(self, map_type: Any, map_array: pa.Array | None, key_result: pa.Array | None,
+                value_result: pa.Array | None) -> pa.Array | None:
+            return nulls_back(super().map(map_type, map_array, key_result, value_result), map_array)
+
+    pyarrow_io.ArrowProjectionVisitor = NullKeepingProjection  # type: ignore[misc]
 
 
 def writer_properties(properties: Mapping[str, str], rows: pa.Table) -> dict[str, str]:
