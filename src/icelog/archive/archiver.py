@@ -44,13 +44,12 @@ from icelog.archive.reconcile import (
 )
 from icelog.archive.table_schema import ArchiveSchema, MessageUndecided, TableSchemas
 from icelog.archive.transactions import BrokerTransactions, TransactionTracker, TransactionView
-from icelog.archive.upsert import PassRows, write_upserts
+from icelog.archive.upsert import PassRows, write_data_files, write_upserts
 from icelog.client.properties import parse
 from icelog.config import Settings
 from icelog.errors import IcelogError, TableChangedError, TableMismatchError, first_line
 from icelog.faults import armed, fault_point
 from icelog.lake import iceberg_java
-from icelog.lake.data_files import write_data_files
 from icelog.lake.jvm_errors import WorkerError, jvm_errors
 from icelog.lake.warm_workers import RDD, WorkerKeeper
 from icelog.meta.registry import RegistryStore
@@ -592,9 +591,9 @@ class Archiver:
             TOPIC_ID_PROPERTY: str(topic.topic_id),
             COMMIT_USER_PROPERTY: COMMIT_USER,
         }
+        rows = PassRows(len(groups), decode, self.settings.archive.catalog_properties,
+                        key_decoded=schema is not None and schema.key is not None)
         if spec.primary_key:  # an upsert table: data files + deletion vectors in one row delta
-            rows = PassRows(len(groups), decode, self.settings.archive.catalog_properties,
-                            key_decoded=schema is not None and schema.key is not None)
             write_upserts(self.spark, self.table_name(config), rows, spec, summary, str(self.settings.data_dir),
                           fault_point)
             self.python_workers.used(RDD)
@@ -604,9 +603,7 @@ class Archiver:
         # files from their footers and appends them in one snapshot. Each task holds whole archives in partition
         # and offset order: a file holds one partition's rows in offset order, as the table's sort order says.
         table = iceberg_java.load_table(self.spark, self.table_name(config))
-        written = write_data_files(self.spark, iceberg_java.metadata_location(table), len(groups), decode,
-                                   self.settings.archive.catalog_properties)
-        files = iceberg_java.parquet_data_files(self.spark, table, written)
+        files = iceberg_java.parquet_data_files(self.spark, table, write_data_files(self.spark, table, rows))
         if armed("after-write"):
             # Stage the snapshot (files written, snapshot not current) and die before publishing it.
             iceberg_java.commit_append(table, files, summary, stage_only=True)

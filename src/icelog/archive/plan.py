@@ -14,13 +14,9 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from icelog.meta.store import IntakeChunk
 from icelog.topic_configs.archive import ArchiveTopicConfig
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass(frozen=True)

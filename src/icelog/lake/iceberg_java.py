@@ -673,7 +673,6 @@ def write_deletion_vectors(
 
 
 @jvm_errors()
-@jvm_errors()
 def commit_append(
     table: JavaTable, data_files: Iterable[JavaDataFile], summary: Mapping[str, str], stage_only: bool = False
 ) -> None:
@@ -690,6 +689,7 @@ def commit_append(
     append.commit()
 
 
+@jvm_errors()
 def commit_row_delta(
     table: JavaTable,
     base_snapshot_id: int | None,
