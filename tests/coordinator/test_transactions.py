@@ -510,7 +510,8 @@ def test_a_hanging_transaction_of_an_unknown_producer_is_aborted_after_the_timeo
             groups.start()
             txns.start()
             deadline = time.monotonic() + WAIT_S
-            while part.last_stable_offset < part.high_watermark and time.monotonic() < deadline:
+            # The abort moves the LSO once the marker is indexed, the high watermark once it is durable: wait for both.
+            while (part.last_stable_offset, part.high_watermark) != (3, 3) and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             assert part.last_stable_offset == part.high_watermark == 3, "the abort marker moved the LSO on"
             assert [(r.producer_id, r.first_offset) for r in part.aborted_ranges(0, 3)] == [(4242, 0)]
