@@ -6,6 +6,7 @@ run each test once per backend in STORE_BACKENDS.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -341,7 +342,10 @@ def test_producer_snapshots_keep_the_newest_and_go_with_their_topic(open_same_st
 
 
 # -- durability: what a client is answered about is on disk first --------------------------------------
-def _sqlite_durable_commits(store: MetadataStore) -> Callable[[Callable[[], object]], list[bool]]:
+Probe = Callable[[Callable[[], object]], list[bool]]
+
+
+def _sqlite_durable_commits(store: MetadataStore, request: pytest.FixtureRequest) -> Probe:
     """For each transaction the call commits: was it committed with synchronous=FULL (fsync'd WAL)?"""
     conn = store._conn  # type: ignore[attr-defined]
 
@@ -365,27 +369,43 @@ def _sqlite_durable_commits(store: MetadataStore) -> Callable[[Callable[[], obje
     return probe
 
 
-def _postgres_durable_commits(store: MetadataStore) -> Callable[[Callable[[], object]], list[bool]]:
-    """Did the call commit (write WAL), with synchronous_commit on, its commit record flushed when it returned?"""
+def _postgres_durable_commits(store: MetadataStore, request: pytest.FixtureRequest) -> Probe:
+    """Did the call commit (write WAL), with synchronous_commit on, its commit records flushed when it returned?"""
     pool = store._pool  # type: ignore[attr-defined]
+    cluster = request.getfixturevalue("postgres_cluster")
 
     def ask(query: str, *args: object) -> Any:
         with pool.connection() as conn:
-            return conn.execute(query, args).fetchone()[0]
+            return conn.execute(query, args).fetchone()
+
+    database = ask("SELECT current_database()")[0]
+    cluster.psql("CREATE EXTENSION IF NOT EXISTS pg_walinspect", database)
+
+    def commits_between(start: str, end: str) -> int:
+        """Commit records in [start, end), once the WAL writer has flushed them (pg_walinspect reads only flushed
+        WAL). The server's own background records (a standby snapshot every 15 s, autovacuum) may follow the
+        call's commit unflushed: they are no sign of an asynchronous commit, only commit records are."""
+        deadline = time.monotonic() + 10
+        while not ask("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", end)[0]:
+            assert time.monotonic() < deadline, f"the WAL writer never flushed up to {end}"
+            time.sleep(0.01)
+        return int(cluster.psql(f"SELECT count(*) FROM pg_get_wal_records_info('{start}', '{end}') "
+                                "WHERE resource_manager = 'Transaction' AND record_type LIKE 'COMMIT%'", database))
 
     def probe(call: Callable[[], object]) -> list[bool]:
-        before = ask("SELECT pg_current_wal_insert_lsn()::text")
+        before = ask("SELECT pg_current_wal_insert_lsn()::text")[0]
         call()
         # (flushed first: by the time the insert position is read, nothing of the call may be left unflushed)
-        flushed = ask("SELECT pg_current_wal_flush_lsn() >= pg_current_wal_insert_lsn()")
-        if not ask("SELECT pg_current_wal_insert_lsn() > %s::pg_lsn", before):
+        flushed, inserted = ask("SELECT pg_current_wal_flush_lsn()::text, pg_current_wal_insert_lsn()::text")
+        if not ask("SELECT %s::pg_lsn > %s::pg_lsn", inserted, before)[0]:
             return []  # committed nothing
-        return [flushed and ask("SELECT current_setting('synchronous_commit')") != "off"]
+        synchronous = ask("SELECT current_setting('synchronous_commit')")[0] != "off"
+        return [synchronous and (flushed == inserted or commits_between(flushed, inserted) == 0)]
 
     return probe
 
 
-DURABILITY_PROBES: dict[str, Callable[[MetadataStore], Callable[[Callable[[], object]], list[bool]]]] = {
+DURABILITY_PROBES: dict[str, Callable[[MetadataStore, pytest.FixtureRequest], Probe]] = {
     "sqlite": _sqlite_durable_commits,
     "postgresql": _postgres_durable_commits,
 }
@@ -402,7 +422,7 @@ def test_every_write_a_client_is_answered_about_is_durable(
     from icelog.meta.store import CommittedOffset, TransactionRecord
 
     backend = request.node.callspec.params["open_same_store"]
-    durable = DURABILITY_PROBES[backend](store)
+    durable = DURABILITY_PROBES[backend](store, request)
     topic = store.create_topic("orders", 1, {})
     tid = topic.topic_id
     store.commit_intake([chunk(tid, 0, 0, 5), chunk(tid, 0, 5, 9, position=200)], IntakeTail(1, 300))
