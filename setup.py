@@ -1,18 +1,31 @@
-"""Only what pyproject.toml cannot say: the compiled record walker (src/icelog/log/_records.c).
+"""Only what pyproject.toml cannot say: the compiled extensions.
 
-optional=True: without a C compiler the install still succeeds and icelog.log.records falls back to its
-pure-Python walker (same checks, slower).
+- icelog.log._records (src/icelog/log/_records.c): the record walker of produced batches;
+- icelog.schema.codec._avro_columns (src/icelog/schema/codec/_avro_columns.c): Avro datums to Arrow buffers.
+
+optional=True: without a C compiler the install still succeeds; icelog.log.records falls back to its pure-Python
+walker (same checks, slower) and Avro payloads are decoded by fastavro alone (same rows, slower).
 """
 
 from setuptools import Extension, setup
+
+SHARED = ["src/icelog/_c/utf8.h"]
 
 setup(
     ext_modules=[
         Extension(
             "icelog.log._records",
             ["src/icelog/log/_records.c"],
+            depends=SHARED,
             extra_compile_args=["-O2", "-std=c11"],
             optional=True,
-        )
+        ),
+        Extension(
+            "icelog.schema.codec._avro_columns",
+            ["src/icelog/schema/codec/_avro_columns.c"],
+            depends=SHARED,
+            extra_compile_args=["-O2", "-std=c11"],
+            optional=True,
+        ),
     ]
 )

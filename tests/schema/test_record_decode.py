@@ -66,3 +66,22 @@ def test_json_batch_rows_equal_one_by_one_and_keep_their_bytes() -> None:
     rows = dec.decode_many(payloads, struct_type).to_pylist()
     assert rows == pa.array([dec.decode(p) for p in payloads], type=struct_type).to_pylist()
     assert [row[RAW] for row in rows[:4]] == payloads[:4] and rows[4] is None
+
+
+def test_a_datum_whose_value_no_column_holds_is_an_error_row_not_a_failed_batch() -> None:
+    """fastavro reads an Avro int of any width and a timestamp-millis of any size; such a value does not fit the
+    table's int or microsecond column. It was an exception out of decode_many (the archive task failed, every
+    retry again: the partition stalled); it is the row of a payload that did not decode, its bytes kept."""
+    document = {"type": "record", "name": "R", "fields": [
+        {"name": "n", "type": "int"}, {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}}]}
+    schema = compile_avro(json.dumps(document), {})
+    fields = avro_columns(schema.document, "value")
+    good = body(document, {"n": 1, "at": 1_700_000_000_000})
+    wide_int = b"\x80\x80\x80\x80\x80\x01" + good[1:]  # 2^34 as a zigzag varint where an int belongs
+    huge_millis = good[:1] + body({"type": "long"}, 2**62)
+    payloads: list[bytes | None] = [envelope(1, good), envelope(1, wide_int), envelope(1, huge_millis)]
+    dec, struct_type = decoder("value", AVRO, fields, schema)
+    rows = dec.decode_many(payloads, struct_type).to_pylist()
+    assert rows[0]["n"] == 1 and rows[0]["__err__"] is None
+    for row, payload in zip(rows[1:], payloads[1:], strict=True):
+        assert row["__err__"] and row[RAW] == payload and row["n"] is None, row

@@ -30,6 +30,7 @@ from icelog.table.field_ids import PROMOTIONS, Column
 
 Convert = Callable[[Any], Any]
 _US_PER_MS = 1000
+_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
 _DECIMAL_CONTEXT = decimal.Context(prec=80)
 _EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _EPOCH = datetime.datetime(1970, 1, 1)
@@ -66,6 +67,15 @@ def _jsonable(value: Any) -> Any:
 
 def _as_json(value: Any) -> str | None:
     return None if value is None else json.dumps(_jsonable(value), separators=(",", ":"), sort_keys=True)
+
+
+def _millis_to_micros(millis: int) -> int:
+    """Milliseconds as the column's microseconds. Past the column's int64 the datum is valid Avro but no row can
+    hold it: ValueError, so the payload is kept whole as a row that did not decode (`__err__`, `__raw__`)."""
+    micros = millis * _US_PER_MS
+    if not _LONG_MIN <= micros <= _LONG_MAX:
+        raise ValueError(f"{millis} ms is past what a microsecond column holds")
+    return micros
 
 
 def _optional(convert: Convert) -> Convert:
@@ -217,7 +227,7 @@ class _Decoders:
             return self._mismatch()
         logical = node.schema.get("logicalType") if isinstance(node.schema, dict) else None
         if logical in _MILLIS and signature in ("timestamptz", "timestamp", "long"):
-            return lambda v: v * _US_PER_MS
+            return _millis_to_micros
         if signature.startswith("decimal"):
             precision_scale = decimal_of(node.schema)
             assert precision_scale is not None

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from icelog.schema.avro_schema import AvroSchema
 from icelog.schema.codec.avro_codec import AvroRows
+from icelog.schema.codec.avro_columns import ColumnDecoder
 from icelog.schema.codec.json_codec import JSONRows
 from icelog.schema.codec.registry_source import SchemaSource, open_source
 from icelog.schema.codec.sides import SideDecoding, error_row, side_array
@@ -68,6 +69,7 @@ class RecordSideDecoder:
     def __init__(self, decoding: SideDecoding) -> None:
         self.decoding = decoding
         self._codecs: dict[int, AvroRows | JSONRows] = {}
+        self._column_decoders: dict[tuple[int, pa.StructType], ColumnDecoder | None] = {}
         self._source: SchemaSource | None = None
         self._may_drop_raw = decoding.side == "value" and decoding.schema_type == AVRO
 
@@ -115,8 +117,15 @@ class RecordSideDecoder:
         row[RAW] = payload if self._keeps_raw(codec, row, prefix, body) else None
         return row
 
+    def _column_decoder(self, schema_id: int, codec: AvroRows, struct_type: pa.StructType) -> ColumnDecoder | None:
+        key = (schema_id, struct_type)
+        if key not in self._column_decoders:
+            self._column_decoders[key] = ColumnDecoder.for_schema(codec.writer, self.decoding.column, struct_type)
+        return self._column_decoders[key]
+
     def decode_many(self, payloads: list[bytes | None], struct_type: pa.StructType) -> pa.StructArray:
-        """An Arrow struct array of many payloads: the most common schema id's rows column by column."""
+        """An Arrow struct array of many payloads: the most common schema id's rows column by column (Avro
+        batches of one schema id through the compiled decoder, avro_columns.py, where it covers the schema)."""
         import pyarrow as pa
 
         n = len(payloads)
@@ -151,8 +160,17 @@ class RecordSideDecoder:
         rebuilt: list[bool] | None = None  # per main row: whether its row rebuilds its body exactly
         try:
             codec = self._codec(main) if main is not None else None
+            compiled = None
+            if main is not None and isinstance(codec, AvroRows) and len(rows) == n:
+                compiled = self._column_decoder(main, codec, struct_type)
+            columns = compiled.decode(bodies) if compiled is not None else None
+            filled: Mapping[str, Sequence[object]]
             if codec is None:
-                filled: dict[str, list[object]] = {}
+                filled = {}
+            elif columns is not None:
+                filled = columns  # the compiled decoder took the batch: it is canonical, every row rebuilds its body
+                if self._may_drop_raw and isinstance(codec, AvroRows) and codec.invertible:
+                    rebuilt = [True] * n
             elif self._may_drop_raw and isinstance(codec, AvroRows) and codec.invertible:
                 filled, rebuilt = codec.decode_many_rebuilt(bodies)
             else:
@@ -160,9 +178,31 @@ class RecordSideDecoder:
         except RegistryUnavailableError:
             raise
         except Exception:  # some payload does not decode (or the schema id is unknown): row by row
-            return pa.array([self.decode(p) for p in payloads], type=struct_type)
+            return self.decode_each(payloads, struct_type)
         raws: list[bytes | None] = [None] * n
         for j, i in enumerate(rows):
             # __raw__ is dropped only for an enveloped payload whose row was checked to rebuild it
             raws[i] = None if rebuilt is not None and prefixes[i] is not None and rebuilt[j] else payloads[i]
-        return side_array(struct_type, payloads, rows, filled, prefixes, raws, others)
+        try:
+            return side_array(struct_type, payloads, rows, filled, prefixes, raws, others)
+        except (pa.ArrowException, OverflowError, TypeError):  # a value its column cannot hold: row by row
+            return self.decode_each(payloads, struct_type)
+
+    def decode_each(self, payloads: list[bytes | None], struct_type: pa.StructType) -> pa.StructArray:
+        """decode_many's answer reached payload by payload (its fallback, and the reference its fast paths must
+        equal). A row whose value its column cannot hold (fastavro reads an Avro int of any size, for one) is a
+        row that did not decode: `__err__`, the payload kept."""
+        import pyarrow as pa
+
+        rows = [self.decode(p) for p in payloads]
+        try:
+            return pa.array(rows, type=struct_type)
+        except (pa.ArrowException, OverflowError, TypeError):
+            pass
+        for i, (payload, row) in enumerate(zip(payloads, rows, strict=True)):
+            try:
+                pa.array([row], type=struct_type)
+            except (pa.ArrowException, OverflowError, TypeError) as exc:
+                assert payload is not None  # a null payload's row is null
+                rows[i] = error_row(exc, payload)
+        return pa.array(rows, type=struct_type)

@@ -54,13 +54,14 @@ def side_array(
     struct_type: pa.StructType,
     payloads: Sequence[bytes | None],
     rows: Sequence[int],
-    filled: Mapping[str, list[object]],
+    filled: Mapping[str, Sequence[object]],
     prefixes: list[bytes | None],
     raws: list[bytes | None],
     others: Mapping[int, Mapping[str, object] | None],
 ) -> pa.StructArray:
     """A side's Arrow struct array: the main rows' values from `filled` (column name → values, one per index in
-    `rows`), the other rows (other schemas, errors) from their dicts, `__prefix__` and `__raw__` as given."""
+    `rows`; an Arrow array when every payload is a main row), the other rows (other schemas, errors) from their
+    dicts, `__prefix__` and `__raw__` as given."""
     import pyarrow as pa
 
     n = len(payloads)
@@ -72,10 +73,14 @@ def side_array(
         elif name == RAW:
             column = list(raws)
         elif len(rows) == n and name in filled:  # every payload is a main row: the codec's column as is
-            column = filled[name]
+            values = filled[name]
+            if isinstance(values, pa.Array):  # the compiled Avro decoder's (avro_columns.py)
+                arrays.append(values if values.type == field.type else values.cast(field.type))
+                continue
+            column = list(values) if not isinstance(values, list) else values
         else:
             column = [None] * n
-            for i, value in zip(rows, filled.get(name, ()), strict=False):
+            for i, value in zip(rows, filled.get(name, ()), strict=False):  # (lists: arrays only come for all rows)
                 column[i] = value
         for i, row in others.items():
             column[i] = None if row is None else row.get(name)
