@@ -84,6 +84,8 @@ static int grow(buffer *b, Py_ssize_t extra)
 
 static int put(buffer *b, const void *src, Py_ssize_t n)
 {
+    if (n == 0)
+        return 0; /* (an empty buffer has no pointer yet) */
     if (grow(b, n) < 0)
         return -1;
     memcpy(b->p + b->len, src, (size_t)n);
@@ -397,7 +399,8 @@ static int read_value(decoder *d, int index, const uint8_t **p, const uint8_t *e
         for (Py_ssize_t a = first; a < keys->length; a++)
             for (Py_ssize_t b = a + 1; b < keys->length; b++)
                 if (at[a + 1] - at[a] == at[b + 1] - at[b] &&
-                    memcmp(keys->data.p + at[a], keys->data.p + at[b], (size_t)(at[a + 1] - at[a])) == 0)
+                    (at[a + 1] == at[a] ||
+                     memcmp(keys->data.p + at[a], keys->data.p + at[b], (size_t)(at[a + 1] - at[a])) == 0))
                     return unsure(d, "a map with a key twice (fastavro keeps the last)");
         if (count > 0) {
             int64_t more;
