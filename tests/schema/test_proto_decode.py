@@ -73,3 +73,21 @@ def test_protobuf_batch_timestamps_and_enums_equal_one_by_one() -> None:
     at = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC) + datetime.timedelta(microseconds=1_700_000_000_123_456)
     assert (rows[0]["at"], rows[0]["k"], rows[0]["ks"]) == (at, "K1", ["K0", "K1"])
     assert (rows[1]["at"], rows[1]["k"], rows[1]["ks"]) == (None, "9", ["9"])  # unset; a number the enum does not name
+
+
+def test_a_timestamp_past_what_microseconds_hold_is_an_error_row_not_a_failed_batch() -> None:
+    """A Timestamp of 2^62 seconds parses, but no timestamptz column holds it: it failed decode_many (the archive
+    task failed at every retry: the partition stalled); it is the row of a payload that did not decode."""
+    fds = compile_schema(SCHEMA, {})
+    pool = build_pool(fds)
+    c = message_factory.GetMessageClass(pool.FindMessageTypeByName("t.C"))
+    records = evolve(table_columns(None, message_columns(pool.FindMessageTypeByName("t.C"))), [])
+    decoding = SideDecoding("value", column_tree(records, "value"), 1, {1: fds}, "t.C")
+    struct_type = arrow_schema(records).field("value").type
+    far = c(k=1)
+    far.at.seconds = 2**62
+    envelope = encode_envelope(1, [2])
+    payloads = [envelope + c(k=1).SerializeToString(), envelope + far.SerializeToString()]
+    rows = ProtoSideDecoder(decoding).decode_many(payloads, struct_type).to_pylist()
+    assert rows[0]["k"] == "K1" and rows[0][ERR] is None
+    assert rows[1][ERR] and rows[1][RAW] == payloads[1] and rows[1]["k"] is None

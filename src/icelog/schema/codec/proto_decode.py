@@ -26,7 +26,7 @@ from google.protobuf import descriptor_pb2, message_factory
 from icelog.schema.codec.proto_values import FieldPart, column_values, struct_converter, struct_parts
 from icelog.schema.codec.rebuild import invertible
 from icelog.schema.codec.registry_source import SchemaSource, open_source
-from icelog.schema.codec.sides import SideDecoding, error_row, side_array
+from icelog.schema.codec.sides import SideDecoding, each_row, error_row, side_array
 from icelog.schema.protobuf_schema import build_pool, main_file_of, message_name_at, parse_envelope
 from icelog.schema.registry_client import RegistryUnavailableError
 from icelog.table.iceberg_types import PREFIX, RAW
@@ -195,6 +195,13 @@ class ProtoSideDecoder:
         try:
             filled = column_values(self._decoders[main].parts, messages) if main is not None else {}
         except Exception:  # some message does not convert: find which, row by row
-            return pa.array([self.decode(p) for p in payloads], type=struct_type)
-        return side_array(struct_type, payloads, rows, filled, prefixes, raws, others)
+            return self.decode_each(payloads, struct_type)
+        try:
+            return side_array(struct_type, payloads, rows, filled, prefixes, raws, others)
+        except (pa.ArrowException, OverflowError, TypeError):  # a value its column cannot hold: row by row
+            return self.decode_each(payloads, struct_type)
+
+    def decode_each(self, payloads: list[bytes | None], struct_type: pa.StructType) -> pa.StructArray:
+        """decode_many's answer reached payload by payload (sides.each_row)."""
+        return each_row(self.decode, payloads, struct_type)
 

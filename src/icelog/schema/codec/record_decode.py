@@ -27,7 +27,7 @@ from icelog.schema.codec.avro_codec import AvroRows
 from icelog.schema.codec.avro_columns import ColumnDecoder
 from icelog.schema.codec.json_codec import JSONRows
 from icelog.schema.codec.registry_source import SchemaSource, open_source
-from icelog.schema.codec.sides import SideDecoding, error_row, side_array
+from icelog.schema.codec.sides import SideDecoding, each_row, error_row, side_array
 from icelog.schema.compiled import AVRO, CompiledSchema
 from icelog.schema.json_schema import JSONSchema
 from icelog.schema.registry_client import RegistryUnavailableError
@@ -189,20 +189,5 @@ class RecordSideDecoder:
             return self.decode_each(payloads, struct_type)
 
     def decode_each(self, payloads: list[bytes | None], struct_type: pa.StructType) -> pa.StructArray:
-        """decode_many's answer reached payload by payload (its fallback, and the reference its fast paths must
-        equal). A row whose value its column cannot hold (fastavro reads an Avro int of any size, for one) is a
-        row that did not decode: `__err__`, the payload kept."""
-        import pyarrow as pa
-
-        rows = [self.decode(p) for p in payloads]
-        try:
-            return pa.array(rows, type=struct_type)
-        except (pa.ArrowException, OverflowError, TypeError):
-            pass
-        for i, (payload, row) in enumerate(zip(payloads, rows, strict=True)):
-            try:
-                pa.array([row], type=struct_type)
-            except (pa.ArrowException, OverflowError, TypeError) as exc:
-                assert payload is not None  # a null payload's row is null
-                rows[i] = error_row(exc, payload)
-        return pa.array(rows, type=struct_type)
+        """decode_many's answer reached payload by payload with fastavro (sides.each_row)."""
+        return each_row(self.decode, payloads, struct_type)

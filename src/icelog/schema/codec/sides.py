@@ -10,7 +10,7 @@ decode) and `__raw__` (the payload, kept unless the row provably rebuilds it).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -48,6 +48,28 @@ class SideDecoder(Protocol):
 def error_row(exc: Exception, payload: bytes) -> dict[str, object]:
     """The row of a payload that does not decode: only __err__ and __raw__."""
     return {ERR: f"{type(exc).__name__}: {exc}"[:1000] or type(exc).__name__, RAW: payload}
+
+
+def each_row(decode: Callable[[bytes | None], Mapping[str, object] | None], payloads: Sequence[bytes | None],
+             struct_type: pa.StructType) -> pa.StructArray:
+    """A side's struct array reached payload by payload: a decoder's fallback, and the reference its batch path
+    must equal. A row holding a value its column cannot (fastavro reads an Avro int of any width, a Protobuf
+    Timestamp may be past what 64-bit microseconds hold) is a row that did not decode, `__err__` and the payload:
+    one such record never fails the task (which a retry would fail again, stalling the partition)."""
+    import pyarrow as pa
+
+    rows = [decode(p) for p in payloads]
+    try:
+        return pa.array(rows, type=struct_type)
+    except (pa.ArrowException, OverflowError, TypeError):
+        pass
+    for i, (payload, row) in enumerate(zip(payloads, rows, strict=True)):
+        try:
+            pa.array([row], type=struct_type)
+        except (pa.ArrowException, OverflowError, TypeError) as exc:
+            assert payload is not None  # a null payload's row is null
+            rows[i] = error_row(exc, payload)
+    return pa.array(rows, type=struct_type)
 
 
 def side_array(
