@@ -1,6 +1,8 @@
-"""Avro decode micro-benchmark: AvroRows.decode_many (the archive's hot path) on ~200-byte datums of a realistic
-schema (nested record, array, map, union, timestamp-millis, decimal, enum), against doing nothing with the bodies,
-fastavro's bare reader, and json.loads of the same data as JSON text.
+"""Avro decode micro-benchmark on ~200-byte datums of a realistic schema (nested record, array, map, union,
+timestamp-millis, decimal, enum): the archive's hot path, the compiled decoder straight to Arrow columns
+(schema/codec/avro_columns.py) and the whole side decoder around it (RecordSideDecoder.decode_many: envelopes,
+__raw__), against fastavro's path (AvroRows.decode_many, with the write-back that proves each row rebuilds its
+body), doing nothing with the bodies, fastavro's bare reader, and json.loads of the same data as JSON text.
 
 Run: PYTHONPATH=src .venv/bin/python bench/avro_decode_bench.py [--records 50000] [--repeat 5]
 """
@@ -22,7 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.schema.avr
 from icelog.schema.avro_schema import compile_avro  # noqa: E402
 from icelog.schema.codec.avro_codec import AvroRows  # noqa: E402
 from icelog.table.avro_types import avro_columns  # noqa: E402
-from icelog.table.field_ids import Column  # noqa: E402
+from icelog.schema.codec.avro_columns import ColumnDecoder  # noqa: E402
+from icelog.schema.codec.record_decode import RecordSideDecoder  # noqa: E402
+from icelog.schema.codec.sides import SideDecoding  # noqa: E402
+from icelog.schema.compiled import AVRO  # noqa: E402
+from icelog.table.field_ids import Column, evolve  # noqa: E402
+from icelog.table.iceberg_types import arrow_schema, column_tree, table_columns  # noqa: E402
 from tests.schema.avro_fixtures import ORDER, ORDER_TEXT, REFERENCES, body, order, order_named  # noqa: E402
 
 
@@ -68,8 +75,22 @@ def main() -> None:
         finally:
             gc.enable()
 
-    best_rate("AvroRows.decode_many, gc disabled", n, args.repeat, without_gc)
+    fastavro = best_rate("AvroRows.decode_many, gc disabled", n, args.repeat, without_gc)
     print(f"decode_many / nothing: {rate / nothing:.4f}")
+
+    records = evolve(table_columns(None, avro_columns(schema.document, "value")), [])
+    column, struct_type = column_tree(records, "value"), arrow_schema(records).field("value").type
+    columns = ColumnDecoder.for_schema(schema, column, struct_type)
+    if columns is None:
+        raise SystemExit("the compiled Avro decoder is not built (pip install -e .) or does not cover the schema")
+    compiled = best_rate("compiled decoder to Arrow columns", n, args.repeat, lambda: columns.decode(bodies))
+    side = RecordSideDecoder(SideDecoding("value", column, 1, {1: schema}, schema_type=AVRO))
+    payloads: list[bytes | None] = [b"\0\0\0\0\x01" + b for b in bodies]
+    whole = best_rate("RecordSideDecoder.decode_many (compiled)", n, args.repeat,
+                      lambda: side.decode_many(payloads, struct_type))
+    print(json.dumps({"records": n, "fastavro_records_per_s": round(fastavro),
+                      "compiled_records_per_s": round(compiled), "side_decoder_records_per_s": round(whole),
+                      "compiled_over_fastavro": round(compiled / fastavro, 1)}))
 
 
 if __name__ == "__main__":
