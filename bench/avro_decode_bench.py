@@ -23,11 +23,11 @@ from fastavro import schemaless_reader
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.schema.avro_fixtures
 from icelog.schema.avro_schema import compile_avro  # noqa: E402
 from icelog.schema.codec.avro_codec import AvroRows  # noqa: E402
-from icelog.table.avro_types import avro_columns  # noqa: E402
 from icelog.schema.codec.avro_columns import ColumnDecoder  # noqa: E402
 from icelog.schema.codec.record_decode import RecordSideDecoder  # noqa: E402
 from icelog.schema.codec.sides import SideDecoding  # noqa: E402
 from icelog.schema.compiled import AVRO  # noqa: E402
+from icelog.table.avro_types import avro_columns  # noqa: E402
 from icelog.table.field_ids import Column, evolve  # noqa: E402
 from icelog.table.iceberg_types import arrow_schema, column_tree, table_columns  # noqa: E402
 from tests.schema.avro_fixtures import ORDER, ORDER_TEXT, REFERENCES, body, order, order_named  # noqa: E402
