@@ -1,10 +1,12 @@
 """Only what pyproject.toml cannot say: the compiled extensions.
 
 - icelog.log._records (src/icelog/log/_records.c): the record walker of produced batches;
-- icelog.schema.codec._avro_columns (src/icelog/schema/codec/_avro_columns.c): Avro datums to Arrow buffers.
+- icelog.schema.codec._avro_columns (src/icelog/schema/codec/_avro_columns.c): Avro datums to Arrow buffers;
+- icelog.schema.codec._proto_columns (src/icelog/schema/codec/_proto_columns.c): Protobuf messages to Arrow buffers.
 
 optional=True: without a C compiler the install still succeeds; icelog.log.records falls back to its pure-Python
-walker (same checks, slower) and Avro payloads are decoded by fastavro alone (same rows, slower).
+walker (same checks, slower), Avro payloads are decoded by fastavro alone and Protobuf payloads by upb alone (same
+rows, slower).
 """
 
 from setuptools import Extension, setup
@@ -23,6 +25,13 @@ setup(
         Extension(
             "icelog.schema.codec._avro_columns",
             ["src/icelog/schema/codec/_avro_columns.c"],
+            depends=SHARED,
+            extra_compile_args=["-O2", "-std=c11"],
+            optional=True,
+        ),
+        Extension(
+            "icelog.schema.codec._proto_columns",
+            ["src/icelog/schema/codec/_proto_columns.c"],
             depends=SHARED,
             extra_compile_args=["-O2", "-std=c11"],
             optional=True,

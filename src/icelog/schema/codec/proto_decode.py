@@ -11,6 +11,9 @@ and turns payloads into dicts shaped like the side's struct column:
   - `__prefix__` holds the envelope bytes; `__raw__` is always set for keys and for values it is left
     null only when the row provably rebuilds the payload (schema/codec/rebuild.py): the payload has an
     envelope, its message is fully invertible from the columns, and it re-serializes to the same bytes.
+A batch whose payloads are all of one message goes first to the compiled decoder (proto_columns.py), which
+writes the Arrow columns straight from the bytes and takes the batch only if every body is exactly what upb
+would re-serialize (so the last rule holds without re-serializing); any other batch is parsed with upb.
 A registry that cannot be reached raises RegistryUnavailableError: the task and the pass fail (retried),
 so an outage never becomes an `__err__` row.
 """
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from google.protobuf import descriptor_pb2, message_factory
 
+from icelog.schema.codec.proto_columns import COMPILED, ColumnDecoder
 from icelog.schema.codec.proto_values import FieldPart, column_values, struct_converter, struct_parts
 from icelog.schema.codec.rebuild import invertible
 from icelog.schema.codec.registry_source import SchemaSource, open_source
@@ -33,6 +37,7 @@ from icelog.table.iceberg_types import PREFIX, RAW
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from google.protobuf.descriptor import Descriptor
     from google.protobuf.descriptor_pool import DescriptorPool
     from google.protobuf.message import Message
 
@@ -45,6 +50,7 @@ class OtherMessageError(ValueError):
 class Decoded:
     """A message class's parse function, its converters into the side's column, and invertibility."""
 
+    descriptor: Descriptor
     parse: Callable[[bytes], Message]
     convert: Callable[[Message], dict[str, Any]]
     parts: list[FieldPart]
@@ -64,6 +70,7 @@ class ProtoSideDecoder:
         self._decoders: dict[DecoderKey, Decoded] = {}
         self._always_raw = decoding.side == "key"
         self._source: SchemaSource | None = None
+        self._column_decoders: dict[tuple[DecoderKey, pa.StructType], ColumnDecoder | None] = {}
 
     def _fds(self, schema_id: int) -> descriptor_pb2.FileDescriptorSet:
         if schema_id not in self._sets:
@@ -105,6 +112,7 @@ class ProtoSideDecoder:
             cls = message_factory.GetMessageClass(descriptor)
             column = self.decoding.column
             found = Decoded(
+                descriptor,
                 cls.FromString,
                 struct_converter(descriptor, column),
                 struct_parts(descriptor, column),
@@ -151,10 +159,14 @@ class ProtoSideDecoder:
         """An Arrow struct array of many payloads, built column by column (no dict per row).
 
         Payloads of the batch's most common message type fill the columns directly; others (another
-        schema version, errors) go through `decode` and are merged in.
+        schema version, errors) go through `decode` and are merged in. A batch of one message that the
+        compiled decoder takes (proto_columns.py) is not parsed with upb at all.
         """
         import pyarrow as pa
 
+        compiled = self._decode_compiled(payloads, struct_type)
+        if compiled is not None:
+            return compiled
         n = len(payloads)
         main: DecoderKey | None = None
         rows: list[int] = []
@@ -200,6 +212,62 @@ class ProtoSideDecoder:
             return side_array(struct_type, payloads, rows, filled, prefixes, raws, others)
         except (pa.ArrowException, OverflowError, TypeError):  # a value its column cannot hold: row by row
             return self.decode_each(payloads, struct_type)
+
+    def _decode_compiled(self, payloads: list[bytes | None], struct_type: pa.StructType) -> pa.StructArray | None:
+        """decode_many's answer through the compiled decoder, or None: a null payload, payloads of several decoder
+        keys, a key that does not resolve, a message it does not cover or a batch it is not sure of."""
+        import pyarrow as pa
+
+        if not COMPILED or not payloads:
+            return None
+        main: DecoderKey | None = None
+        bodies: list[bytes] = []
+        prefixes: list[bytes | None] = []
+        heads: dict[bytes, DecoderKey] = {}  # the common 6-byte envelope → its key, as in decode_many
+        for payload in payloads:
+            if payload is None:
+                return None
+            head = payload[:6]
+            key = heads.get(head)
+            if key is not None:
+                prefix: bytes | None = head
+            else:
+                envelope = parse_envelope(payload)
+                if envelope is None:
+                    key, prefix = (self.decoding.latest_id, None), None
+                else:
+                    schema_id, indexes, offset = envelope
+                    key, prefix = (schema_id, tuple(indexes)), payload[:offset]
+                    if offset == 6:
+                        heads[head] = key
+            if main is None:
+                main = key
+            elif key != main:
+                return None
+            bodies.append(payload if prefix is None else payload[len(prefix) :])
+            prefixes.append(prefix)
+        assert main is not None
+        try:
+            decoded = self._decoder(*main)
+        except RegistryUnavailableError:
+            raise
+        except Exception:  # an unknown schema id, another message than the table's: upb's path makes error rows
+            return None
+        cache = (main, struct_type)
+        if cache not in self._column_decoders:
+            self._column_decoders[cache] = ColumnDecoder.for_message(decoded.descriptor, self.decoding.column,
+                                                                     struct_type)
+        columns = self._column_decoders[cache]
+        filled = columns.decode(bodies) if columns is not None else None
+        if filled is None:
+            return None
+        # Every body is what upb would re-serialize: an enveloped value of an invertible message rebuilds it.
+        drop = not self._always_raw and decoded.invertible and main[1] is not None
+        raws: list[bytes | None] = [None] * len(payloads) if drop else list(payloads)
+        try:
+            return side_array(struct_type, payloads, range(len(payloads)), filled, prefixes, raws, {})
+        except (pa.ArrowException, OverflowError, TypeError):  # a value its column cannot hold: upb's path decides
+            return None
 
     def decode_each(self, payloads: list[bytes | None], struct_type: pa.StructType) -> pa.StructArray:
         """decode_many's answer reached payload by payload (sides.each_row)."""
