@@ -2,9 +2,9 @@
  * icelog.schema.codec._proto_columns: Protobuf messages (wire format) → Arrow column buffers, in one pass, without
  * building a Python message object per record.
  *
- * decode(program, bodies) decodes every body (bytes, one message each, no envelope) with the message that
- * `program` describes and returns, per program node, the buffers of the Arrow array of that node's values:
- * (length, null_count, validity, data, offsets) where validity is an Arrow bitmap (None if no value is null),
+ * decode(program, bodies, head=b"") decodes every body (bytes: `head`, the batch's envelope, which every body must
+ * start with, then one message) with the message that `program` describes and returns, per program node, the
+ * buffers of the Arrow array of that node's values: (length, null_count, validity, data, offsets) where validity is an Arrow bitmap (None if no value is null),
  * data the fixed-width values (a bitmap for bools) or the bytes of strings, and offsets int32 (strings, bytes,
  * lists; else None). icelog/schema/codec/proto_columns.py builds the program from the message descriptor and the
  * Arrow arrays from the buffers.
@@ -697,7 +697,9 @@ static PyObject *bytes_of(buffer *b)
 static PyObject *decode(PyObject *self, PyObject *args)
 {
     PyObject *program, *bodies, *result = NULL;
-    if (!PyArg_ParseTuple(args, "OO!", &program, &PyList_Type, &bodies))
+    const char *head = "";
+    Py_ssize_t head_len = 0;
+    if (!PyArg_ParseTuple(args, "OO!|y#", &program, &PyList_Type, &bodies, &head, &head_len))
         return NULL;
     decoder d = {0};
     if (read_program(&d, program) < 0)
@@ -705,12 +707,21 @@ static PyObject *decode(PyObject *self, PyObject *args)
     Py_ssize_t count = PyList_GET_SIZE(bodies);
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *body = PyList_GET_ITEM(bodies, i);
+        if (body == Py_None) {
+            PyErr_Format(PyExc_ValueError, "body %zd is null", i);
+            goto done;
+        }
         if (!PyBytes_Check(body)) {
             PyErr_Format(PyExc_TypeError, "body %zd is not bytes", i);
             goto done;
         }
         const uint8_t *s = (const uint8_t *)PyBytes_AS_STRING(body);
-        int rc = read_message(&d, 0, s, s + PyBytes_GET_SIZE(body), 0);
+        Py_ssize_t size = PyBytes_GET_SIZE(body);
+        if (size < head_len || (head_len > 0 && memcmp(s, head, (size_t)head_len) != 0)) {
+            PyErr_Format(PyExc_ValueError, "body %zd does not start with the batch's envelope", i);
+            goto done;
+        }
+        int rc = read_message(&d, 0, s + head_len, s + size, 0);
         if (rc == NOMEM) {
             PyErr_NoMemory();
             goto done;
@@ -747,7 +758,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS,
-     "decode(program, bodies) -> per node (length, null_count, validity, data, offsets)\n\nDecode Protobuf "
+     "decode(program, bodies, head=b'') -> per node (length, null_count, validity, data, offsets)\n\nDecode Protobuf "
      "messages into Arrow buffers; ValueError for a batch that is not exactly what upb writes (see the module)."},
     {NULL, NULL, 0, NULL},
 };

@@ -86,13 +86,13 @@ class ColumnDecoder:
         except (Unsupported, KeyError):  # KeyError: a column the side's Arrow type lacks (upb's path then says)
             return None
 
-    def decode(self, bodies: list[bytes]) -> dict[str, pa.Array] | None:
+    def decode(self, bodies: list[bytes | None], head: bytes = b"") -> dict[str, pa.Array] | None:
         """Column name → its array over the bodies (the columns `struct_parts` fills); None if the C decoder is not
-        sure of this batch."""
+        sure of this batch, a body is None, or one does not start with `head` (the batch's envelope, skipped)."""
         import pyarrow as pa
 
         try:
-            buffers = _decode_buffers(self.program, bodies)
+            buffers = _decode_buffers(self.program, bodies, head)
             return {name: build(buffers) for name, build in self._columns}
         except (ValueError, pa.ArrowInvalid):  # not exactly what upb writes (ArrowInvalid: a bug, still refused)
             return None

@@ -218,34 +218,36 @@ class ProtoSideDecoder:
         keys, a key that does not resolve, a message it does not cover or a batch it is not sure of."""
         import pyarrow as pa
 
-        if not COMPILED or not payloads:
+        if not COMPILED or not payloads or payloads[0] is None:
             return None
-        main: DecoderKey | None = None
-        bodies: list[bytes] = []
-        prefixes: list[bytes | None] = []
-        heads: dict[bytes, DecoderKey] = {}  # the common 6-byte envelope → its key, as in decode_many
-        for payload in payloads:
-            if payload is None:
-                return None
-            head = payload[:6]
-            key = heads.get(head)
-            if key is not None:
-                prefix: bytes | None = head
-            else:
-                envelope = parse_envelope(payload)
-                if envelope is None:
-                    key, prefix = (self.decoding.latest_id, None), None
+        n = len(payloads)
+        bodies: list[bytes | None]
+        prefixes: list[bytes | None]
+        envelope = parse_envelope(payloads[0])
+        if envelope is not None and envelope[2] == 6:
+            # The common envelope (message index [0], written as one byte 0): parse_envelope reads only these 6
+            # bytes, so every payload that starts with them has the same key; the C decoder checks that they do
+            # (and that none is null) and skips them.
+            head = payloads[0][:6]
+            main: DecoderKey | None = (envelope[0], tuple(envelope[1]))
+            bodies, prefixes = payloads, [head] * n
+        else:
+            head, main, bodies, prefixes = b"", None, [], []
+            for payload in payloads:
+                if payload is None:
+                    return None
+                found = parse_envelope(payload)
+                prefix: bytes | None = None
+                if found is None:
+                    key: DecoderKey = (self.decoding.latest_id, None)
                 else:
-                    schema_id, indexes, offset = envelope
-                    key, prefix = (schema_id, tuple(indexes)), payload[:offset]
-                    if offset == 6:
-                        heads[head] = key
-            if main is None:
-                main = key
-            elif key != main:
-                return None
-            bodies.append(payload if prefix is None else payload[len(prefix) :])
-            prefixes.append(prefix)
+                    key, prefix = (found[0], tuple(found[1])), payload[: found[2]]
+                if main is None:
+                    main = key
+                elif key != main:
+                    return None
+                bodies.append(payload if prefix is None else payload[len(prefix) :])
+                prefixes.append(prefix)
         assert main is not None
         try:
             decoded = self._decoder(*main)
@@ -258,14 +260,14 @@ class ProtoSideDecoder:
             self._column_decoders[cache] = ColumnDecoder.for_message(decoded.descriptor, self.decoding.column,
                                                                      struct_type)
         columns = self._column_decoders[cache]
-        filled = columns.decode(bodies) if columns is not None else None
+        filled = columns.decode(bodies, head) if columns is not None else None
         if filled is None:
             return None
         # Every body is what upb would re-serialize: an enveloped value of an invertible message rebuilds it.
         drop = not self._always_raw and decoded.invertible and main[1] is not None
-        raws: list[bytes | None] = [None] * len(payloads) if drop else list(payloads)
+        raws: list[bytes | None] = [None] * n if drop else list(payloads)
         try:
-            return side_array(struct_type, payloads, range(len(payloads)), filled, prefixes, raws, {})
+            return side_array(struct_type, payloads, range(n), filled, prefixes, raws, {})
         except (pa.ArrowException, OverflowError, TypeError):  # a value its column cannot hold: upb's path decides
             return None
 
