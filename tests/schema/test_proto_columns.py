@@ -208,7 +208,7 @@ def plain(data_type: pa.DataType) -> pa.DataType:
     return data_type
 
 
-def test_random_messages_of_every_covered_construct_decode_as_upb_and_drop_their_bytes() -> None:
+def test_random_messages_of_every_covered_construct_decode_as_upb() -> None:
     rng = random.Random(7)
     side = Side(EVENT, "t.Event")
     assert ColumnDecoder.for_message(side.descriptor, side.decoding.column, side.struct_type) is not None
