@@ -137,7 +137,10 @@ class ProtoSideDecoder:
             return True
         # Unknown fields re-serialize but have no column: drop them (recursively) before comparing.
         message.DiscardUnknownFields()
-        return bool(message.SerializeToString() != payload[len(prefix) :])
+        try:
+            return bool(message.SerializeToString() != payload[len(prefix) :])
+        except Exception:  # upb parses a proto2 message missing a required field but will not serialize it: keep
+            return True
 
     def decode(self, payload: bytes | None) -> dict[str, Any] | None:
         """The side's struct value for one payload (None for a null payload)."""
