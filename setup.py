@@ -11,30 +11,16 @@ rows, slower).
 
 from setuptools import Extension, setup
 
-SHARED = ["src/icelog/_c/utf8.h"]
+SHARED = ["src/icelog/_c/utf8.h", "src/icelog/_c/column_buffers.h"]
+MODULES = {
+    "icelog.log._records": "src/icelog/log/_records.c",
+    "icelog.schema.codec._avro_columns": "src/icelog/schema/codec/_avro_columns.c",
+    "icelog.schema.codec._proto_columns": "src/icelog/schema/codec/_proto_columns.c",
+}
 
 setup(
     ext_modules=[
-        Extension(
-            "icelog.log._records",
-            ["src/icelog/log/_records.c"],
-            depends=SHARED,
-            extra_compile_args=["-O2", "-std=c11"],
-            optional=True,
-        ),
-        Extension(
-            "icelog.schema.codec._avro_columns",
-            ["src/icelog/schema/codec/_avro_columns.c"],
-            depends=SHARED,
-            extra_compile_args=["-O2", "-std=c11"],
-            optional=True,
-        ),
-        Extension(
-            "icelog.schema.codec._proto_columns",
-            ["src/icelog/schema/codec/_proto_columns.c"],
-            depends=SHARED,
-            extra_compile_args=["-O2", "-std=c11"],
-            optional=True,
-        ),
+        Extension(name, [source], depends=SHARED, extra_compile_args=["-O2", "-std=c11"], optional=True)
+        for name, source in MODULES.items()
     ]
 )

@@ -28,6 +28,7 @@ from icelog.table.avro_types import avro_columns as table_fields
 from icelog.table.field_ids import evolve
 from icelog.table.iceberg_types import RAW, arrow_schema, column_tree, table_columns
 from tests.schema.avro_fixtures import body
+from tests.support.arrow_rows import assert_same_rows
 
 
 @pytest.fixture(autouse=True)
@@ -158,27 +159,10 @@ def side(writer: dict[str, Any], table: dict[str, Any] | None = None) -> tuple[R
     return RecordSideDecoder(decoding), arrow_schema(records).field("value").type
 
 
-def plain(data_type: pa.DataType) -> pa.DataType:
-    """The type with times as their integers (a corrupted datum's instant may be past what datetime holds)."""
-    if pa.types.is_struct(data_type):
-        return pa.struct([pa.field(f.name, plain(f.type)) for f in data_type])
-    if pa.types.is_list(data_type):
-        return pa.list_(plain(data_type.value_type))
-    if pa.types.is_timestamp(data_type):
-        return pa.int64()
-    if pa.types.is_date32(data_type):
-        return pa.int32()
-    return data_type
-
-
 def same_rows(decoder: RecordSideDecoder, struct_type: pa.StructType, payloads: list[bytes | None]) -> list[Any]:
     """decode_many's rows, asserted equal (NaN included) to fastavro's, payload by payload."""
-    many = decoder.decode_many(payloads, struct_type)
-    alone = decoder.decode_each(payloads, struct_type)
-    assert many.type == alone.type == struct_type
-    rows = many.cast(plain(struct_type)).to_pylist()
-    assert repr(rows) == repr(alone.cast(plain(struct_type)).to_pylist())
-    return rows
+    return assert_same_rows(decoder.decode_many(payloads, struct_type), decoder.decode_each(payloads, struct_type),
+                            struct_type)
 
 
 def compiled_takes(decoder: RecordSideDecoder, struct_type: pa.StructType, payloads: list[bytes | None]) -> bool:

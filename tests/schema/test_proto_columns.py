@@ -27,6 +27,7 @@ from icelog.schema.protobuf_schema import build_pool, compile_schema, encode_env
 from icelog.table.field_ids import evolve
 from icelog.table.iceberg_types import ERR, RAW, arrow_schema, column_tree, table_columns
 from icelog.table.protobuf_types import message_columns
+from tests.support.arrow_rows import assert_same_rows
 
 
 @pytest.fixture(autouse=True)
@@ -190,22 +191,7 @@ class Side:
     def same_rows(self, payloads: list[bytes | None]) -> list[Any]:
         """decode_many's rows, asserted equal (NaN included) to upb's, payload by payload."""
         many = self.decoder.decode_many(payloads, self.struct_type)
-        alone = self.reference.decode_each(payloads, self.struct_type)
-        assert many.type == alone.type == self.struct_type
-        rows = many.cast(plain(self.struct_type)).to_pylist()
-        assert repr(rows) == repr(alone.cast(plain(self.struct_type)).to_pylist())
-        return rows
-
-
-def plain(data_type: pa.DataType) -> pa.DataType:
-    """The type with timestamps as their integers (a corrupted message's instant may be past what datetime holds)."""
-    if pa.types.is_struct(data_type):
-        return pa.struct([pa.field(f.name, plain(f.type)) for f in data_type])
-    if pa.types.is_list(data_type):
-        return pa.list_(plain(data_type.value_type))
-    if pa.types.is_timestamp(data_type):
-        return pa.int64()
-    return data_type
+        return assert_same_rows(many, self.reference.decode_each(payloads, self.struct_type), self.struct_type)
 
 
 def test_random_messages_of_every_covered_construct_decode_as_upb() -> None:

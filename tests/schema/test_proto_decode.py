@@ -4,6 +4,7 @@ gives exactly the rows of decoding each payload alone, `__raw__` kept or dropped
 from __future__ import annotations
 
 import datetime
+from typing import Any
 
 import pyarrow as pa
 from google.protobuf import message_factory
@@ -56,13 +57,18 @@ def test_protobuf_batch_rows_and_raw_bytes_equal_one_by_one() -> None:
     assert (rows[0]["s"], rows[0]["n"], rows[0]["tags"], rows[0]["o"]) == ("x", 5, ["p", "q"], 0)
 
 
-def test_protobuf_batch_timestamps_and_enums_equal_one_by_one() -> None:
+def message_c() -> tuple[Any, SideDecoding, pa.StructType]:
+    """Message t.C's class, the decoding of a table made from it, and the value side's Arrow type."""
     fds = compile_schema(SCHEMA, {})
     pool = build_pool(fds)
     c = message_factory.GetMessageClass(pool.FindMessageTypeByName("t.C"))
     records = evolve(table_columns(None, message_columns(pool.FindMessageTypeByName("t.C"))), [])
     decoding = SideDecoding("value", column_tree(records, "value"), 1, {1: fds}, "t.C")
-    struct_type = arrow_schema(records).field("value").type
+    return c, decoding, arrow_schema(records).field("value").type
+
+
+def test_protobuf_batch_timestamps_and_enums_equal_one_by_one() -> None:
+    c, decoding, struct_type = message_c()
     full = c(k=1, ks=[0, 1])
     full.at.FromMicroseconds(1_700_000_000_123_456)
     envelope = encode_envelope(1, [2])  # C is the file's third message
@@ -78,12 +84,7 @@ def test_protobuf_batch_timestamps_and_enums_equal_one_by_one() -> None:
 def test_a_timestamp_past_what_microseconds_hold_is_an_error_row_not_a_failed_batch() -> None:
     """A Timestamp of 2^62 seconds parses, but no timestamptz column holds it: it failed decode_many (the archive
     task failed at every retry: the partition stalled); it is the row of a payload that did not decode."""
-    fds = compile_schema(SCHEMA, {})
-    pool = build_pool(fds)
-    c = message_factory.GetMessageClass(pool.FindMessageTypeByName("t.C"))
-    records = evolve(table_columns(None, message_columns(pool.FindMessageTypeByName("t.C"))), [])
-    decoding = SideDecoding("value", column_tree(records, "value"), 1, {1: fds}, "t.C")
-    struct_type = arrow_schema(records).field("value").type
+    c, decoding, struct_type = message_c()
     far = c(k=1)
     far.at.seconds = 2**62
     envelope = encode_envelope(1, [2])

@@ -6,7 +6,7 @@
 #include <stdint.h>
 
 /* Strict UTF-8 as Python's bytes.decode("utf-8"): no overlong forms, surrogates or code points > U+10FFFF. */
-static int valid_utf8(const uint8_t *s, Py_ssize_t n)
+static inline int valid_utf8(const uint8_t *s, Py_ssize_t n)
 {
     Py_ssize_t i = 0;
     while (i < n) {

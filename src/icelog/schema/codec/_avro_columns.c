@@ -32,6 +32,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../../_c/column_buffers.h"
 #include "../../_c/utf8.h"
 
 enum { K_BOOLEAN, K_INT, K_LONG, K_FLOAT, K_DOUBLE, K_STRING, K_BYTES, K_ENUM, K_FIXED, K_ARRAY, K_RECORD,
@@ -41,11 +42,6 @@ enum { K_BOOLEAN, K_INT, K_LONG, K_FLOAT, K_DOUBLE, K_STRING, K_BYTES, K_ENUM, K
 
 #define MAX_NODES 4096
 #define MAX_DEPTH 64
-
-typedef struct {
-    uint8_t *p;
-    Py_ssize_t len, cap;
-} buffer;
 
 typedef struct {
     int kind;
@@ -64,48 +60,6 @@ typedef struct {
     char why[160];
 } decoder;
 
-static int grow(buffer *b, Py_ssize_t extra)
-{
-    if (b->len + extra <= b->cap)
-        return 0;
-    Py_ssize_t cap = b->cap ? b->cap : 64;
-    while (cap < b->len + extra) {
-        if (cap > PY_SSIZE_T_MAX / 2)
-            return -1;
-        cap *= 2;
-    }
-    uint8_t *p = PyMem_Realloc(b->p, (size_t)cap);
-    if (p == NULL)
-        return -1;
-    b->p = p;
-    b->cap = cap;
-    return 0;
-}
-
-static int put(buffer *b, const void *src, Py_ssize_t n)
-{
-    if (n == 0)
-        return 0; /* (an empty buffer has no pointer yet) */
-    if (grow(b, n) < 0)
-        return -1;
-    memcpy(b->p + b->len, src, (size_t)n);
-    b->len += n;
-    return 0;
-}
-
-/* Appends one bit (bit i of a bitmap of i + 1 bits). */
-static int put_bit(buffer *b, Py_ssize_t i, int bit)
-{
-    if ((i & 7) == 0) {
-        uint8_t zero = 0;
-        if (put(b, &zero, 1) < 0)
-            return -1;
-    }
-    if (bit)
-        b->p[i >> 3] |= (uint8_t)(1u << (i & 7));
-    return 0;
-}
-
 static int put_offset(node *n, Py_ssize_t value)
 {
     if (value > INT32_MAX)
@@ -121,9 +75,6 @@ static Py_ssize_t values_of(const decoder *d, int index)
         index = d->nodes[index].children[0];
     return d->nodes[index].length;
 }
-
-#define NOMEM (-1)
-#define UNSURE (-2)
 
 static int unsure(decoder *d, const char *why)
 {
@@ -554,11 +505,6 @@ static int read_program(decoder *d, PyObject *program)
         }
     }
     return 0;
-}
-
-static PyObject *bytes_of(buffer *b)
-{
-    return PyBytes_FromStringAndSize(b->len ? (const char *)b->p : "", b->len);
 }
 
 static PyObject *decode(PyObject *self, PyObject *args)

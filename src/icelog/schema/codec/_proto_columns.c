@@ -37,6 +37,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../../_c/column_buffers.h"
 #include "../../_c/utf8.h"
 
 enum { K_INT32, K_SINT32, K_SFIXED32, K_UINT32, K_FIXED32, K_INT64, K_SINT64, K_SFIXED64, K_UINT64, K_FIXED64,
@@ -49,11 +50,6 @@ enum { W_VARINT = 0, W_I64 = 1, W_LEN = 2, W_I32 = 5 };
 #define MAX_NODES 4096
 #define MAX_DEPTH 64
 #define MAX_ONEOFS 64
-
-typedef struct {
-    uint8_t *p;
-    Py_ssize_t len, cap;
-} buffer;
 
 typedef struct {
     int kind;
@@ -75,60 +71,6 @@ typedef struct {
     Py_ssize_t count;
     char why[160];
 } decoder;
-
-static int grow(buffer *b, Py_ssize_t extra)
-{
-    if (b->len + extra <= b->cap)
-        return 0;
-    Py_ssize_t cap = b->cap ? b->cap : 64;
-    while (cap < b->len + extra) {
-        if (cap > PY_SSIZE_T_MAX / 2)
-            return -1;
-        cap *= 2;
-    }
-    uint8_t *p = PyMem_Realloc(b->p, (size_t)cap);
-    if (p == NULL)
-        return -1;
-    b->p = p;
-    b->cap = cap;
-    return 0;
-}
-
-static int put(buffer *b, const void *src, Py_ssize_t n)
-{
-    if (n == 0)
-        return 0; /* (an empty buffer has no pointer yet) */
-    if (grow(b, n) < 0)
-        return -1;
-    memcpy(b->p + b->len, src, (size_t)n);
-    b->len += n;
-    return 0;
-}
-
-static int put_zeros(buffer *b, Py_ssize_t n)
-{
-    if (grow(b, n) < 0)
-        return -1;
-    memset(b->p + b->len, 0, (size_t)n);
-    b->len += n;
-    return 0;
-}
-
-/* Appends one bit (bit i of a bitmap of i + 1 bits). */
-static int put_bit(buffer *b, Py_ssize_t i, int bit)
-{
-    if ((i & 7) == 0) {
-        uint8_t zero = 0;
-        if (put(b, &zero, 1) < 0)
-            return -1;
-    }
-    if (bit)
-        b->p[i >> 3] |= (uint8_t)(1u << (i & 7));
-    return 0;
-}
-
-#define NOMEM (-1)
-#define UNSURE (-2)
 
 static int unsure(decoder *d, const char *why)
 {
@@ -687,11 +629,6 @@ static int read_program(decoder *d, PyObject *program)
         }
     }
     return 0;
-}
-
-static PyObject *bytes_of(buffer *b)
-{
-    return PyBytes_FromStringAndSize(b->len ? (const char *)b->p : "", b->len);
 }
 
 static PyObject *decode(PyObject *self, PyObject *args)
