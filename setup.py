@@ -2,11 +2,12 @@
 
 - icelog.log._records (src/icelog/log/_records.c): the record walker of produced batches;
 - icelog.schema.codec._avro_columns (src/icelog/schema/codec/_avro_columns.c): Avro datums to Arrow buffers;
-- icelog.schema.codec._proto_columns (src/icelog/schema/codec/_proto_columns.c): Protobuf messages to Arrow buffers.
+- icelog.schema.codec._proto_columns (src/icelog/schema/codec/_proto_columns.c): Protobuf messages to Arrow buffers;
+- icelog.schema.codec._json_columns (src/icelog/schema/codec/_json_columns.c): JSON documents to Arrow buffers.
 
 optional=True: without a C compiler the install still succeeds; icelog.log.records falls back to its pure-Python
-walker (same checks, slower), Avro payloads are decoded by fastavro alone and Protobuf payloads by upb alone (same
-rows, slower).
+walker (same checks, slower), Avro payloads are decoded by fastavro alone, Protobuf payloads by upb alone and JSON
+payloads by the standard library's json alone (same rows, slower).
 """
 
 from setuptools import Extension, setup
@@ -16,6 +17,7 @@ MODULES = {
     "icelog.log._records": "src/icelog/log/_records.c",
     "icelog.schema.codec._avro_columns": "src/icelog/schema/codec/_avro_columns.c",
     "icelog.schema.codec._proto_columns": "src/icelog/schema/codec/_proto_columns.c",
+    "icelog.schema.codec._json_columns": "src/icelog/schema/codec/_json_columns.c",
 }
 
 setup(

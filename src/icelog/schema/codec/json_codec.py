@@ -46,10 +46,15 @@ class JSONRows:
         root = self.children[0].name if len(self.children) == 1 else "value"
         layout = json_layout(schema.document, schema.reference_documents, root)
         self.is_record = layout.is_record
-        kinds = _StringKinds(layout.json_text, frozenset(_string_paths(layout.columns, ())))
+        kinds = self._kinds = _StringKinds(layout.json_text, frozenset(_string_paths(layout.columns, ())))
         self._converters = [(c.name, _converter(c, (c.name,), kinds)) for c in self.children]
         self._names = frozenset(c.name for c in self.children)
         self._extra = any(c.name == EXTRA for c in self.children)
+
+    def holds_strings(self, path: tuple[str, ...]) -> bool:
+        """Whether the string column at `path` (column names, "element" in a list) takes only JSON strings (any
+        other value is None), rather than keeping values as JSON text: what json_columns.py can decode in C."""
+        return self._kinds.converter(path) is _string
 
     def decode(self, body: bytes) -> dict[str, object]:
         """One JSON document → the row dict of the column's children (raises on a body that is not JSON)."""

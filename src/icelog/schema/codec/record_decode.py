@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from icelog.schema.avro_schema import AvroSchema
 from icelog.schema.codec.avro_codec import AvroRows
+from icelog.schema.codec import json_columns
 from icelog.schema.codec.avro_columns import ColumnDecoder
 from icelog.schema.codec.json_codec import JSONRows
 from icelog.schema.codec.registry_source import SchemaSource, open_source
@@ -70,6 +71,7 @@ class RecordSideDecoder:
         self.decoding = decoding
         self._codecs: dict[int, AvroRows | JSONRows] = {}
         self._column_decoders: dict[tuple[int, pa.StructType], ColumnDecoder | None] = {}
+        self._json_decoders: dict[tuple[int, pa.StructType], json_columns.ColumnDecoder | None] = {}
         self._source: SchemaSource | None = None
         self._may_drop_raw = decoding.side == "value" and decoding.schema_type == AVRO
 
@@ -123,9 +125,17 @@ class RecordSideDecoder:
             self._column_decoders[key] = ColumnDecoder.for_schema(codec.writer, self.decoding.column, struct_type)
         return self._column_decoders[key]
 
+    def _json_decoder(self, schema_id: int, codec: JSONRows, struct_type: pa.StructType
+                      ) -> json_columns.ColumnDecoder | None:
+        key = (schema_id, struct_type)
+        if key not in self._json_decoders:
+            self._json_decoders[key] = json_columns.ColumnDecoder.for_rows(codec, struct_type)
+        return self._json_decoders[key]
+
     def decode_many(self, payloads: list[bytes | None], struct_type: pa.StructType) -> pa.StructArray:
-        """An Arrow struct array of many payloads: the most common schema id's rows column by column (Avro
-        batches of one schema id through the compiled decoder, avro_columns.py, where it covers the schema)."""
+        """An Arrow struct array of many payloads: the most common schema id's rows column by column (Avro and
+        JSON batches of one schema id through the compiled decoders, avro_columns.py and json_columns.py, where
+        they cover the schema)."""
         import pyarrow as pa
 
         n = len(payloads)
@@ -160,15 +170,19 @@ class RecordSideDecoder:
         rebuilt: list[bool] | None = None  # per main row: whether its row rebuilds its body exactly
         try:
             codec = self._codec(main) if main is not None else None
-            compiled = None
+            compiled: ColumnDecoder | json_columns.ColumnDecoder | None = None
             if main is not None and isinstance(codec, AvroRows) and len(rows) == n:
                 compiled = self._column_decoder(main, codec, struct_type)
+            elif main is not None and isinstance(codec, JSONRows) and len(rows) == n and json_columns.COMPILED:
+                compiled = self._json_decoder(main, codec, struct_type)
             columns = compiled.decode(bodies) if compiled is not None else None
             filled: Mapping[str, Sequence[object]]
             if codec is None:
                 filled = {}
             elif columns is not None:
-                filled = columns  # the compiled decoder took the batch: it is canonical, every row rebuilds its body
+                # the compiled decoder took the batch; an Avro batch is canonical (every row rebuilds its body), a JSON
+                # one keeps its bytes
+                filled = columns
                 if self._may_drop_raw and isinstance(codec, AvroRows) and codec.invertible:
                     rebuilt = [True] * n
             elif self._may_drop_raw and isinstance(codec, AvroRows) and codec.invertible:

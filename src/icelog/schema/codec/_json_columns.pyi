@@ -1,0 +1,3 @@
+def decode(
+    program: tuple[tuple[int, int, bytes, tuple[int, ...]], ...], bodies: list[bytes],
+) -> tuple[tuple[int, int, bytes | None, bytes, bytes | None], ...]: ...
