@@ -1,120 +1,88 @@
-"""JSON decode micro-benchmark: JSONRows.decode_many against bare json.loads and against only iterating the bodies.
+"""JSON decode micro-benchmark: RecordSideDecoder.decode_many (what each Spark task of a JSON archive runs) on the
+archive benchmark's Order documents (bench/archive_formats_bench.py: JSON_SCHEMA, `orders()`, `_iso`, framed by
+confluent-kafka's JSONSerializer), with the compiled decoder (schema/codec/json_columns.py) and without it (json.loads'
+C scanner and json_codec's converters), in one process, alternated, the cyclic garbage collector paused as the
+archive pauses it (archive/decode_schema.gc_paused).
 
-Run: PYTHONPATH=$PWD/src .venv/bin/python bench/json_decode_bench.py [--records 200000] [--repeat 5]
-
-One process, no broker, no Spark: what one archive task spends turning JSON bodies (~200 bytes: a nested object,
-an array, a map via additionalProperties, a date-time string, optional fields) into column values. The archive
-target (issue 28) is JSON archive throughput >= 0.4 of the raw-bytes path; the raw decoder runs at ~370-450 k
-records/s (bench/archive_formats_bench.py), so decode_many must stay well above that.
+Run: PYTHONPATH=src .venv/bin/python bench/json_decode_bench.py [--records 65000] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import base64
 import json
-import random
+import sys
 import time
-from collections.abc import Callable
+from pathlib import Path
 
-from icelog.schema.codec.json_codec import JSONRows, parse
-from icelog.schema.json_schema import compile_json
-from icelog.table.field_ids import Column
-from icelog.table.json_types import json_columns
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.json_schema import JSONSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
 
-SCHEMA = {
-    "$schema": "http://json-schema.org/draft-07/schema#",
-    "type": "object",
-    "properties": {
-        "order_id": {"type": "integer"},
-        "customer": {
-            "type": "object",
-            "properties": {"id": {"type": "string"}, "tier": {"type": ["string", "null"]}},
-            "required": ["id"],
-        },
-        "amount": {"type": "number"},
-        "placed_at": {"type": "string", "format": "date-time"},
-        "items": {"type": "array", "items": {"type": "string"}},
-        "attributes": {"type": "object", "additionalProperties": {"type": "string"}},
-        "note": {"type": ["string", "null"]},
-        "paid": {"type": "boolean"},
-    },
-    "required": ["order_id", "amount", "placed_at"],
-}
-
-
-def documents(n: int) -> list[bytes]:
-    rng = random.Random(7)
-    bodies = []
-    for i in range(n):
-        doc: dict[str, object] = {
-            "order_id": i,
-            "customer": {"id": f"c-{rng.randrange(10**6):06d}", "tier": rng.choice(["gold", "silver", None])},
-            "amount": round(rng.uniform(1, 500), 2),
-            "placed_at": f"2026-11-{1 + i % 28:02d}T{i % 24:02d}:{i % 60:02d}:{(i * 7) % 60:02d}.{i % 1000:03d}Z",
-            "items": [f"sku-{rng.randrange(1000)}" for _ in range(rng.randrange(1, 4))],
-            "attributes": {"channel": rng.choice(["web", "app"]), "region": rng.choice(["eu", "us"])},
-            "paid": rng.random() < 0.5,
-        }
-        if rng.random() < 0.3:
-            doc["note"] = "leave at the door"
-        bodies.append(json.dumps(doc).encode())  # as confluent-kafka's JSONSerializer writes it (envelope stripped)
-    return bodies
-
-
-def rate(label: str, n: int, run: Callable[[], object], repeat: int) -> float:
-    best = min(_timed(run) for _ in range(repeat))
-    print(f"{label:<40} {n / best / 1000:8.0f} k records/s  ({best * 1000:.0f} ms for {n})")
-    return n / best
-
-
-def _timed(run: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.archive_formats_bench
+from bench.archive_formats_bench import JSON_SCHEMA, _iso, orders  # noqa: E402
+from icelog.archive.decode_schema import gc_paused  # noqa: E402
+from icelog.schema.codec import json_columns  # noqa: E402
+from icelog.schema.codec.record_decode import RecordSideDecoder, split_envelope  # noqa: E402
+from icelog.schema.codec.sides import SideDecoding  # noqa: E402
+from icelog.schema.compiled import JSON  # noqa: E402
+from icelog.schema.json_schema import compile_json  # noqa: E402
+from icelog.table.field_ids import evolve  # noqa: E402
+from icelog.table.iceberg_types import arrow_schema, column_tree, table_columns  # noqa: E402
+from icelog.table.json_types import json_columns as table_fields  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--records", type=int, default=200_000)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--records", type=int, default=65_000)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    bodies = documents(args.records)
-    print(f"{args.records} bodies, mean {sum(map(len, bodies)) / len(bodies):.0f} bytes")
-    schema = compile_json(json.dumps(SCHEMA), {})
-    rows = JSONRows(schema, Column("value", "struct", json_columns(schema.document, {}, "value")))
-    loads = json.loads
+    text = json.dumps(JSON_SCHEMA)
+    registry = SchemaRegistryClient.new_client({"url": "mock://json-decode-bench"})
+    serialize = JSONSerializer(text, registry, conf={"auto.register.schemas": True})
+    ctx = SerializationContext("bench-json", MessageField.VALUE)
+    distinct = [serialize({**order, "placed_at": _iso(order["placed_at"]),
+                           "checksum": base64.b64encode(order["checksum"]).decode()}, ctx) for order in orders()]
+    envelope = split_envelope(distinct[0])
+    assert envelope is not None
+    schema_id = envelope[0]
+    payloads: list[bytes | None] = [distinct[i % len(distinct)] for i in range(args.records)]
+    schema = compile_json(text, {})
+    records = evolve(table_columns(None, table_fields(schema.document, {}, "value")), [])
+    decoding = SideDecoding("value", column_tree(records, "value"), schema_id, {schema_id: schema}, schema_type=JSON)
+    struct_type = arrow_schema(records).field("value").type
+    decoder = RecordSideDecoder(decoding)
+    n = len(payloads)
+    print(f"{n} payloads, {sum(len(p) for p in distinct) / len(distinct):.0f} bytes each on average; compiled "
+          f"decoder built: {json_columns.COMPILED}")
 
-    def iterate() -> None:
-        for _ in bodies:
-            pass
-
-    rate("iterate the bodies", len(bodies), iterate, args.repeat)
-    loads_rate = rate("json.loads each body", len(bodies), lambda: [loads(b) for b in bodies], args.repeat)
-
-    def loads_without_gc() -> None:
-        gc.disable()
+    def run(compiled: bool) -> tuple[float, object]:
+        saved = json_columns.COMPILED
+        json_columns.COMPILED = compiled and saved  # type: ignore[misc]
         try:
-            [loads(b) for b in bodies]
+            with gc_paused():
+                start = time.perf_counter()
+                out = decoder.decode_many(payloads, struct_type)
+                return time.perf_counter() - start, out
         finally:
-            gc.enable()
+            json_columns.COMPILED = saved  # type: ignore[misc]
 
-    bare = rate("json.loads each body, cyclic GC off", len(bodies), loads_without_gc, args.repeat)
-
-    def parse_without_gc() -> None:
-        gc.disable()
-        try:
-            [parse(b) for b in bodies]
-        finally:
-            gc.enable()
-
-    rate("json_codec.parse each body, GC off", len(bodies), parse_without_gc, args.repeat)
-    many = rate("JSONRows.decode_many", len(bodies), lambda: rows.decode_many(bodies), args.repeat)
-    one = rate("JSONRows.decode per body", len(bodies), lambda: [rows.decode(b) for b in bodies], args.repeat)
-    print(
-        f"decode_many / json.loads = {many / loads_rate:.2f} (GC off: {many / bare:.2f}); "
-        f"decode_many / decode per body = {many / one:.2f}"
-    )
+    fast, slow = run(True)[1], run(False)[1]  # warm-up (the program, the codec), and the same rows
+    assert fast.equals(slow), "the compiled decoder's rows differ from JSONRows'"
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(args.rounds):
+        for compiled in (False, True):
+            seconds, _ = run(compiled)
+            rates[compiled].append(n / seconds)
+    for compiled, label in ((False, "json.loads + converters (no compiled decoder)"), (True, "compiled decoder")):
+        best = max(rates[compiled])
+        print(f"{label:<46} " + "  ".join(f"{r:>10,.0f}" for r in rates[compiled])
+              + f" records/s  (best {1e6 / best:.2f} µs/record)")
+    print(f"speed-up (best / best): {max(rates[True]) / max(rates[False]):.1f}x")
+    print(json.dumps({"records": n, "python_records_per_s": round(max(rates[False])),
+                      "compiled_records_per_s": round(max(rates[True])),
+                      "compiled_over_python": round(max(rates[True]) / max(rates[False]), 1)}))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ("archive_read_via_bench.py", ["--no-spark", "--records", "20000", "--out", "none"], "decode_kafka_over_files"),
     ("avro_decode_bench.py", ["--records", "2000", "--repeat", "1"], "compiled_over_fastavro"),
     ("proto_decode_bench.py", ["--records", "2000", "--rounds", "1"], "compiled_over_upb"),
+    ("json_decode_bench.py", ["--records", "2000", "--rounds", "1"], "compiled_over_python"),
     # Spark (the bench's, an archiver child's and a sink child's): a minute or so, mostly their starts; small sizes
     # (the passes' and the steady produce's) are enough to run every part. "freshness" comes last, after all ran.
     ("sink_bench.py", ["--records", "2000", "--rounds", "1", "--seconds", "1", "--rate-mb", "0.5", "--out", "none"],

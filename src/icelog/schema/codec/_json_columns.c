@@ -487,14 +487,14 @@ static int put_date(decoder *d, node *n, const uint8_t *s, Py_ssize_t n_bytes)
 }
 
 /* A date-time column's string: as json_codec._timestamptz for RFC 3339's strict form
- * YYYY-MM-DD(T|t)HH:MM:SS[.1-6 digits](Z|z|±HH:MM); null for that form without an offset (Python's is naive) or
- * an impossible date, and for a string no ISO reader takes; anything else is unsure. */
+ * YYYY-MM-DD(T|t)HH:MM:SS[.1-6 digits](Z|z|±HH:MM); null for that form without an offset or a plain YYYY-MM-DD
+ * (Python's datetime is naive), an impossible date, and a string no ISO reader takes; anything else is unsure. */
 static int put_timestamptz(decoder *d, node *n, const uint8_t *s, Py_ssize_t len)
 {
     int64_t days = 0, micros = 0;
     int ok = 0;
-    if (surely_not_iso(s, len))
-        goto done;
+    if (surely_not_iso(s, len) || (len == 10 && plain_date(s, &days) >= 0))
+        goto done; /* a date alone: Python's datetime is naive (or not read at all): null either way */
     if (len < 19)
         return unsure(d, "a date-time string not in RFC 3339's strict form");
     int date = plain_date(s, &days);

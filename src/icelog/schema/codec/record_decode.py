@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from icelog.schema.avro_schema import AvroSchema
-from icelog.schema.codec.avro_codec import AvroRows
 from icelog.schema.codec import json_columns
+from icelog.schema.codec.avro_codec import AvroRows
 from icelog.schema.codec.avro_columns import ColumnDecoder
 from icelog.schema.codec.json_codec import JSONRows
 from icelog.schema.codec.registry_source import SchemaSource, open_source
