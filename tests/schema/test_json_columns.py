@@ -167,10 +167,13 @@ def same_rows(decoder: RecordSideDecoder, struct_type: pa.StructType, payloads: 
 
 
 def compiled_takes(decoder: RecordSideDecoder, struct_type: pa.StructType, payloads: list[bytes]) -> bool:
-    """Whether the compiled decoder takes this batch (else decode_many went to JSONRows)."""
+    """Whether the compiled decoder takes this batch of enveloped payloads (else decode_many went to JSONRows), both
+    as decode_many hands it over (the envelope checked and skipped in C) and as bare bodies."""
     columns = ColumnDecoder.for_rows(decoder._codec(1), struct_type)  # type: ignore[arg-type]
     assert columns is not None, "the compiled decoder covers this table"
-    return columns.decode([p[5:] for p in payloads]) is not None
+    taken = columns.decode([p[5:] for p in payloads]) is not None
+    assert (decoder._decode_json_compiled(payloads, struct_type) is not None) == taken  # type: ignore[arg-type]
+    return taken
 
 
 def clean_documents(rng: random.Random, count: int) -> list[Any]:
@@ -204,6 +207,26 @@ def test_a_table_of_another_schema_version_takes_what_fits() -> None:
     rows = same_rows(decoder, struct_type, payloads)
     assert {row["added"] for row in rows} == {None, 5}
     assert "amount" not in rows[0]
+
+
+def test_batches_of_bare_bodies_null_payloads_and_other_envelopes_decode_as_json_rows() -> None:
+    """Only a batch whose payloads all carry the first one's envelope goes to the compiled decoder with its envelope;
+    bare bodies (the latest schema) through decode_many's own loop; null payloads and other schema ids row by row."""
+    rng = random.Random(5)
+    decoder, struct_type = side(EVENT)
+    bodies = [text(d, rng) for d in clean_documents(rng, 30)]
+    bare: list[bytes | None] = list(bodies)
+    assert decoder._decode_json_compiled(bare, struct_type) is None
+    columns = ColumnDecoder.for_rows(decoder._codec(1), struct_type)  # type: ignore[arg-type]
+    assert columns is not None and columns.decode(bodies) is not None
+    same_rows(decoder, struct_type, bare)
+    other = b"\0" + struct.pack(">I", 2)  # a schema id the side does not know: an error row
+    for mixed in ([envelope(bodies[0]), None, envelope(bodies[1])], [envelope(bodies[0]), bodies[1]],
+                  [None, envelope(bodies[2])], [envelope(bodies[3]), other + bodies[4]], [other + bodies[5]],
+                  [bodies[6], envelope(bodies[7])]):
+        assert decoder._decode_json_compiled(mixed, struct_type) is None
+        rows = same_rows(decoder, struct_type, mixed)
+        assert [row is None for row in rows] == [p is None for p in mixed]
 
 
 def mutate_json(data: bytes, rng: random.Random) -> bytes:
@@ -281,6 +304,10 @@ def test_corrupted_bodies_are_refused_or_decoded_exactly_as_json_rows_does() -> 
         payloads: list[bytes | None] = [envelope(data)]
         taken += compiled_takes(decoder, struct_type, payloads)  # type: ignore[arg-type]
         same_rows(decoder, struct_type, payloads)
+        if trial % 9 == 0:  # the envelope corrupted too: another schema id, no envelope, a short payload
+            spoilt = bytearray(envelope(data))
+            spoilt[rng.randrange(5)] = rng.randrange(256)
+            payloads = [bytes(spoilt[:rng.choice([3, len(spoilt)])])]
         same_rows(decoder, struct_type, [envelope(clean[0]), *payloads, envelope(clean[1])])
     assert taken > trials // 10, "many corruptions are still JSON the compiled decoder reads as json.loads does"
 

@@ -2,7 +2,8 @@
  * icelog.schema.codec._json_columns: JSON documents → Arrow column buffers, in one pass, without building a Python
  * object per value.
  *
- * decode(program, bodies) parses every body (bytes, one JSON document each, no envelope) and returns, per program
+ * decode(program, bodies, head=b"") parses every body (bytes, one JSON document each, after `head`: with a head, every
+ * body must start with it, the batch's Confluent envelope, and none be None) and returns, per program
  * node, the buffers of the Arrow array of that node's values: (length, null_count, validity, data, offsets) as
  * _avro_columns.c does (validity an Arrow bitmap or None, data the fixed-width values or a string's bytes, offsets
  * int32 for strings and lists). icelog/schema/codec/json_columns.py builds the program from the table's columns and
@@ -559,13 +560,25 @@ static int read_object(decoder *d, int index, cursor *c, int depth)
                 return unsure(d, "an object key is not a string");
             int child = SKIP;
             if (n != NULL) {
-                d->key.len = 0;
-                if ((rc = read_string(d, c, &d->key)) < 0)
-                    return rc;
-                for (Py_ssize_t k = 0; k < n->nchildren; k++) {
-                    Py_ssize_t j = (next + k) % n->nchildren;
+                /* the key as spelled when it is plain ASCII (the common case: no copy), else unescaped */
+                const uint8_t *key = c->s + 1, *k_end = key;
+                while (k_end < c->end && *k_end != '"' && *k_end != '\\' && *k_end >= 0x20 && *k_end < 0x80)
+                    k_end++;
+                if (k_end < c->end && *k_end == '"') {
+                    c->s = k_end + 1;
+                } else {
+                    d->key.len = 0;
+                    if ((rc = read_string(d, c, &d->key)) < 0)
+                        return rc;
+                    key = d->key.p;
+                    k_end = key + d->key.len;
+                }
+                Py_ssize_t key_len = k_end - key;
+                for (Py_ssize_t k = 0, j = next; k < n->nchildren; k++, j++) {
+                    if (j >= n->nchildren)
+                        j = 0;
                     node *ch = &d->nodes[n->children[j]];
-                    if (ch->name_len == d->key.len && (d->key.len == 0 || memcmp(ch->name, d->key.p, (size_t)d->key.len) == 0)) {
+                    if (ch->name_len == key_len && (key_len == 0 || memcmp(ch->name, key, (size_t)key_len) == 0)) {
                         if (n->seen[j] == mark)
                             return unsure(d, "an object with a column's key twice (json.loads keeps the last)");
                         n->seen[j] = mark;
@@ -826,7 +839,9 @@ static PyObject *bytes_of(buffer *b)
 static PyObject *decode(PyObject *self, PyObject *args)
 {
     PyObject *program, *bodies, *result = NULL;
-    if (!PyArg_ParseTuple(args, "OO!", &program, &PyList_Type, &bodies))
+    const char *head = "";
+    Py_ssize_t head_len = 0;
+    if (!PyArg_ParseTuple(args, "OO!|y#", &program, &PyList_Type, &bodies, &head, &head_len))
         return NULL;
     decoder d = {0};
     if (read_program(&d, program) < 0)
@@ -834,12 +849,18 @@ static PyObject *decode(PyObject *self, PyObject *args)
     Py_ssize_t count = PyList_GET_SIZE(bodies);
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *body = PyList_GET_ITEM(bodies, i);
+        if (head_len && (body == Py_None || (PyBytes_Check(body) && (PyBytes_GET_SIZE(body) < head_len ||
+                                                                     memcmp(PyBytes_AS_STRING(body), head,
+                                                                            (size_t)head_len) != 0)))) {
+            PyErr_Format(PyExc_ValueError, "payload %zd is null or does not start with the batch's envelope", i);
+            goto done;
+        }
         if (!PyBytes_Check(body)) {
             PyErr_Format(PyExc_TypeError, "body %zd is not bytes", i);
             goto done;
         }
-        cursor c = {(const uint8_t *)PyBytes_AS_STRING(body), NULL};
-        c.end = c.s + PyBytes_GET_SIZE(body);
+        cursor c = {(const uint8_t *)PyBytes_AS_STRING(body) + head_len, NULL};
+        c.end = (const uint8_t *)PyBytes_AS_STRING(body) + PyBytes_GET_SIZE(body);
         int rc;
         skip_ws(&c);
         if (c.s < c.end && *c.s == '{') {
@@ -890,7 +911,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS,
-     "decode(program, bodies) -> per node (length, null_count, validity, data, offsets)\n\nDecode JSON documents "
+     "decode(program, bodies, head=b'') -> per node (length, null_count, validity, data, offsets)\n\nDecode JSON documents "
      "into Arrow buffers; ValueError for a batch json.loads might read otherwise (see the module)."},
     {NULL, NULL, 0, NULL},
 };

@@ -43,6 +43,7 @@ _LEAVES = {"string": STRING, "long": LONG, "int": LONG, "double": DOUBLE, "boole
 Buffers = tuple[int, int, bytes | None, bytes, bytes | None]  # length, null count, validity, data, offsets
 Build = Callable[[Sequence[Buffers]], "pa.Array"]
 Instruction = tuple[int, int, bytes, tuple[int, ...]]  # kind, arg, key, children (see _json_columns.c)
+_MAX_NODES = 4096  # MAX_NODES in _json_columns.c
 
 
 class Unsupported(Exception):
@@ -64,6 +65,8 @@ class ColumnDecoder:
             children.append(index)
             builds.append((column.name, build))
         self._program[0] = (STRUCT, 0, b"", tuple(children))
+        if len(self._program) > _MAX_NODES:
+            raise Unsupported("a table of over 4096 columns and elements")
         self._columns = builds
         self.program = tuple(self._program)
 
@@ -73,15 +76,17 @@ class ColumnDecoder:
             return None
         try:
             return cls(rows, struct_type)
-        except (Unsupported, KeyError):  # KeyError: a column the side's Arrow type lacks (JSONRows then says)
+        except (Unsupported, KeyError, UnicodeEncodeError):  # KeyError: a column the side's Arrow type lacks (JSONRows
+            # then says); UnicodeEncodeError: a column name with a lone surrogate (a key no UTF-8 body spells)
             return None
 
-    def decode(self, bodies: list[bytes]) -> dict[str, pa.Array] | None:
-        """Child column name → its array over the bodies; None if the C decoder is not sure of this batch."""
+    def decode(self, bodies: list[bytes] | list[bytes | None], head: bytes = b"") -> dict[str, pa.Array] | None:
+        """Child column name → its array over the bodies; None if the C decoder is not sure of this batch, or (with
+        a `head`, the batch's envelope, skipped) a body is None or does not start with `head`."""
         import pyarrow as pa
 
         try:
-            buffers = _decode_buffers(self.program, bodies)
+            buffers = _decode_buffers(self.program, bodies, head)
             return {name: build(buffers) for name, build in self._columns}
         except (ValueError, pa.ArrowInvalid):  # json.loads might read a body otherwise (ArrowInvalid: a bug, refused)
             return None

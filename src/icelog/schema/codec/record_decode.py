@@ -138,6 +138,9 @@ class RecordSideDecoder:
         they cover the schema)."""
         import pyarrow as pa
 
+        taken = self._decode_json_compiled(payloads, struct_type)
+        if taken is not None:
+            return taken
         n = len(payloads)
         main: int | None = None
         rows: list[int] = []
@@ -173,7 +176,8 @@ class RecordSideDecoder:
             compiled: ColumnDecoder | json_columns.ColumnDecoder | None = None
             if main is not None and isinstance(codec, AvroRows) and len(rows) == n:
                 compiled = self._column_decoder(main, codec, struct_type)
-            elif main is not None and isinstance(codec, JSONRows) and len(rows) == n and json_columns.COMPILED:
+            elif (main is not None and isinstance(codec, JSONRows) and len(rows) == n and prefixes[0] is None
+                  and json_columns.COMPILED):  # (with an envelope, _decode_json_compiled had the batch)
                 compiled = self._json_decoder(main, codec, struct_type)
             columns = compiled.decode(bodies) if compiled is not None else None
             filled: Mapping[str, Sequence[object]]
@@ -201,6 +205,37 @@ class RecordSideDecoder:
             return side_array(struct_type, payloads, rows, filled, prefixes, raws, others)
         except (pa.ArrowException, OverflowError, TypeError):  # a value its column cannot hold: row by row
             return self.decode_each(payloads, struct_type)
+
+    def _decode_json_compiled(self, payloads: list[bytes | None], struct_type: pa.StructType
+                              ) -> pa.StructArray | None:
+        """decode_many's answer for a JSON batch whose payloads all carry the first one's envelope, through the
+        compiled decoder (which checks and skips the envelope in C: no Python loop over the payloads); None for any
+        other batch, one the compiled decoder does not cover or is not sure of (decode_many then decodes it)."""
+        import pyarrow as pa
+
+        if not json_columns.COMPILED or not payloads or payloads[0] is None:
+            return None
+        envelope = split_envelope(payloads[0])
+        if envelope is None:
+            return None
+        schema_id, head, _ = envelope
+        try:
+            codec = self._codec(schema_id)
+        except RegistryUnavailableError:
+            raise
+        except Exception:  # an unknown schema id: decode_many's path makes error rows
+            return None
+        if not isinstance(codec, JSONRows):
+            return None
+        compiled = self._json_decoder(schema_id, codec, struct_type)
+        columns = compiled.decode(payloads, head) if compiled is not None else None
+        if columns is None:
+            return None
+        n = len(payloads)
+        try:  # JSON rows keep their bytes: __raw__ is the payload
+            return side_array(struct_type, payloads, range(n), columns, [head] * n, list(payloads), {})
+        except (pa.ArrowException, OverflowError, TypeError):  # (a bug: every column is built as its Arrow type)
+            return None
 
     def decode_each(self, payloads: list[bytes | None], struct_type: pa.StructType) -> pa.StructArray:
         """decode_many's answer reached payload by payload with fastavro (sides.each_row)."""
