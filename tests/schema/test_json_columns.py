@@ -209,6 +209,61 @@ def test_a_table_of_another_schema_version_takes_what_fits() -> None:
     assert "amount" not in rows[0]
 
 
+def random_number(rng: random.Random) -> bytes:
+    """A JSON number spelled as producers and people write them: shortest reprs, 17 digits, integers of any length,
+    exponents, integral floats, past the double range."""
+    form = rng.randrange(7)
+    x = struct.unpack("<d", rng.randbytes(8))[0]
+    if form == 0 or x != x or x in (float("inf"), -float("inf")):
+        return repr(rng.uniform(-1e6, 1e6)).encode()
+    if form == 1:
+        return repr(x).encode()
+    if form == 2:
+        spelled = f"{x:.17g}"
+        return (spelled if "e" in spelled or "." in spelled else spelled + ".0").encode()
+    if form == 3:
+        return str(rng.randint(-(10 ** rng.randint(1, 400)), 10 ** rng.randint(1, 400))).encode()
+    if form == 4:
+        return b"%d.%se%d" % (rng.randint(-99, 99), str(rng.randrange(10**6)).encode(), rng.randint(-330, 330))
+    if form == 5:
+        return b"%d.0" % rng.randint(-(2**64), 2**64)
+    return rng.choice([b"0", b"-0", b"-0.0", b"0e5", b"1E+2", b"2.5e-1", b"1e400", b"-1e400", b"1e-400",
+                       b"9007199254740993", b"9223372036854775807", b"-9223372036854775808", b"9223372036854775808",
+                       b"9.223372036854775807e18", b"179769313486231580793728971405303415079934132710037826936173778"
+                       b"980444968292764750946649017977587207096330286416692887910946555547851940402630657488671505"
+                       b"820681908902000708383676273854845817711531764475730270069855571366959622842914819860834936"
+                       b"475292719074168444365510704342711559699508093042880177904174497792"])
+
+
+def random_instant(rng: random.Random) -> str:
+    """A date-time in RFC 3339's strict form, fields in range (some impossible days), any offset and fraction."""
+    year, month, day = rng.choice([1, 2, 1969, 1970, 2024, 9999, rng.randint(1, 9999)]), rng.randint(1, 12), \
+        rng.randint(1, 31)
+    fraction = "" if rng.random() < 0.3 else "." + str(rng.randrange(10**6)).zfill(6)[: rng.randint(1, 6)]
+    offset = rng.choice(["Z", "z", "+00:00", "-00:00"]) if rng.random() < 0.5 else \
+        f"{rng.choice('+-')}{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}"
+    return (f"{year:04d}-{month:02d}-{day:02d}{rng.choice('Tt')}{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:"
+            f"{rng.randint(0, 59):02d}{fraction}{offset}")
+
+
+def test_numbers_dates_and_date_times_decode_exactly_as_python_converts_them() -> None:
+    """Numbers into long and double columns (Python's float() correctly rounded, an integer past the double range
+    null, 1.0 an integer), date-times to microseconds and dates to days: in one batch the compiled decoder takes."""
+    rng = random.Random(13)
+    decoder, struct_type = side(EVENT)
+    payloads: list[bytes | None] = []
+    for _ in range(3000):
+        number = random_number(rng)
+        day = f"{rng.randint(1, 9999):04d}-{rng.randint(1, 12):02d}-{rng.randint(1, 31):02d}"
+        body = b'{"n": %s, "amount": %s, "scores": [%s, %s], "at": %s, "day": %s, "address": {"zip": %s}}' % (
+            number, number, number, random_number(rng), json.dumps(random_instant(rng)).encode(),
+            json.dumps(day).encode(), random_number(rng))
+        payloads.append(envelope(body))
+    assert compiled_takes(decoder, struct_type, payloads)  # type: ignore[arg-type]
+    rows = same_rows(decoder, struct_type, payloads)
+    assert sum(row["at"] is not None for row in rows) > 2000 and sum(row["n"] is not None for row in rows) > 300
+
+
 def test_batches_of_bare_bodies_null_payloads_and_other_envelopes_decode_as_json_rows() -> None:
     """Only a batch whose payloads all carry the first one's envelope goes to the compiled decoder with its envelope;
     bare bodies (the latest schema) through decode_many's own loop; null payloads and other schema ids row by row."""
