@@ -24,7 +24,7 @@ from icelog.schema.codec.record_decode import RecordSideDecoder
 from icelog.schema.codec.sides import SideDecoding
 from icelog.schema.compiled import JSON
 from icelog.schema.json_schema import compile_json
-from icelog.table.field_ids import evolve
+from icelog.table.field_ids import Column, evolve
 from icelog.table.iceberg_types import ERR, RAW, arrow_schema, column_tree, table_columns
 from icelog.table.json_types import json_columns as table_fields
 
@@ -262,6 +262,24 @@ def test_numbers_dates_and_date_times_decode_exactly_as_python_converts_them() -
     assert compiled_takes(decoder, struct_type, payloads)  # type: ignore[arg-type]
     rows = same_rows(decoder, struct_type, payloads)
     assert sum(row["at"] is not None for row in rows) > 2000 and sum(row["n"] is not None for row in rows) > 300
+
+
+def test_an_int_column_takes_32_bit_integers_only() -> None:
+    """A table's int column (not one a JSON schema maps to, but one JSONRows fills with `_int`): an integer or an
+    integral number within 32 bits, else null."""
+    writer = compile_json(json.dumps({"type": "object", "additionalProperties": False, "properties": {
+        "n": {"type": "integer"}, "m": {"type": "integer"}}}), {})
+    records = evolve(table_columns(None, (Column("n", "int"), Column("m", "long"))), [])
+    decoding = SideDecoding("value", column_tree(records, "value"), 1, {1: writer}, schema_type=JSON)
+    decoder, struct_type = RecordSideDecoder(decoding), arrow_schema(records).field("value").type
+    numbers = [b"0", b"-0", b"2147483647", b"2147483648", b"-2147483648", b"-2147483649", b"1e9", b"3e9", b"2.0",
+               b"2.5", b'"7"', b"null", b"9223372036854775807", b"9223372036854775808", b"1e400"]
+    payloads: list[bytes | None] = [envelope(b'{"n": %s, "m": %s}' % (n, n)) for n in numbers]
+    assert compiled_takes(decoder, struct_type, payloads)  # type: ignore[arg-type]
+    rows = same_rows(decoder, struct_type, payloads)
+    assert [row["n"] for row in rows] == [0, 0, 2**31 - 1, None, -(2**31), None, 10**9, None, 2, None, None, None,
+                                          None, None, None]
+    assert rows[12]["m"] == 2**63 - 1 and rows[13]["m"] is None
 
 
 def test_batches_of_bare_bodies_null_payloads_and_other_envelopes_decode_as_json_rows() -> None:

@@ -368,7 +368,8 @@ static int double_token(decoder *d, const uint8_t *s, const uint8_t *end, double
     if (negative)
         p++;
     uint64_t mantissa = 0;
-    int digits = 0, exponent = 0, fast = 1;
+    int64_t digits = 0, exponent = 0; /* (a number of over 2^31 digits still counts right) */
+    int fast = 1;
     for (; p < end && *p >= '0' && *p <= '9'; p++) {
         if (mantissa || *p != '0')
             digits++;
@@ -390,7 +391,7 @@ static int double_token(decoder *d, const uint8_t *s, const uint8_t *end, double
     }
     if (p < end && (*p == 'e' || *p == 'E')) {
         p++;
-        int sign = 1, e = 0;
+        int64_t sign = 1, e = 0;
         if (*p == '+' || *p == '-')
             sign = *p++ == '-' ? -1 : 1;
         for (; p < end; p++) {
