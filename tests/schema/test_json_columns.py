@@ -27,6 +27,7 @@ from icelog.schema.json_schema import compile_json
 from icelog.table.field_ids import Column, evolve
 from icelog.table.iceberg_types import ERR, RAW, arrow_schema, column_tree, table_columns
 from icelog.table.json_types import json_columns as table_fields
+from tests.support.arrow_rows import assert_same_rows
 
 
 @pytest.fixture(autouse=True)
@@ -133,37 +134,10 @@ def side(writer: dict[str, Any], table: dict[str, Any] | None = None) -> tuple[R
     return RecordSideDecoder(decoding), arrow_schema(records).field("value").type
 
 
-def plain(data_type: pa.DataType) -> pa.DataType:
-    """The type with times as their integers."""
-    if pa.types.is_struct(data_type):
-        return pa.struct([pa.field(f.name, plain(f.type)) for f in data_type])
-    if pa.types.is_list(data_type):
-        return pa.list_(plain(data_type.value_type))
-    if pa.types.is_timestamp(data_type):
-        return pa.int64()
-    if pa.types.is_date32(data_type):
-        return pa.int32()
-    return data_type
-
-
 def same_rows(decoder: RecordSideDecoder, struct_type: pa.StructType, payloads: list[bytes | None]) -> list[Any]:
-    """decode_many's rows, asserted equal (NaN, -0.0 included: repr) to JSONRows', payload by payload.
-
-    A string column's lone surrogate (a JSON "\\ud800") raises UnicodeEncodeError out of both paths (pyarrow cannot
-    encode it, and sides.each_row does not catch it): a failing Python path this decoder leaves as it is (it refuses
-    such a batch); the test asserts both raise alike.
-    """
-    try:
-        alone = decoder.decode_each(payloads, struct_type)
-    except UnicodeEncodeError:
-        with pytest.raises(UnicodeEncodeError):
-            decoder.decode_many(payloads, struct_type)
-        return []
-    many = decoder.decode_many(payloads, struct_type)
-    assert many.type == alone.type == struct_type
-    rows = many.cast(plain(struct_type)).to_pylist()
-    assert repr(rows) == repr(alone.cast(plain(struct_type)).to_pylist())
-    return rows
+    """decode_many's rows, asserted equal (NaN, -0.0 included: repr) to JSONRows', payload by payload."""
+    return assert_same_rows(decoder.decode_many(payloads, struct_type), decoder.decode_each(payloads, struct_type),
+                            struct_type)
 
 
 def compiled_takes(decoder: RecordSideDecoder, struct_type: pa.StructType, payloads: list[bytes]) -> bool:

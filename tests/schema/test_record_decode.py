@@ -85,3 +85,17 @@ def test_a_datum_whose_value_no_column_holds_is_an_error_row_not_a_failed_batch(
     assert rows[0]["n"] == 1 and rows[0]["__err__"] is None
     for row, payload in zip(rows[1:], payloads[1:], strict=True):
         assert row["__err__"] and row[RAW] == payload and row["n"] is None, row
+
+
+def test_a_json_string_no_column_can_hold_is_an_error_row_not_a_failed_batch() -> None:
+    """json.loads lets a lone surrogate into a string ("\\ud800", or its raw UTF-8 bytes); Arrow cannot encode it.
+    It failed decode_many (the archive task at every retry); it is the row of a payload that did not decode."""
+    document = {"type": "object", "properties": {"id": {"type": "integer"}, "name": {"type": "string"}}}
+    schema = compile_json(json.dumps(document), {})
+    dec, struct_type = decoder("value", JSON, json_columns(schema.document, {}, "value"), schema)
+    bodies = [b'{"id": 1, "name": "ok"}', b'{"id": 2, "name": "\\ud800"}', b'{"id": 3, "name": "\xed\xa0\x80"}']
+    payloads: list[bytes | None] = [envelope(1, body) for body in bodies]
+    rows = dec.decode_many(payloads, struct_type).to_pylist()
+    assert (rows[0]["id"], rows[0]["name"], rows[0]["__err__"]) == (1, "ok", None)
+    for row, payload in zip(rows[1:], payloads[1:], strict=True):
+        assert "UnicodeEncodeError" in row["__err__"] and row[RAW] == payload and row["id"] is None

@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../../_c/column_buffers.h"
 #include "../../_c/utf8.h"
 
 enum { K_STRUCT, K_LIST, K_STRING, K_LONG, K_DOUBLE, K_BOOLEAN, K_DATE, K_TIMESTAMPTZ, K_KINDS };
@@ -37,11 +38,6 @@ enum { K_STRUCT, K_LIST, K_STRING, K_LONG, K_DOUBLE, K_BOOLEAN, K_DATE, K_TIMEST
 #define MAX_DEPTH 64
 #define MAX_INT_DIGITS 600 /* Python refuses int strings of over sys.get_int_max_str_digits() digits (>= 640) */
 #define SKIP (-1)          /* the node index of a value without a column: checked, not kept */
-
-typedef struct {
-    uint8_t *p;
-    Py_ssize_t len, cap;
-} buffer;
 
 typedef struct {
     int kind;
@@ -63,54 +59,10 @@ typedef struct {
     char why[160];
 } decoder;
 
-#define NOMEM (-1)
-#define UNSURE (-2)
-
 static int unsure(decoder *d, const char *why)
 {
     snprintf(d->why, sizeof d->why, "%s", why);
     return UNSURE;
-}
-
-static int grow(buffer *b, Py_ssize_t extra)
-{
-    if (b->len + extra <= b->cap)
-        return 0;
-    Py_ssize_t cap = b->cap ? b->cap : 64;
-    while (cap < b->len + extra) {
-        if (cap > PY_SSIZE_T_MAX / 2)
-            return -1;
-        cap *= 2;
-    }
-    uint8_t *p = PyMem_Realloc(b->p, (size_t)cap);
-    if (p == NULL)
-        return -1;
-    b->p = p;
-    b->cap = cap;
-    return 0;
-}
-
-static int put(buffer *b, const void *src, Py_ssize_t n)
-{
-    if (n == 0)
-        return 0;
-    if (grow(b, n) < 0)
-        return -1;
-    memcpy(b->p + b->len, src, (size_t)n);
-    b->len += n;
-    return 0;
-}
-
-static int put_bit(buffer *b, Py_ssize_t i, int bit)
-{
-    if ((i & 7) == 0) {
-        uint8_t zero = 0;
-        if (put(b, &zero, 1) < 0)
-            return -1;
-    }
-    if (bit)
-        b->p[i >> 3] |= (uint8_t)(1u << (i & 7));
-    return 0;
 }
 
 static int put_offset(decoder *d, node *n, Py_ssize_t value)
@@ -830,11 +782,6 @@ static int read_program(decoder *d, PyObject *program)
         }
     }
     return 0;
-}
-
-static PyObject *bytes_of(buffer *b)
-{
-    return PyBytes_FromStringAndSize(b->len ? (const char *)b->p : "", b->len);
 }
 
 static PyObject *decode(PyObject *self, PyObject *args)

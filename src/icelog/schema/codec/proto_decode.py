@@ -213,7 +213,7 @@ class ProtoSideDecoder:
             return self.decode_each(payloads, struct_type)
         try:
             return side_array(struct_type, payloads, rows, filled, prefixes, raws, others)
-        except (pa.ArrowException, OverflowError, TypeError):  # a value its column cannot hold: row by row
+        except (pa.ArrowException, ValueError, OverflowError, TypeError):  # a value its column cannot hold: row by row
             return self.decode_each(payloads, struct_type)
 
     def _decode_compiled(self, payloads: list[bytes | None], struct_type: pa.StructType) -> pa.StructArray | None:
@@ -271,8 +271,8 @@ class ProtoSideDecoder:
         raws: list[bytes | None] = [None] * n if drop else list(payloads)
         try:
             return side_array(struct_type, payloads, range(n), filled, prefixes, raws, {})
-        except (pa.ArrowException, OverflowError, TypeError):  # a value its column cannot hold: upb's path decides
-            return None
+        except (pa.ArrowException, ValueError, OverflowError, TypeError):
+            return None  # a value its column cannot hold: upb's path decides
 
     def decode_each(self, payloads: list[bytes | None], struct_type: pa.StructType) -> pa.StructArray:
         """decode_many's answer reached payload by payload (sides.each_row)."""

@@ -203,7 +203,7 @@ class RecordSideDecoder:
             raws[i] = None if rebuilt is not None and prefixes[i] is not None and rebuilt[j] else payloads[i]
         try:
             return side_array(struct_type, payloads, rows, filled, prefixes, raws, others)
-        except (pa.ArrowException, OverflowError, TypeError):  # a value its column cannot hold: row by row
+        except (pa.ArrowException, ValueError, OverflowError, TypeError):  # a value its column cannot hold: row by row
             return self.decode_each(payloads, struct_type)
 
     def _decode_json_compiled(self, payloads: list[bytes | None], struct_type: pa.StructType
@@ -234,8 +234,8 @@ class RecordSideDecoder:
         n = len(payloads)
         try:  # JSON rows keep their bytes: __raw__ is the payload
             return side_array(struct_type, payloads, range(n), columns, [head] * n, list(payloads), {})
-        except (pa.ArrowException, OverflowError, TypeError):  # (a bug: every column is built as its Arrow type)
-            return None
+        except (pa.ArrowException, ValueError, OverflowError, TypeError):
+            return None  # (a bug: every column is built as its Arrow type)
 
     def decode_each(self, payloads: list[bytes | None], struct_type: pa.StructType) -> pa.StructArray:
         """decode_many's answer reached payload by payload with fastavro (sides.each_row)."""

@@ -54,19 +54,20 @@ def each_row(decode: Callable[[bytes | None], Mapping[str, object] | None], payl
              struct_type: pa.StructType) -> pa.StructArray:
     """A side's struct array reached payload by payload: a decoder's fallback, and the reference its batch path
     must equal. A row holding a value its column cannot (fastavro reads an Avro int of any width, a Protobuf
-    Timestamp may be past what 64-bit microseconds hold) is a row that did not decode, `__err__` and the payload:
+    Timestamp may be past what 64-bit microseconds hold, json.loads lets a lone surrogate into a string) is a row
+    that did not decode, `__err__` and the payload:
     one such record never fails the task (which a retry would fail again, stalling the partition)."""
     import pyarrow as pa
 
     rows = [decode(p) for p in payloads]
     try:
         return pa.array(rows, type=struct_type)
-    except (pa.ArrowException, OverflowError, TypeError):
+    except (pa.ArrowException, ValueError, OverflowError, TypeError):
         pass
     for i, (payload, row) in enumerate(zip(payloads, rows, strict=True)):
         try:
             pa.array([row], type=struct_type)
-        except (pa.ArrowException, OverflowError, TypeError) as exc:
+        except (pa.ArrowException, ValueError, OverflowError, TypeError) as exc:
             assert payload is not None  # a null payload's row is null
             rows[i] = error_row(exc, payload)
     return pa.array(rows, type=struct_type)
