@@ -73,4 +73,20 @@ static inline PyObject *bytes_of(buffer *b)
     return PyBytes_FromStringAndSize(b->len ? (const char *)b->p : "", b->len);
 }
 
+/* One node's answer: (length, null_count, validity or None when no value is null, data, offsets or None). */
+static inline PyObject *node_buffers(Py_ssize_t length, Py_ssize_t nulls, buffer *validity, buffer *data,
+                                     buffer *offsets)
+{
+    PyObject *bitmap = nulls ? bytes_of(validity) : Py_NewRef(Py_None);
+    PyObject *values = bytes_of(data);
+    PyObject *ends = offsets->len ? bytes_of(offsets) : Py_NewRef(Py_None);
+    PyObject *item = NULL;
+    if (bitmap != NULL && values != NULL && ends != NULL)
+        item = Py_BuildValue("(nnOOO)", length, nulls, bitmap, values, ends);
+    Py_XDECREF(bitmap);
+    Py_XDECREF(values);
+    Py_XDECREF(ends);
+    return item;
+}
+
 #endif

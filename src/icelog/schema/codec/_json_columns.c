@@ -837,15 +837,7 @@ static PyObject *decode(PyObject *self, PyObject *args)
         goto done;
     for (Py_ssize_t i = 0; i < d.count; i++) {
         node *n = &d.nodes[i];
-        PyObject *validity = n->nulls ? bytes_of(&n->validity) : Py_NewRef(Py_None);
-        PyObject *data = bytes_of(&n->data);
-        PyObject *offsets = n->offsets.len ? bytes_of(&n->offsets) : Py_NewRef(Py_None);
-        PyObject *item = NULL;
-        if (validity != NULL && data != NULL && offsets != NULL)
-            item = Py_BuildValue("(nnOOO)", n->length, n->nulls, validity, data, offsets);
-        Py_XDECREF(validity);
-        Py_XDECREF(data);
-        Py_XDECREF(offsets);
+        PyObject *item = node_buffers(n->length, n->nulls, &n->validity, &n->data, &n->offsets);
         if (item == NULL) {
             Py_CLEAR(result);
             goto done;
