@@ -73,6 +73,40 @@ static inline PyObject *bytes_of(buffer *b)
     return PyBytes_FromStringAndSize(b->len ? (const char *)b->p : "", b->len);
 }
 
+/* The bytes of body `i` of a batch after `head` (the batch's envelope, which every body must start with; "" for
+ * none) in [*start, *end): 0, or -1 with ValueError (a null body, or one without the envelope: the caller's Python
+ * path takes such a batch) or TypeError (not bytes) set. */
+static inline int body_bytes(PyObject *body, Py_ssize_t i, const char *head, Py_ssize_t head_len,
+                             const uint8_t **start, const uint8_t **end)
+{
+    if (body == Py_None) {
+        PyErr_Format(PyExc_ValueError, "body %zd is null", i);
+        return -1;
+    }
+    if (!PyBytes_Check(body)) {
+        PyErr_Format(PyExc_TypeError, "body %zd is not bytes", i);
+        return -1;
+    }
+    const uint8_t *s = (const uint8_t *)PyBytes_AS_STRING(body);
+    Py_ssize_t size = PyBytes_GET_SIZE(body);
+    if (size < head_len || (head_len > 0 && memcmp(s, head, (size_t)head_len) != 0)) {
+        PyErr_Format(PyExc_ValueError, "body %zd does not start with the batch's envelope", i);
+        return -1;
+    }
+    *start = s + head_len;
+    *end = s + size;
+    return 0;
+}
+
+/* Sets the exception of body `i` that failed with `rc`: MemoryError (NOMEM), or ValueError with why (UNSURE). */
+static inline void body_failed(int rc, Py_ssize_t i, const char *why)
+{
+    if (rc == NOMEM)
+        PyErr_NoMemory();
+    else
+        PyErr_Format(PyExc_ValueError, "body %zd: %s", i, why);
+}
+
 /* One node's answer: (length, null_count, validity or None when no value is null, data, offsets or None). */
 static inline PyObject *node_buffers(Py_ssize_t length, Py_ssize_t nulls, buffer *validity, buffer *data,
                                      buffer *offsets)

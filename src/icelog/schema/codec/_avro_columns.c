@@ -517,22 +517,14 @@ static PyObject *decode(PyObject *self, PyObject *args)
         goto done;
     Py_ssize_t count = PyList_GET_SIZE(bodies);
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *body = PyList_GET_ITEM(bodies, i);
-        if (!PyBytes_Check(body)) {
-            PyErr_Format(PyExc_TypeError, "body %zd is not bytes", i);
+        const uint8_t *s, *end;
+        if (body_bytes(PyList_GET_ITEM(bodies, i), i, "", 0, &s, &end) < 0)
             goto done;
-        }
-        const uint8_t *s = (const uint8_t *)PyBytes_AS_STRING(body);
-        const uint8_t *end = s + PyBytes_GET_SIZE(body);
         int rc = read_value(&d, 0, &s, end, 0);
-        if (rc == NOMEM) {
-            PyErr_NoMemory();
-            goto done;
-        }
         if (rc == 0 && s != end)
             rc = unsure(&d, "bytes after the datum");
         if (rc < 0) {
-            PyErr_Format(PyExc_ValueError, "body %zd: %s", i, d.why);
+            body_failed(rc, i, d.why);
             goto done;
         }
     }

@@ -796,19 +796,9 @@ static PyObject *decode(PyObject *self, PyObject *args)
         goto done;
     Py_ssize_t count = PyList_GET_SIZE(bodies);
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *body = PyList_GET_ITEM(bodies, i);
-        if (head_len && (body == Py_None || (PyBytes_Check(body) && (PyBytes_GET_SIZE(body) < head_len ||
-                                                                     memcmp(PyBytes_AS_STRING(body), head,
-                                                                            (size_t)head_len) != 0)))) {
-            PyErr_Format(PyExc_ValueError, "payload %zd is null or does not start with the batch's envelope", i);
+        cursor c;
+        if (body_bytes(PyList_GET_ITEM(bodies, i), i, head, head_len, &c.s, &c.end) < 0)
             goto done;
-        }
-        if (!PyBytes_Check(body)) {
-            PyErr_Format(PyExc_TypeError, "body %zd is not bytes", i);
-            goto done;
-        }
-        cursor c = {(const uint8_t *)PyBytes_AS_STRING(body) + head_len, NULL};
-        c.end = (const uint8_t *)PyBytes_AS_STRING(body) + PyBytes_GET_SIZE(body);
         int rc;
         skip_ws(&c);
         if (c.s < c.end && *c.s == '{') {
@@ -823,12 +813,8 @@ static PyObject *decode(PyObject *self, PyObject *args)
             if (c.s != c.end)
                 rc = unsure(&d, "bytes after the document");
         }
-        if (rc == NOMEM) {
-            PyErr_NoMemory();
-            goto done;
-        }
         if (rc < 0) {
-            PyErr_Format(PyExc_ValueError, "body %zd: %s", i, d.why);
+            body_failed(rc, i, d.why);
             goto done;
         }
     }

@@ -643,28 +643,12 @@ static PyObject *decode(PyObject *self, PyObject *args)
         goto done;
     Py_ssize_t count = PyList_GET_SIZE(bodies);
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *body = PyList_GET_ITEM(bodies, i);
-        if (body == Py_None) {
-            PyErr_Format(PyExc_ValueError, "body %zd is null", i);
+        const uint8_t *s, *end;
+        if (body_bytes(PyList_GET_ITEM(bodies, i), i, head, head_len, &s, &end) < 0)
             goto done;
-        }
-        if (!PyBytes_Check(body)) {
-            PyErr_Format(PyExc_TypeError, "body %zd is not bytes", i);
-            goto done;
-        }
-        const uint8_t *s = (const uint8_t *)PyBytes_AS_STRING(body);
-        Py_ssize_t size = PyBytes_GET_SIZE(body);
-        if (size < head_len || (head_len > 0 && memcmp(s, head, (size_t)head_len) != 0)) {
-            PyErr_Format(PyExc_ValueError, "body %zd does not start with the batch's envelope", i);
-            goto done;
-        }
-        int rc = read_message(&d, 0, s + head_len, s + size, 0);
-        if (rc == NOMEM) {
-            PyErr_NoMemory();
-            goto done;
-        }
+        int rc = read_message(&d, 0, s, end, 0);
         if (rc < 0) {
-            PyErr_Format(PyExc_ValueError, "body %zd: %s", i, d.why);
+            body_failed(rc, i, d.why);
             goto done;
         }
     }
