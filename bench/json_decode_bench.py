@@ -13,7 +13,6 @@ import argparse
 import base64
 import json
 import sys
-import time
 from pathlib import Path
 
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -21,8 +20,8 @@ from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.archive_formats_bench
+from bench._decode_ab import compiled_ab  # noqa: E402
 from bench.archive_formats_bench import JSON_SCHEMA, _iso, orders  # noqa: E402
-from icelog.archive.decode_schema import gc_paused  # noqa: E402
 from icelog.schema.codec import json_columns  # noqa: E402
 from icelog.schema.codec.record_decode import RecordSideDecoder, split_envelope  # noqa: E402
 from icelog.schema.codec.sides import SideDecoding  # noqa: E402
@@ -57,32 +56,8 @@ def main() -> None:
     print(f"{n} payloads, {sum(len(p) for p in distinct) / len(distinct):.0f} bytes each on average; compiled "
           f"decoder built: {json_columns.COMPILED}")
 
-    def run(compiled: bool) -> tuple[float, object]:
-        saved = json_columns.COMPILED
-        json_columns.COMPILED = compiled and saved  # type: ignore[misc]
-        try:
-            with gc_paused():
-                start = time.perf_counter()
-                out = decoder.decode_many(payloads, struct_type)
-                return time.perf_counter() - start, out
-        finally:
-            json_columns.COMPILED = saved  # type: ignore[misc]
-
-    fast, slow = run(True)[1], run(False)[1]  # warm-up (the program, the codec), and the same rows
-    assert fast.equals(slow), "the compiled decoder's rows differ from JSONRows'"
-    rates: dict[bool, list[float]] = {True: [], False: []}
-    for _ in range(args.rounds):
-        for compiled in (False, True):
-            seconds, _ = run(compiled)
-            rates[compiled].append(n / seconds)
-    for compiled, label in ((False, "json.loads + converters (no compiled decoder)"), (True, "compiled decoder")):
-        best = max(rates[compiled])
-        print(f"{label:<46} " + "  ".join(f"{r:>10,.0f}" for r in rates[compiled])
-              + f" records/s  (best {1e6 / best:.2f} µs/record)")
-    print(f"speed-up (best / best): {max(rates[True]) / max(rates[False]):.1f}x")
-    print(json.dumps({"records": n, "python_records_per_s": round(max(rates[False])),
-                      "compiled_records_per_s": round(max(rates[True])),
-                      "compiled_over_python": round(max(rates[True]) / max(rates[False]), 1)}))
+    compiled_ab(json_columns, lambda: decoder.decode_many(payloads, struct_type), n, args.rounds, "python",
+                "json.loads + converters (no compiled decoder)")
 
 
 if __name__ == "__main__":

@@ -9,16 +9,14 @@ Run: PYTHONPATH=src .venv/bin/python bench/proto_decode_bench.py [--records 6500
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 
 from google.protobuf import message_factory
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.archive_formats_bench
+from bench._decode_ab import compiled_ab  # noqa: E402
 from bench.archive_formats_bench import KINDS, PROTO_SCHEMA, orders  # noqa: E402
-from icelog.archive.decode_schema import gc_paused  # noqa: E402
 from icelog.schema.codec import proto_decode  # noqa: E402
 from icelog.schema.codec.proto_decode import ProtoSideDecoder  # noqa: E402
 from icelog.schema.codec.sides import SideDecoding  # noqa: E402
@@ -51,32 +49,8 @@ def main() -> None:
     print(f"{n} payloads, {sum(map(len, distinct)) / len(distinct):.0f} bytes each on average; compiled decoder "
           f"built: {proto_decode.COMPILED}")
 
-    def run(compiled: bool) -> tuple[float, object]:
-        saved = proto_decode.COMPILED
-        proto_decode.COMPILED = compiled and saved  # type: ignore[misc]
-        try:
-            with gc_paused():
-                start = time.perf_counter()
-                out = decoder.decode_many(payloads, struct_type)
-                return time.perf_counter() - start, out
-        finally:
-            proto_decode.COMPILED = saved  # type: ignore[misc]
-
-    fast, slow = run(True)[1], run(False)[1]  # warm-up (message classes, the program), and the same rows
-    assert fast.equals(slow), "the compiled decoder's rows differ from upb's"
-    rates: dict[bool, list[float]] = {True: [], False: []}
-    for _ in range(args.rounds):
-        for compiled in (False, True):
-            seconds, _ = run(compiled)
-            rates[compiled].append(n / seconds)
-    for compiled, label in ((False, "upb + proto_values (no compiled decoder)"), (True, "compiled decoder")):
-        best = max(rates[compiled])
-        print(f"{label:<42} " + "  ".join(f"{r:>10,.0f}" for r in rates[compiled])
-              + f" records/s  (best {1e6 / best:.2f} µs/record)")
-    print(f"speed-up (best / best): {max(rates[True]) / max(rates[False]):.1f}x")
-    print(json.dumps({"records": n, "upb_records_per_s": round(max(rates[False])),
-                      "compiled_records_per_s": round(max(rates[True])),
-                      "compiled_over_upb": round(max(rates[True]) / max(rates[False]), 1)}))
+    compiled_ab(proto_decode, lambda: decoder.decode_many(payloads, struct_type), n, args.rounds, "upb",
+                "upb + proto_values (no compiled decoder)")
 
 
 if __name__ == "__main__":
