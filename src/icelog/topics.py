@@ -61,6 +61,9 @@ RETENTION_MS = "retention.ms"
 RETENTION_BYTES = "retention.bytes"
 MAX_MESSAGE_BYTES = "max.message.bytes"
 TIMESTAMP_TYPE = "message.timestamp.type"
+TIMESTAMP_BEFORE_MAX_MS = "message.timestamp.before.max.ms"
+TIMESTAMP_AFTER_MAX_MS = "message.timestamp.after.max.ms"
+_LONG_MAX = (1 << 63) - 1
 DELETE_RETENTION_MS = "delete.retention.ms"
 MIN_COMPACTION_LAG_MS = "min.compaction.lag.ms"
 MAX_COMPACTION_LAG_MS = "max.compaction.lag.ms"
@@ -71,7 +74,15 @@ TOPIC_CONFIG_KEYS: dict[str, TopicConfigKey] = {
         TopicConfigKey(RETENTION_MS, "604800000", check_long(-1), "Delete intake data older than this (-1: keep)."),
         TopicConfigKey(RETENTION_BYTES, "-1", check_long(-1), "Keep at most this many intake bytes per partition."),
         TopicConfigKey(MAX_MESSAGE_BYTES, "1048588", check_long(0), "Largest record batch accepted."),
-        TopicConfigKey(TIMESTAMP_TYPE, "CreateTime", one_of("CreateTime", "LogAppendTime"), "Timestamp type."),
+        TopicConfigKey(TIMESTAMP_TYPE, "CreateTime", one_of("CreateTime", "LogAppendTime"),
+                       "CreateTime: a record keeps the producer's timestamp (within the two bounds below); "
+                       "LogAppendTime: the broker's clock at append."),
+        TopicConfigKey(TIMESTAMP_BEFORE_MAX_MS, str(_LONG_MAX), check_long(0),
+                       "CreateTime: a record whose timestamp is more than this before the broker's clock is "
+                       "refused with INVALID_TIMESTAMP (its whole batch; Kafka 4's default: no bound)."),
+        TopicConfigKey(TIMESTAMP_AFTER_MAX_MS, "3600000", check_long(0),
+                       "CreateTime: a record whose timestamp is more than this after the broker's clock is "
+                       "refused with INVALID_TIMESTAMP (its whole batch; Kafka 4's default: one hour)."),
         TopicConfigKey(CLEANUP_POLICY, "delete", check_cleanup_policy,
                        "compact: the archive table keeps the latest record per key (a primary-key table), and "
                        "retention.ms / retention.bytes do not apply (they do with compact,delete); the intake "
@@ -233,3 +244,12 @@ class EffectiveConfig:
     @property
     def log_append_time(self) -> bool:
         return self.values[TIMESTAMP_TYPE] == "LogAppendTime"
+
+    def timestamp_window(self, now_ms: int) -> tuple[int, int] | None:
+        """[earliest, latest]: the record timestamps a CreateTime topic accepts at `now_ms` (Kafka's LogValidator:
+        message.timestamp.before.max.ms / after.max.ms around the broker's clock, clamped to a long); None for a
+        LogAppendTime topic, whose records take the broker's clock."""
+        if self.log_append_time:
+            return None
+        before, after = int(self.values[TIMESTAMP_BEFORE_MAX_MS]), int(self.values[TIMESTAMP_AFTER_MAX_MS])
+        return max(now_ms - before, -_LONG_MAX - 1), min(now_ms + after, _LONG_MAX)

@@ -118,6 +118,33 @@ def test_a_compacted_topic_refuses_the_first_keyless_record_in_both_walkers(comp
     assert 0 < refused < 200
 
 
+def test_the_timestamp_window_refuses_the_first_record_outside_it_in_both_walkers(compiled) -> None:
+    """message.timestamp.before.max.ms / after.max.ms: a timestamp outside [earliest, latest] is INVALID_TIMESTAMP
+    with its record's index; -1 (no timestamp) is never out of the window; the bounds themselves are in it."""
+    rng = random.Random(20261128)
+    refused = 0
+    for _ in range(300):
+        data, count, base_ts, max_ts = built_batch(rng, rng.randrange(1, 8))
+        stamps = [r.timestamp for r in records_of(data, count, base_ts)]
+        real = [t for t in stamps if t != -1] or [0]
+        earliest = rng.choice([min(real), min(real) + 1, -(1 << 63), 1_700_000_002_000])
+        latest = rng.choice([max(real), max(real) - 1, (1 << 63) - 1, 1_700_000_003_000])
+        outside = next((i for i, t in enumerate(stamps) if t != -1 and not earliest <= t <= latest), None)
+        if outside is None:
+            expected: Any = max_ts
+        else:
+            message = (f"record {outside}: timestamp {stamps[outside]} is out of range: it must be within "
+                       f"[{earliest}, {latest}]")
+            expected = (ErrorCode.INVALID_TIMESTAMP, outside, message)
+        assert records.validate_records_py(data, count, base_ts, False, earliest, latest) == expected
+        assert compiled(data, count, base_ts, False, earliest, latest) == expected
+        refused += outside is not None
+        for case in mutations(rng, data)[:10]:  # broken bytes: the same answer from both, window applied
+            assert compiled(case, count, base_ts, False, earliest, latest) == records.validate_records_py(
+                case, count, base_ts, False, earliest, latest)
+    assert 0 < refused < 300
+
+
 def records_of(section: bytes, count: int, base_ts: int) -> list[Any]:
     """The records of a records section, read by kafka-python (a batch header put back in front)."""
     from kafka.record.default_records import DefaultRecordBatch

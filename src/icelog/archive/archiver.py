@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from icelog.archive.dead_letter import dead_letter_counts, dlq_table_name, write_dead_letters
-from icelog.archive.decode import find_dead_letters
-from icelog.archive.intake_source import KafkaFetch, chunk_source
+from icelog.archive.decode import ArchiveDecoder, DeadLetter, find_dead_letters, find_failing_batch
+from icelog.archive.intake_source import ChunkSource, KafkaFetch, chunk_source
 from icelog.archive.locks import WriterTurns
 from icelog.archive.pass_stats import PassStats
 from icelog.archive.plan import PlannedArchive, next_due_ms, plan_partition, task_groups
@@ -90,6 +90,8 @@ log = logging.getLogger(__name__)
 
 POLL_CHUNKS = 10_000  # intake chunks per partition one poll plans from (the rest wait for later passes)
 CONFLICT_RETRIES_AT_ONCE = 10  # consecutive races lost (TableChangedError) retried at the next poll, then backoff
+# Times a pass sets batches aside for the dead-letter table and writes again before it gives up (retried later).
+DEAD_LETTER_ROUNDS = 8
 RETRY_BACKOFF_FIRST_MS = 1000  # first wait after a topic fails; doubles per failure up to retry_backoff_max_ms
 RECONCILE_EVERY_MS = 60_000  # re-read a table's offsets at least this often even when nothing is due
 
@@ -121,6 +123,11 @@ class TopicBackoff:
     failures: int
     retry_at_ms: int
     error: str
+
+
+class ArchiveStalledError(IcelogError):
+    """A pass failed in a Spark worker for good and no stored batch explains it: the partitions it names wait for a
+    fix (not retriable: the same pass fails again until something changes; retried with backoff all the same)."""
 
 
 class ForeignTableError(TableMismatchError):
@@ -512,33 +519,94 @@ class Archiver:
     ) -> int:
         """Decode the archives in Spark workers (plan.task_groups) and append them in one commit.
 
-        A batch that cannot be decoded fails the job in a worker; then the driver finds such batches,
-        commits them to the dead-letter table `<table>__dlq` first (idempotent by offset) and appends the
-        archives again without them, their offsets counted as archived. Returns the dead letters written.
+        A worker that fails for good (a WorkerError that is not retriable) has met a batch it cannot turn into
+        rows: the driver finds such batches (`find_dead_letters`: the batch checks; else `find_failing_batch`:
+        the pass's own decoder run here, bisecting to the batch it fails on), commits them to the dead-letter
+        table `<table>__dlq` first (idempotent by offset) and appends the archives again without them, their
+        offsets counted as archived; up to DEAD_LETTER_ROUNDS times. A failure no batch explains stops the pass
+        with an ArchiveStalledError naming the partitions and offsets. Returns the dead letters written.
         (A worker that failed for a retriable error, the schema registry unavailable, fails the pass: retried.)
         """
-        try:
+        written = 0
+        for _ in range(DEAD_LETTER_ROUNDS):
+            try:
+                with jvm_errors():
+                    self._append(topic, config, archives, new_offsets, schema, spec)
+                break
+            except WorkerError as exc:
+                if exc.retriable:
+                    raise
+                found = self._dead_letters(topic, archives, schema, exc)
+            dlq = dlq_table_name(self.settings.archive.catalog_name, config.namespace, config.table)
+            letters = [letter for batch in found.values() for letter in batch]
+            for letter in letters:
+                log.warning("%s: partition %d offsets %d-%d go to the dead-letter table %s: %s", topic.name,
+                            letter.partition, letter.base_offset, letter.last_offset, dlq, letter.error[:500])
+            written += write_dead_letters(self.spark, dlq, letters)  # 0 if a crashed pass kept them already
+            fault_point("after-dead-letters")
+            archives = [
+                dataclasses.replace(a, dead_letters=a.dead_letters + tuple(d.base_offset for d in found.get(i, [])))
+                for i, a in enumerate(archives)
+            ]
+            self.store.record_dead_letters(topic.topic_id, dead_letter_counts(self.spark, dlq))
+        else:
             with jvm_errors():
                 self._append(topic, config, archives, new_offsets, schema, spec)
-            return 0
-        except WorkerError as exc:
-            if exc.retriable:
-                raise
-            source = chunk_source(self.settings, topic.name)
-            found = {i: find_dead_letters(source, a) for i, a in enumerate(archives)}
-            if not any(found.values()):
-                raise
-        dlq = dlq_table_name(self.settings.archive.catalog_name, config.namespace, config.table)
-        letters = [letter for batch in found.values() for letter in batch]
-        written = write_dead_letters(self.spark, dlq, letters)  # 0 if a crashed pass kept them already
-        fault_point("after-dead-letters")
-        archives = [
-            dataclasses.replace(a, dead_letters=a.dead_letters + tuple(d.base_offset for d in found[i]))
-            for i, a in enumerate(archives)
-        ]
-        self._append(topic, config, archives, new_offsets, schema, spec)
-        self.store.record_dead_letters(topic.topic_id, dead_letter_counts(self.spark, dlq))
         return written
+
+    def _dead_letters(
+        self, topic: TopicRecord, archives: list[PlannedArchive], schema: ArchiveSchema | None, exc: WorkerError
+    ) -> dict[int, list[DeadLetter]]:
+        """The batches a pass that failed in a worker with `exc` must set aside, by archive index; raises
+        ArchiveStalledError if none explains the failure."""
+        source = chunk_source(self.settings, topic.name)
+        found = {i: letters for i, a in enumerate(archives) if (letters := find_dead_letters(source, a))}
+        if found:
+            return found
+        decode = self._decoder(schema, source)
+        for i, archive in enumerate(archives):
+            letter = find_failing_batch(source, archive, decode)
+            if letter is not None:
+                found[i] = [letter]
+        if found:
+            return found
+        spans = ", ".join(f"partition {a.partition} offsets {a.start_offset}-{a.end_offset - 1}" for a in archives)
+        raise ArchiveStalledError(
+            f"{topic.name}: writing {spans} failed in a Spark worker and no record explains it (each archive "
+            f"decodes in the driver): {exc}. The intake is kept and the pass is retried with backoff; fix the "
+            "cause (the worker's environment, the table's properties) — `icelog status` shows this error until "
+            "a pass succeeds"
+        ) from exc
+
+    def _decoder(self, schema: ArchiveSchema | None, intake_dir: str | Path | ChunkSource) -> ArchiveDecoder:
+        """The pass's decoder of one archive into Arrow batches of the table's rows (picklable into tasks)."""
+        if schema is not None and schema.layout == LAYOUT_TABLE:
+            key, value, arrow = schema.key, schema.value, schema.arrow_schema()
+            decoders: dict[str, SideDecoder] = {}
+
+            def decode_table(archive: PlannedArchive) -> Iterator[pa.RecordBatch]:
+                from icelog.archive.decode_table import decode_archive_table
+
+                yield from decode_archive_table(intake_dir, archive, key, value, arrow, decoders)
+
+            return decode_table
+        if schema is not None:
+            key, value, arrow = schema.key, schema.value, schema.arrow_schema()
+            side_decoders: dict[str, SideDecoder] = {}
+
+            def decode_schema(archive: PlannedArchive) -> Iterator[pa.RecordBatch]:
+                from icelog.archive.decode_schema import decode_archive_schema
+
+                yield from decode_archive_schema(intake_dir, archive, key, value, arrow, side_decoders)
+
+            return decode_schema
+
+        def decode_raw(archive: PlannedArchive) -> Iterator[pa.RecordBatch]:
+            from icelog.archive.decode import decode_archive
+
+            yield from decode_archive(intake_dir, archive)
+
+        return decode_raw
 
     def _append(
         self,
@@ -553,38 +621,13 @@ class Archiver:
         if isinstance(intake_dir, KafkaFetch):
             intake_dir.check()
         groups = [[archives[i] for i in group] for group in task_groups(archives, self.task_slots)]
+        decode_one = self._decoder(schema, intake_dir)
 
-        def task_archives(tasks: Iterable[int]) -> Iterator[PlannedArchive]:
-            """A task's archives, in turn (its input is the numbers of its groups)."""
-            for task in tasks:
-                yield from groups[task]
-
-        # Each decoder maps the task numbers a Spark task is given to the Arrow batches of its archives' rows.
+        # Each task maps the task numbers it is given to the Arrow batches of its groups' archives' rows, in turn.
         def decode(tasks: Iterable[int]) -> Iterator[pa.RecordBatch]:
-            from icelog.archive.decode import decode_archive
-
-            for archive in task_archives(tasks):
-                yield from decode_archive(intake_dir, archive)
-
-        if schema is not None and schema.layout == LAYOUT_TABLE:
-            key, value, arrow = schema.key, schema.value, schema.arrow_schema()
-
-            def decode(tasks: Iterable[int]) -> Iterator[pa.RecordBatch]:  # noqa: F811 - the table layout's variant
-                from icelog.archive.decode_table import decode_archive_table
-
-                decoders: dict[str, SideDecoder] = {}
-                for archive in task_archives(tasks):
-                    yield from decode_archive_table(intake_dir, archive, key, value, arrow, decoders)
-
-        elif schema is not None:
-            key, value, arrow = schema.key, schema.value, schema.arrow_schema()
-
-            def decode(tasks: Iterable[int]) -> Iterator[pa.RecordBatch]:  # noqa: F811 - the typed variant
-                from icelog.archive.decode_schema import decode_archive_schema
-
-                decoders: dict[str, SideDecoder] = {}
-                for archive in task_archives(tasks):
-                    yield from decode_archive_schema(intake_dir, archive, key, value, arrow, decoders)
+            for task in tasks:
+                for archive in groups[task]:
+                    yield from decode_one(archive)
 
         summary = {
             OFFSETS_PROPERTY: encode_offsets(new_offsets),

@@ -7,7 +7,8 @@ handle every codec (gzip, snappy, lz4, zstd).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +35,27 @@ if TYPE_CHECKING:
 
 ROWS_PER_ARROW_BATCH = 65536
 
+# Iceberg's timestamps are microseconds in a long: a record timestamp (ms) outside this range has no value in
+# the table's kafka.timestamp column, so its batch goes to the dead-letter table (Kafka allows any long once a
+# topic widens message.timestamp.before.max.ms / after.max.ms).
+ICEBERG_MIN_TIMESTAMP_MS = -((1 << 63) // 1000)
+ICEBERG_MAX_TIMESTAMP_MS = ((1 << 63) - 1) // 1000
+
+
+def timestamp_problem(timestamps: Sequence[int]) -> str | None:
+    """Why a batch's record timestamps (ms) cannot all be rows of an Iceberg table, or None if they can.
+
+    The one check of the archive's decoder and of `find_dead_letters`, so a batch the decoder refuses is one the
+    driver dead-letters."""
+    if not timestamps:
+        return None
+    low, high = min(timestamps), max(timestamps)
+    if low >= ICEBERG_MIN_TIMESTAMP_MS and high <= ICEBERG_MAX_TIMESTAMP_MS:
+        return None
+    bad = high if high > ICEBERG_MAX_TIMESTAMP_MS else low
+    return (f"record timestamp {bad} ms is outside what an Iceberg timestamp holds (microseconds in a long: "
+            f"{ICEBERG_MIN_TIMESTAMP_MS} to {ICEBERG_MAX_TIMESTAMP_MS} ms)")
+
 
 class _Columns:
     """Column buffers of up to ROWS_PER_ARROW_BATCH rows."""
@@ -55,6 +77,9 @@ class _Columns:
     def add(self, records: Sequence[Record], ingest_us: int, batch_start: int) -> None:
         """Append records of one batch (at least one), a column at a time."""
         offsets, timestamps, keys, values, headers = zip(*records, strict=True)
+        problem = timestamp_problem(timestamps)
+        if problem is not None:
+            raise UndecodableBatchError(f"offset {offsets[0]}: {problem}")
         n = len(offsets)
         self.offsets += offsets
         self.keys += keys
@@ -170,7 +195,8 @@ def find_dead_letters(
     for data, base, last, error, _ingest_ms in _archive_batches(source_of(intake_dir), archive):
         if not error:
             try:
-                read_batch(data, compiled)  # what decode_archive reads, so that what passes here decodes there
+                # what decode_archive reads and checks, so that what passes here decodes there
+                error = timestamp_problem([record[1] for record in read_batch(data, compiled).records]) or ""
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"[:2000]
         if error:
@@ -211,3 +237,54 @@ def decode_archive(
 
 class UndecodableBatchError(IcelogError):
     """A stored batch whose framing or records cannot be decoded (it belongs in the dead-letter table)."""
+
+
+# The pass's decoder of one archive (decode_archive, or its schema or table layout variant), run in the driver.
+ArchiveDecoder = Callable[[PlannedArchive], Iterator["pa.RecordBatch"]]
+
+
+def _decode_failure(decode: ArchiveDecoder, archive: PlannedArchive) -> str | None:
+    """Why `decode` fails on `archive` (its rows all built), or None if it does not; a retriable error (the
+    schema registry down) is not the archive's fault and is raised."""
+    try:
+        for _ in decode(archive):
+            pass
+    except Exception as exc:
+        if isinstance(exc, IcelogError) and exc.retriable:
+            raise
+        return f"{type(exc).__name__}: {exc}"[:2000]
+    return None
+
+
+def find_failing_batch(
+    intake_dir: str | Path | ChunkSource, archive: PlannedArchive, decode: ArchiveDecoder
+) -> DeadLetter | None:
+    """The first stored batch of `archive` on which the pass's own decoder fails, run here in the driver: the
+    fallback when a worker failed for good and `find_dead_letters` (the batch checks) found nothing, so that a
+    non-retriable failure is isolated to the batch that causes it instead of failing every pass. None if the
+    whole archive decodes here (the failure was elsewhere: writing the file, the worker's environment).
+
+    Bisects on prefixes of the archive's batches: log2(batches) decodes of at most the archive.
+    """
+    error = _decode_failure(decode, archive)
+    if error is None:
+        return None
+    source = source_of(intake_dir)
+    spans = [(base, last) for _data, base, last, _error, _ingest in _archive_batches(source, archive)]
+    if not spans:
+        return None
+    low, high = 0, len(spans) - 1  # the first k whose prefix 0..k fails: the prefix 0..high fails
+    while low < high:
+        middle = (low + high) // 2
+        narrowed = dataclasses.replace(archive, end_offset=min(archive.end_offset, spans[middle][1] + 1))
+        found = _decode_failure(decode, narrowed)
+        if found is None:
+            low = middle + 1
+        else:
+            high, error = middle, found
+    base, last = spans[low]
+    alone = dataclasses.replace(archive, start_offset=max(archive.start_offset, base),
+                                end_offset=min(archive.end_offset, last + 1))
+    error = _decode_failure(decode, alone) or error
+    data = next(d for d, b, _last, _error, _ingest in _archive_batches(source, alone) if b == base)
+    return DeadLetter(archive.partition, base, last, data, f"the archive's decoder failed on it: {error}")

@@ -1,11 +1,12 @@
 /*
  * icelog.log._records: walk the records of a Kafka v2 record batch without building Python objects.
  *
- * validate_records(buffer, count, base_timestamp, require_keys=False) checks that `buffer` (the batch's
- * records section, decompressed) holds exactly `count` well-formed records, as Kafka's broker does before
- * it appends a produced batch. It returns the records' max timestamp (-1 if none has one: what Kafka
- * writes into the batch header, whatever the producer put there), or (error_code, record_index, message)
- * for the first problem.
+ * validate_records(buffer, count, base_timestamp, require_keys=False, earliest=INT64_MIN,
+ * latest=INT64_MAX) checks that `buffer` (the batch's records section, decompressed) holds exactly `count`
+ * well-formed records, as Kafka's broker does before it appends a produced batch, each timestamp (but -1,
+ * none) within [earliest, latest] (message.timestamp.before.max.ms / after.max.ms around the broker's clock).
+ * It returns the records' max timestamp (-1 if none has one: what Kafka writes into the batch header,
+ * whatever the producer put there), or (error_code, record_index, message) for the first problem.
  *
  * read_records(buffer, count, base_offset, base_timestamp, log_append_time=None) walks the same bytes
  * with the same structural checks (not the produce rules: offset deltas may have gaps, as after
@@ -21,6 +22,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -172,7 +174,7 @@ static int emit(reader *r, long long offset, long long ts, const uint8_t *key, i
  * largest record timestamp. 0 if all is well, -1 with `f` filled for a problem in the bytes, -2 with a
  * Python error set (reading only: out of memory). */
 static int walk(const uint8_t *data, Py_ssize_t size, long long count, long long base_ts, long long *max_ts,
-                int require_keys, failure *f, reader *r)
+                int require_keys, long long earliest, long long latest, failure *f, reader *r)
 {
     const uint8_t *p = data;
     const uint8_t *end = data + size;
@@ -210,6 +212,9 @@ static int walk(const uint8_t *data, Py_ssize_t size, long long count, long long
         if (r == NULL && ts < NO_TIMESTAMP)
             FAIL(INVALID_TIMESTAMP, "record %lld: timestamp %lld is negative (only -1, no timestamp, is allowed)",
                  i, ts);
+        if (r == NULL && ts != NO_TIMESTAMP && (ts < earliest || ts > latest))
+            FAIL(INVALID_TIMESTAMP, "record %lld: timestamp %lld is out of range: it must be within [%lld, %lld]",
+                 i, ts, earliest, latest);
         if (ts > *max_ts)
             *max_ts = ts;
         VARINT("key length", VARINT_BYTES, &key_length);
@@ -252,14 +257,17 @@ static PyObject *validate_records(PyObject *self, PyObject *args)
 {
     Py_buffer buffer;
     long long count, base_ts, max_ts = NO_TIMESTAMP;
+    long long earliest = LLONG_MIN, latest = LLONG_MAX;
     int require_keys = 0;
     failure f;
     int result;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*LL|p:validate_records", &buffer, &count, &base_ts, &require_keys))
+    if (!PyArg_ParseTuple(args, "y*LL|pLL:validate_records", &buffer, &count, &base_ts, &require_keys, &earliest,
+                          &latest))
         return NULL;
     Py_BEGIN_ALLOW_THREADS
-    result = walk((const uint8_t *)buffer.buf, buffer.len, count, base_ts, &max_ts, require_keys, &f, NULL);
+    result = walk((const uint8_t *)buffer.buf, buffer.len, count, base_ts, &max_ts, require_keys, earliest, latest,
+                  &f, NULL);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&buffer);
     if (result == 0)
@@ -294,7 +302,7 @@ static PyObject *read_records(PyObject *self, PyObject *args)
         return NULL;
     }
     long long max_ts = NO_TIMESTAMP;
-    result = walk((const uint8_t *)buffer.buf, buffer.len, count, base_ts, &max_ts, 0, &f, &r);
+    result = walk((const uint8_t *)buffer.buf, buffer.len, count, base_ts, &max_ts, 0, LLONG_MIN, LLONG_MAX, &f, &r);
     PyBuffer_Release(&buffer);
     if (result == 0)
         return r.out;
@@ -306,10 +314,10 @@ static PyObject *read_records(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"validate_records", validate_records, METH_VARARGS,
-     "validate_records(buffer, count, base_timestamp, require_keys=False) -> max_timestamp | (error_code, "
-     "record_index, message)\n\nCheck that a v2 batch's (decompressed) records section holds exactly `count` "
-     "well-formed records (each with a key when require_keys: a compacted topic); answer their max timestamp "
-     "(-1 if none has one)."},
+     "validate_records(buffer, count, base_timestamp, require_keys=False, earliest=INT64_MIN, latest=INT64_MAX) -> "
+     "max_timestamp | (error_code, record_index, message)\n\nCheck that a v2 batch's (decompressed) records "
+     "section holds exactly `count` well-formed records (each with a key when require_keys: a compacted topic; "
+     "each timestamp but -1 within [earliest, latest]); answer their max timestamp (-1 if none has one)."},
     {"read_records", read_records, METH_VARARGS,
      "read_records(buffer, count, base_offset, base_timestamp, log_append_time=None) -> list[(offset, "
      "timestamp, key, value, headers)]\n\nThe records of a v2 batch's (decompressed) records section, which must "

@@ -1,5 +1,6 @@
 def validate_records(
     buffer: bytes | bytearray | memoryview, count: int, base_timestamp: int, require_keys: bool = False,
+    earliest: int = ..., latest: int = ...,
 ) -> int | tuple[int, int, str]: ...
 def read_records(
     buffer: bytes | bytearray | memoryview, count: int, base_offset: int, base_timestamp: int,

@@ -80,7 +80,7 @@ class BatchHeader(BatchAttributes):
 
 def parse_produced_batches(
     records: bytes | bytearray, max_batch_bytes: int, compacted: bool = False, log_append_time: bool = False,
-    inflation_limit: int = MAX_UNCOMPRESSED_BYTES,
+    inflation_limit: int = MAX_UNCOMPRESSED_BYTES, timestamp_window: tuple[int, int] | None = None,
 ) -> list[BatchHeader]:
     """Split and validate the batches of one partition in a Produce request, records included.
 
@@ -91,9 +91,10 @@ def parse_produced_batches(
     the last offset delta + 1, a control batch, a bad sequence from a producer, or a keyless record of a
     compacted topic (with the record's index); CORRUPT_MESSAGE for a CRC mismatch, a batch length shorter
     than a header, another magic, or records that do not decompress; INVALID_TIMESTAMP with the record's
-    index; MESSAGE_TOO_LARGE, InflationLimitError when the batches' records decompress to more than
-    `inflation_limit` bytes together (or one batch's to more than MAX_UNCOMPRESSED_BYTES). Nothing is stored on
-    error.
+    index (also for a timestamp outside `timestamp_window`, [earliest, latest] ms: a CreateTime topic's
+    message.timestamp.before.max.ms / after.max.ms around the broker's clock); MESSAGE_TOO_LARGE,
+    InflationLimitError when the batches' records decompress to more than `inflation_limit` bytes together (or
+    one batch's to more than MAX_UNCOMPRESSED_BYTES). Nothing is stored on error.
 
     What Kafka repairs is not an error: the returned headers carry what it stores, the records' max
     timestamp whatever the producer's header said, and CreateTime for a batch the producer marked
@@ -153,7 +154,7 @@ def parse_produced_batches(
             )
         limit = min(MAX_UNCOMPRESSED_BYTES, inflation_limit - inflated)
         records_max, records_size = _validate_records(
-            view[pos + RECORDS : pos + size], attributes, count, base_ts, compacted, limit
+            view[pos + RECORDS : pos + size], attributes, count, base_ts, compacted, limit, timestamp_window
         )
         inflated += records_size
         if attributes & ATTR_LOG_APPEND_TIME:
@@ -201,12 +202,16 @@ def first_batch_codec(records: bytes | bytearray) -> int | None:
 
 
 def _validate_records(
-    payload: memoryview, attributes: int, count: int, base_ts: int, require_keys: bool, limit: int
+    payload: memoryview, attributes: int, count: int, base_ts: int, require_keys: bool, limit: int,
+    timestamp_window: tuple[int, int] | None,
 ) -> tuple[int, int]:
     """The records' max timestamp and decompressed size of a batch's records section (compressed or not, to
     at most `limit` bytes); raise the Kafka error for its first bad record."""
     section = decompress(attributes & ATTR_COMPRESSION_MASK, payload, one_frame=True, limit=limit)
-    answer = validate_records(section, count, base_ts, require_keys)
+    if timestamp_window is None:
+        answer = validate_records(section, count, base_ts, require_keys)
+    else:
+        answer = validate_records(section, count, base_ts, require_keys, *timestamp_window)
     if isinstance(answer, int):
         return answer, len(section)
     code, index, message = answer

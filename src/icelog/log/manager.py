@@ -438,7 +438,8 @@ class LogManager:
         (`parse_produced_batches`). Touches no state: safe on any thread."""
         config = topic.config
         return parse_produced_batches(
-            records, config.max_message_bytes, config.compacted, config.log_append_time, inflation_limit
+            records, config.max_message_bytes, config.compacted, config.log_append_time, inflation_limit,
+            config.timestamp_window(int(time.time() * 1000)),
         )
 
     def append(

@@ -75,9 +75,12 @@ class _Invalid(Exception):
 
 def validate_records_py(
     buffer: bytes | bytearray | memoryview, count: int, base_timestamp: int, require_keys: bool = False,
+    earliest: int = _INT64_MIN, latest: int = _INT64_MAX,
 ) -> int | RecordsProblem:
     """Check that `buffer` (a batch's decompressed records section) holds exactly `count` good records (each
-    with a key when `require_keys`: Kafka refuses a keyless record on a compacted topic with INVALID_RECORD).
+    with a key when `require_keys`: Kafka refuses a keyless record on a compacted topic with INVALID_RECORD;
+    each timestamp but -1 within [earliest, latest]: the topic's message.timestamp.before.max.ms and
+    after.max.ms around the broker's clock, INVALID_TIMESTAMP as Kafka's LogValidator answers).
 
     The records' max timestamp (-1 if none has one) if it does: what Kafka's LogValidator writes into the
     batch header whatever the producer put there. Else (error code, index of the offending record or -1,
@@ -130,6 +133,11 @@ def validate_records_py(
                 raise _Invalid(
                     ErrorCode.INVALID_TIMESTAMP,
                     f"record {index}: timestamp {timestamp} is negative (only -1, no timestamp, is allowed)",
+                )
+            if timestamp != _NO_TIMESTAMP and not earliest <= timestamp <= latest:
+                raise _Invalid(
+                    ErrorCode.INVALID_TIMESTAMP,
+                    f"record {index}: timestamp {timestamp} is out of range: it must be within [{earliest}, {latest}]",
                 )
             if timestamp > max_timestamp:
                 max_timestamp = timestamp

@@ -32,12 +32,15 @@ _Answer = tuple[str, object]
 
 
 def _check(
-    records: bytes, max_batch_bytes: int, compacted: bool, log_append_time: bool, limit: int
+    records: bytes, max_batch_bytes: int, compacted: bool, log_append_time: bool, limit: int,
+    timestamp_window: tuple[int, int] | None,
 ) -> _Answer:
     """parse_produced_batches in the validation process; errors as plain values (KafkaApiError's constructor
     does not round-trip through pickle)."""
     try:
-        return "ok", parse_produced_batches(records, max_batch_bytes, compacted, log_append_time, limit)
+        return "ok", parse_produced_batches(
+            records, max_batch_bytes, compacted, log_append_time, limit, timestamp_window
+        )
     except InflationLimitError as exc:
         return "error", (int(exc.code), exc.message, [], exc.limit, exc.codec)
     except KafkaApiError as exc:
@@ -60,13 +63,15 @@ class Validator:
         return self._pool
 
     async def check(
-        self, records: bytes, max_batch_bytes: int, compacted: bool, log_append_time: bool, limit: int
+        self, records: bytes, max_batch_bytes: int, compacted: bool, log_append_time: bool, limit: int,
+        timestamp_window: tuple[int, int] | None = None,
     ) -> list[BatchHeader]:
         """parse_produced_batches(…) run in the validation process; raises what it raises."""
         loop = asyncio.get_running_loop()
         try:
             kind, payload = await loop.run_in_executor(
-                self._executor(), _check, records, max_batch_bytes, compacted, log_append_time, limit
+                self._executor(), _check, records, max_batch_bytes, compacted, log_append_time, limit,
+                timestamp_window,
             )
         except BrokenProcessPool:
             self._pool = None  # the next request starts a new one

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -99,7 +100,8 @@ class _Inflation:
             config = topic.config
             try:
                 batches = await validator.check(
-                    records, config.max_message_bytes, config.compacted, config.log_append_time, self.left
+                    records, config.max_message_bytes, config.compacted, config.log_append_time, self.left,
+                    config.timestamp_window(int(time.time() * 1000)),
                 )
             except InflationLimitError as exc:
                 self.left -= exc.limit  # the work it took to find out
