@@ -30,6 +30,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from icelog.config import Settings, load_settings
 from icelog.lake.catalog import catalog_spark_conf, postgres_catalog_url
+from tests.archive import test_archive_timestamps as timestamps
 from tests.archive.test_pk_tables import latest, send
 from tests.support.archive import ARCHIVE_ENV, create_topic, produce
 from tests.support.broker import BrokerProcess
@@ -211,7 +212,11 @@ class Produced:
         # The primary-key table's first round (inserts); its test sends the second.
         create_topic(lake.broker, self.PK, 3, {"cleanup.policy": "compact", "icelog.archive.layout": "record"})
         self.pk = send(lake.broker, self.PK, pk_round(0))
-        self.pass_ = lake.archive_once(self.RECORDS, self.TXN, self.TABLE, self.READBACK, self.PK)
+        # Boundary and extreme timestamps (tests/archive/test_archive_timestamps.py): none may stop the pass.
+        create_topic(lake.broker, timestamps.topic_of("raw"), 1, timestamps.WIDE)
+        self.times = timestamps.send_all(lake.broker, "raw", 0)
+        self.pass_ = lake.archive_once(self.RECORDS, self.TXN, self.TABLE, self.READBACK, self.PK,
+                                       timestamps.topic_of("raw"))
         pending.abort_transaction(30)
 
     def _records(self, lake: ClusterLake) -> list[Row]:
@@ -297,6 +302,15 @@ def test_only_committed_records_are_archived_on_the_cluster(cluster_lake: Cluste
     assert produced.pass_.returncode == 0
     got = sorted(r["value"]["__raw__"] for r in cluster_lake.table(Produced.TXN).scan().to_arrow().to_pylist())
     assert got == sorted([f"c{i}".encode() for i in range(40)] + [b"after-1"])
+
+
+def test_no_timestamp_stops_the_pass_on_the_cluster(cluster_lake: ClusterLake, produced: Produced) -> None:
+    """Every record whose timestamp a table holds is a row; the others are in the dead-letter table."""
+    assert produced.pass_.returncode == 0, produced.pass_.stderr[-3000:]
+    sent, unholdable = produced.times
+    topic = timestamps.topic_of("raw")
+    assert timestamps.pyiceberg_rows(cluster_lake.table(topic)) == timestamps.expected_rows(sent, unholdable)
+    assert timestamps.dead_letter_spans(cluster_lake.table(f"{topic}__dlq")) == [(o, o) for o in sorted(unholdable)]
 
 
 def test_table_layout_archived_on_the_cluster(cluster_lake: ClusterLake, produced: Produced) -> None:

@@ -3,10 +3,13 @@ record-batch reader, compiled and pure alike, against what kafka-python's reader
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import struct
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
@@ -115,3 +118,61 @@ def test_a_batch_that_does_not_read_is_a_dead_letter_and_stops_decode(
     assert dead.error.startswith(f"CorruptRecordsError: CORRUPT_MESSAGE: {why}"), dead.error
     with pytest.raises(CorruptRecordsError, match=why):
         list(decode.decode_archive(tmp_path, archive, compiled=compiled))
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "pure"])
+@pytest.mark.parametrize("timestamp", [decode.TABLE_MAX_TIMESTAMP_MS + 1, (1 << 63) - 1], ids=["year-10000", "max"])
+def test_a_timestamp_no_table_row_holds_is_a_dead_letter_found_as_decode_fails(
+    tmp_path: Path, compiled: bool, timestamp: int
+) -> None:
+    """decode_archive refuses the batch (the worker fails) and find_dead_letters names the same batch, with why."""
+    batches = stored_batches(random.Random(11))
+    builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 22)
+    builder.append(0, timestamp=1_700_000_000_000, key=b"k", value=b"fine", headers=[])
+    builder.append(1, timestamp=timestamp, key=b"k", value=b"far", headers=[])
+    far = bytearray(builder.build())
+    base = DefaultRecordBatch(batches[3]).base_offset
+    struct.pack_into(">q", far, 0, base)
+    batches[3] = bytes(far)
+    batches = batches[:4]  # (the batches after it would overlap its offsets)
+    archive = write_archive(tmp_path, batches, 0, 10**6)
+    with pytest.raises(decode.UndecodableBatchError, match="outside the years 1 to 9999"):
+        list(decode.decode_archive(tmp_path, archive, compiled=compiled))
+    [dead] = decode.find_dead_letters(tmp_path, archive, compiled=compiled)
+    assert (dead.base_offset, dead.last_offset, dead.batch) == (base, base + 1, batches[3])
+    assert f"record timestamp {timestamp} ms is outside the years 1 to 9999" in dead.error
+    # The boundary itself is a row.
+    assert decode.timestamp_problem([decode.TABLE_MAX_TIMESTAMP_MS, decode.TABLE_MIN_TIMESTAMP_MS, -1, 0]) is None
+
+
+@pytest.mark.parametrize("bad", [0, 4, 11], ids=["first", "middle", "last"])
+def test_the_pass_decoder_failing_on_a_batch_the_checks_pass_is_isolated_to_that_batch(
+    tmp_path: Path, bad: int
+) -> None:
+    """find_failing_batch: the driver's fallback when a worker failed for good and no batch check explains it. A
+    decoder that fails on one batch's records (a stand-in for a bug in a decoder: every known one is fixed) is
+    bisected to that batch, with the decoder's error; an archive the decoder takes gives None."""
+    batches = stored_batches(random.Random(5))
+    archive = write_archive(tmp_path, batches, 0, 10**6)
+    poisoned = DefaultRecordBatch(batches[bad])
+    records = list(DefaultRecordBatch(batches[bad]))
+    assert not poisoned.is_control_batch and records
+    poison_offset = records[-1].offset
+    decoded: list[int] = []
+
+    def decoder(planned: PlannedArchive) -> Iterator[Any]:
+        for batch in decode.decode_archive(tmp_path, planned):
+            offsets = batch.column(3).field("offset").to_pylist()
+            decoded.append(len(offsets))
+            if poison_offset in offsets:
+                raise OverflowError("a value the writer cannot take")
+            yield batch
+
+    assert decode.find_failing_batch(tmp_path, write_archive(tmp_path, batches, 0, poison_offset), decoder) is None
+    found = decode.find_failing_batch(tmp_path, archive, decoder)
+    assert found is not None
+    assert (found.base_offset, found.batch) == (poisoned.base_offset, batches[bad])
+    assert found.error == "the archive's decoder failed on it: OverflowError: a value the writer cannot take"
+    # The plan without it decodes.
+    assert decode.find_failing_batch(
+        tmp_path, dataclasses.replace(archive, dead_letters=(found.base_offset,)), decoder) is None

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from tests.archive import test_archive_timestamps as timestamps
 from tests.archive.test_pk_tables import latest, send
 from tests.support.archive import create_topic, produce
 from tests.support.broker import BrokerProcess
@@ -132,6 +133,22 @@ def test_a_sink_archives_raw_compacted_and_transactional_topics_exactly_once(lak
                                                           ("payments", "1"), ("gappy", "0")}
     assert all(cells[6] == "0" for cells in lines), status.stdout  # LAG-RECORDS
     assert f"sink {SINK}: GAP gappy-0 offsets 50..79 were deleted by the source's retention" in status.stdout
+
+
+def test_no_timestamp_a_source_accepted_stops_the_sink(lake: Lake, source: BrokerProcess) -> None:
+    """The invariant of tests/archive/test_archive_timestamps.py through `icelog sink`: a source topic whose bounds
+    are widened holds boundary and extreme timestamps; every record a table can hold is a row, the others are in
+    the dead-letter table, and the source's group moves past all of them."""
+    topic = timestamps.topic_of("raw")
+    lake.topics = [topic]
+    lake.write_config()
+    create_topic(source, topic, 1, timestamps.WIDE)
+    sent, unholdable = timestamps.send_all(source, "raw", 0)
+    done = lake.sink_once()
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert timestamps.pyiceberg_rows(lake.table(topic)) == timestamps.expected_rows(sent, unholdable)
+    assert timestamps.dead_letter_spans(lake.table(f"{topic}__dlq")) == [(o, o) for o in sorted(unholdable)]
+    assert group_offsets(source, topic, 1) == end_offsets(source, topic, 1)
 
 
 def test_a_sink_killed_before_or_after_its_iceberg_commit_loses_and_repeats_nothing(

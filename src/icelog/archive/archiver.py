@@ -539,9 +539,6 @@ class Archiver:
                 found = self._dead_letters(topic, archives, schema, exc)
             dlq = dlq_table_name(self.settings.archive.catalog_name, config.namespace, config.table)
             letters = [letter for batch in found.values() for letter in batch]
-            for letter in letters:
-                log.warning("%s: partition %d offsets %d-%d go to the dead-letter table %s: %s", topic.name,
-                            letter.partition, letter.base_offset, letter.last_offset, dlq, letter.error[:500])
             written += write_dead_letters(self.spark, dlq, letters)  # 0 if a crashed pass kept them already
             fault_point("after-dead-letters")
             archives = [

@@ -35,11 +35,13 @@ if TYPE_CHECKING:
 
 ROWS_PER_ARROW_BATCH = 65536
 
-# Iceberg's timestamps are microseconds in a long: a record timestamp (ms) outside this range has no value in
-# the table's kafka.timestamp column, so its batch goes to the dead-letter table (Kafka allows any long once a
-# topic widens message.timestamp.before.max.ms / after.max.ms).
-ICEBERG_MIN_TIMESTAMP_MS = -((1 << 63) // 1000)
-ICEBERG_MAX_TIMESTAMP_MS = ((1 << 63) - 1) // 1000
+# The record timestamps (ms) a table row can hold: years 1 to 9999, what every reader takes (Spark SQL's range,
+# Python's datetime: pyiceberg's column statistics, pyarrow's to_pylist). Iceberg's own type (microseconds in a
+# long) reaches year 294247, but a value past 9999 fails pyiceberg's statistics when a file is written and Spark SQL
+# readers. A batch with a timestamp outside goes to the dead-letter table (Kafka allows any long once a topic widens
+# message.timestamp.before.max.ms / after.max.ms).
+TABLE_MIN_TIMESTAMP_MS = -62_135_596_800_000  # 0001-01-01T00:00:00Z
+TABLE_MAX_TIMESTAMP_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 
 
 def timestamp_problem(timestamps: Sequence[int]) -> str | None:
@@ -50,11 +52,11 @@ def timestamp_problem(timestamps: Sequence[int]) -> str | None:
     if not timestamps:
         return None
     low, high = min(timestamps), max(timestamps)
-    if low >= ICEBERG_MIN_TIMESTAMP_MS and high <= ICEBERG_MAX_TIMESTAMP_MS:
+    if low >= TABLE_MIN_TIMESTAMP_MS and high <= TABLE_MAX_TIMESTAMP_MS:
         return None
-    bad = high if high > ICEBERG_MAX_TIMESTAMP_MS else low
-    return (f"record timestamp {bad} ms is outside what an Iceberg timestamp holds (microseconds in a long: "
-            f"{ICEBERG_MIN_TIMESTAMP_MS} to {ICEBERG_MAX_TIMESTAMP_MS} ms)")
+    bad = high if high > TABLE_MAX_TIMESTAMP_MS else low
+    return (f"record timestamp {bad} ms is outside the years 1 to 9999 a table's timestamp holds for every reader "
+            f"({TABLE_MIN_TIMESTAMP_MS} to {TABLE_MAX_TIMESTAMP_MS} ms)")
 
 
 class _Columns:
