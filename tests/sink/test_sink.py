@@ -142,11 +142,12 @@ def test_no_timestamp_a_source_accepted_stops_the_sink(lake: Lake, source: Broke
     topic = timestamps.topic_of("raw")
     lake.topics = [topic]
     lake.write_config()
-    create_topic(source, topic, 1, timestamps.WIDE)
+    # (retention.ms -1: time retention, as Kafka's, goes by the records' timestamps, and those of 1970 are due)
+    create_topic(source, topic, 1, {**timestamps.WIDE, "retention.ms": "-1"})
     sent, unholdable = timestamps.send_all(source, "raw", 0)
     done = lake.sink_once()
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    assert timestamps.pyiceberg_rows(lake.table(topic)) == timestamps.expected_rows(sent, unholdable)
+    assert timestamps.pyiceberg_rows(lake.table(topic)) == timestamps.expected_rows(sent, unholdable), done.stderr
     assert timestamps.dead_letter_spans(lake.table(f"{topic}__dlq")) == [(o, o) for o in sorted(unholdable)]
     assert group_offsets(source, topic, 1) == end_offsets(source, topic, 1)
 
