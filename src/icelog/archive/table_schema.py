@@ -55,6 +55,7 @@ from icelog.schema.registry_client import (
     RegistryUnavailableError,
     SchemaNotFoundError,
 )
+from icelog.table.arrow import struct_array
 from icelog.table.config import (
     BUCKET,
     BUCKET_KEY,
@@ -214,7 +215,7 @@ def peek_envelopes(intake_dir: str | ChunkSource, archives: Sequence[PlannedArch
     for archive in archives:
         try:
             for batch in decode_archive(intake_dir, archive):
-                for payload in batch.column(column).field(RAW).to_pylist():
+                for payload in struct_array(batch.column(column)).field(RAW).to_pylist():
                     if payload is None:
                         continue
                     looked += 1
