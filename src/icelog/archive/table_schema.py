@@ -65,6 +65,7 @@ from icelog.table.config import (
     PARTITION_BY,
     SYSTEM_COLUMNS,
     VALUE_ERR,
+    ArchiveTopicConfig,
 )
 from icelog.table.field_ids import TableColumn, evolve
 from icelog.table.iceberg_types import (
@@ -83,8 +84,7 @@ from icelog.table.iceberg_types import (
 from icelog.table.layout import RECORD_SPEC, TableSpec, archive_table_ddl
 from icelog.table.protobuf_types import message_columns
 from icelog.table.rules import check_spec_columns
-from icelog.topic_configs.archive import ArchiveTopicConfig
-from icelog.topic_configs.schema import MODE_AUTO, SIDES, key_of, side_config
+from icelog.topics import MODE_AUTO, SIDES, key_of, side_config
 
 if TYPE_CHECKING:
     import pyarrow as pa
