@@ -35,7 +35,7 @@ from icelog.archive.plan import PlannedArchive, plan_partition  # noqa: E402
 from icelog.client.properties import parse  # noqa: E402
 from icelog.config import load_settings  # noqa: E402
 from icelog.meta.backends import open_store  # noqa: E402
-from icelog.topic_configs.archive import archive_config  # noqa: E402
+from icelog.table.config import archive_config  # noqa: E402
 from tests.support.archive import ARCHIVE_ENV  # noqa: E402
 from tests.support.broker import BrokerProcess  # noqa: E402
 

@@ -47,8 +47,8 @@ from icelog.archive.maintenance_schedule import LOOK_EVERY_MS  # noqa: E402
 from icelog.config import load_settings  # noqa: E402
 from icelog.lake.iceberg_java import load_table  # noqa: E402
 from icelog.lake.table_stats import open_catalog, table_stats  # noqa: E402
+from icelog.table.config import TABLE_AUTO_MAINTENANCE  # noqa: E402
 from icelog.table.layout import archive_table_ddl, quote_identifier  # noqa: E402
-from icelog.topic_configs.archive import TABLE_AUTO_MAINTENANCE  # noqa: E402
 from tests.support.broker import BrokerProcess  # noqa: E402
 
 

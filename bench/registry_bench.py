@@ -33,7 +33,7 @@ from icelog.meta.sqlite import SqliteStore  # noqa: E402
 from icelog.schema.enforce.enforcement import Enforcer, LocalSchemaSource  # noqa: E402
 from icelog.schema.protobuf_schema import compile_schema, message_descriptor  # noqa: E402
 from icelog.schema.registry.service import RegistryService  # noqa: E402
-from icelog.topic_configs.schema import side_config  # noqa: E402
+from icelog.topics import side_config  # noqa: E402
 from tests.support.broker import BrokerProcess  # noqa: E402
 
 PROTO = """syntax = "proto3";

@@ -38,7 +38,7 @@ from icelog.log import intake_file
 from icelog.log.manager import LogManager
 from icelog.meta.sqlite import SqliteStore
 from icelog.meta.store import IntakeChunk, IntakeTail
-from icelog.topic_configs.archive import ARCHIVE_COMPLETE_DELAY_MAX_MS, ARCHIVE_IDLE_MAX_MS, ARCHIVE_MAX_BYTES
+from icelog.table.config import ARCHIVE_COMPLETE_DELAY_MAX_MS, ARCHIVE_IDLE_MAX_MS, ARCHIVE_MAX_BYTES
 
 TOPIC = "bench"
 SEGMENT_BYTES = 64 * 1024 * 1024

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs everything icelog and its tests need on a fresh Debian machine:
-# system packages (JDK, kcat, JDBC driver jars, promtool, PostgreSQL) when missing, then a virtualenv at .venv.
+# system packages (JDK, Maven, kcat, JDBC driver jars, promtool, PostgreSQL) when missing, then a virtualenv at .venv
+# and the Iceberg Spark runtime jar from Maven Central in .venv/jars (scripts/fetch-jars.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || need_apt+=(maven)  # fetches jars/pom.xml's jars (the Iceberg Spark runtime)
 command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
 [ -f /usr/share/java/sqlite-jdbc.jar ] || need_apt+=(libxerial-sqlite-jdbc-java)
 [ -f /usr/share/java/postgresql.jar ] || need_apt+=(libpostgresql-jdbc-java)
@@ -25,5 +27,7 @@ PYTHON=${PYTHON:-python3}
 .venv/bin/pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
 echo "setup: installing Python packages into .venv"
 .venv/bin/pip install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
-.venv/bin/python -c 'import icelog, kafka, confluent_kafka, aiokafka' 
+echo "setup: fetching jars/pom.xml's jars from Maven Central into .venv/jars"
+scripts/fetch-jars.sh .venv/jars
+.venv/bin/python -c 'import icelog, kafka, confluent_kafka, aiokafka; from icelog.lake.catalog import iceberg_runtime_jar; iceberg_runtime_jar()'
 echo "setup: done"

@@ -1,4 +1,8 @@
-"""Topic names and Kafka-style topic configs: the keys icelog knows, their defaults and validation."""
+"""Topic names and topic configs: Kafka's keys and icelog.schema.*, their defaults, and the validation of every key.
+
+The archive and table keys (icelog.archive.*, icelog.table.*, iceberg.*) are defined with the archive and table
+configs they resolve to, in table/config.py; validate_topic_configs checks them all.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from icelog.checks import Check, check_long, check_ratio, one_of
 from icelog.errors import ErrorCode, KafkaApiError
 from icelog.table.config import CHECKS as TABLE_CHECKS
 from icelog.table.config import (
@@ -19,9 +24,6 @@ from icelog.table.config import (
     compacts,
     table_config,
 )
-from icelog.topic_configs.archive import CHECKS as ARCHIVE_CHECKS
-from icelog.topic_configs.checks import Check, check_long, check_ratio, one_of
-from icelog.topic_configs.schema import CHECKS as SCHEMA_CHECKS
 
 MAX_TOPIC_NAME_LENGTH = 249
 # Each partition costs memory and start-up work in the broker; a request for millions would stall it.
@@ -101,6 +103,96 @@ TOPIC_CONFIG_KEYS: dict[str, TopicConfigKey] = {
     )
 }
 
+# -- icelog.schema.*: each side's schema --------------------------------------------------------------------------
+# Per-topic schema configs (Bufstream's data_enforcement, as `icelog.schema.*` topic configs).
+#
+# For each side (key, value) of a topic:
+#   icelog.schema.<side>                 auto | none | topic-name | subject:<SUBJECT>
+#       auto        use TopicNameStrategy (<topic>-<side>) when that subject exists in the registry
+#       none        the side is raw bytes
+#       topic-name  the subject <topic>-<side> (TopicNameStrategy), required to exist
+#       subject:S   an explicit subject
+#   icelog.schema.<side>.message          fully-qualified message name (default: from the payload's message
+#                                         indexes, else the first message of the schema)
+#   icelog.schema.<side>.coerce           true | false: add the registry envelope (magic byte, schema id,
+#                                         message indexes) to payloads produced without it
+#   icelog.schema.<side>.on.parse.error   pass | reject: on produce, a payload that does not parse is stored
+#                                         as is (pass; the archive sets __err__ and __raw__) or the batch is
+#                                         refused with INVALID_RECORD and nothing is stored (reject)
+SIDES = ("key", "value")
+MODE_AUTO, MODE_NONE, MODE_TOPIC_NAME, SUBJECT_PREFIX = "auto", "none", "topic-name", "subject:"
+ON_ERROR_PASS, ON_ERROR_REJECT = "pass", "reject"
+
+
+def key_of(side: str, suffix: str = "") -> str:
+    """The topic config key for one side, e.g. key_of('value', 'coerce') -> 'icelog.schema.value.coerce'."""
+    return f"icelog.schema.{side}" + (f".{suffix}" if suffix else "")
+
+
+def _check_mode(value: str) -> None:
+    if value in (MODE_AUTO, MODE_NONE, MODE_TOPIC_NAME):
+        return
+    if value.startswith(SUBJECT_PREFIX) and len(value) > len(SUBJECT_PREFIX):
+        return
+    raise ValueError(f"{value!r} is not one of auto, none, topic-name, subject:<SUBJECT>")
+
+
+def _check_bool(value: str) -> None:
+    if value not in ("true", "false"):
+        raise ValueError(f"{value!r} is not true or false")
+
+
+def _check_on_error(value: str) -> None:
+    if value not in (ON_ERROR_PASS, ON_ERROR_REJECT):
+        raise ValueError(f"{value!r} is not pass or reject")
+
+
+def _check_message(value: str) -> None:
+    if not value or " " in value:
+        raise ValueError(f"{value!r} is not a message name")
+
+
+SCHEMA_CHECKS: dict[str, Check] = {}
+for _side in SIDES:
+    SCHEMA_CHECKS[key_of(_side)] = _check_mode
+    SCHEMA_CHECKS[key_of(_side, "message")] = _check_message
+    SCHEMA_CHECKS[key_of(_side, "coerce")] = _check_bool
+    SCHEMA_CHECKS[key_of(_side, "on.parse.error")] = _check_on_error
+
+
+@dataclass(frozen=True)
+class SideSchemaConfig:
+    """How one side (key or value) of a topic relates to the schema registry."""
+
+    side: str
+    subject: str | None  # None: raw bytes
+    required: bool  # False for `auto`: a missing subject means raw bytes
+    message: str | None
+    coerce: bool
+    reject_on_parse_error: bool
+
+
+def side_config(topic: str, side: str, configs: Mapping[str, str]) -> SideSchemaConfig:
+    """Resolve one side's schema settings from a topic's explicit configs."""
+    mode = configs.get(key_of(side), MODE_AUTO)
+    subject: str | None
+    if mode == MODE_NONE:
+        subject = None
+    elif mode.startswith(SUBJECT_PREFIX):
+        subject = mode[len(SUBJECT_PREFIX) :]
+    else:
+        subject = f"{topic}-{side}"
+    return SideSchemaConfig(
+        side=side,
+        subject=subject,
+        required=mode not in (MODE_AUTO,),
+        message=configs.get(key_of(side, "message")),
+        coerce=configs.get(key_of(side, "coerce"), "false") == "true",
+        reject_on_parse_error=configs.get(key_of(side, "on.parse.error"), ON_ERROR_PASS) == ON_ERROR_REJECT,
+    )
+
+
+# -- every icelog.* key --------------------------------------------------------------------------------------------
 # Keys under this prefix belong to icelog's own features (archiving, schemas); they persist as given.
 ICELOG_PREFIX = "icelog."
 
@@ -108,7 +200,7 @@ ICELOG_PREFIX = "icelog."
 # The icelog.* families whose every key icelog knows: an unknown key in them is a typo that would otherwise be
 # stored and silently do nothing (`icelog.table.bucketkey`). Keys outside them (`icelog.owner`) persist as given.
 OWNED_PREFIXES = ("icelog.archive.", "icelog.schema.", "icelog.table.", "icelog.intake.")
-KNOWN_ICELOG_KEYS = {**ARCHIVE_CHECKS, **SCHEMA_CHECKS, **TABLE_CHECKS}
+KNOWN_ICELOG_KEYS = {**SCHEMA_CHECKS, **TABLE_CHECKS}
 
 
 def _check_icelog_key(key: str, value: str | None) -> None:

@@ -9,7 +9,7 @@ from icelog.archive.plan import PlannedArchive, monotonic_ingest_times, next_due
 from icelog.archive.service import until_due_s
 from icelog.config import ArchiveSettings
 from icelog.meta.store import IntakeChunk
-from icelog.topic_configs.archive import archive_config
+from icelog.table.config import archive_config
 
 TOPIC = uuid.uuid4()
 

@@ -21,7 +21,7 @@ from icelog.archive.plan import PlannedArchive, plan_partition
 from icelog.client.properties import parse
 from icelog.config import ArchiveSettings
 from icelog.meta.backends import open_store
-from icelog.topic_configs.archive import archive_config
+from icelog.table.config import archive_config
 from tests.support.archive import ARCHIVE_ENV
 from tests.support.broker import BrokerProcess
 from tests.support.security import start_secure_broker

@@ -66,7 +66,7 @@ def test_a_registry_that_does_not_answer_is_retriable() -> None:
 
 
 def test_a_held_lock_is_retriable(tmp_path: Path) -> None:
-    from icelog.meta.file_locks import FileLocks
+    from icelog.meta.sqlite.locks import FileLocks
 
     held = ArchiverLock(FileLocks(tmp_path))
     held.acquire()

@@ -27,7 +27,7 @@ from icelog.archive.reconcile import table_offsets
 from icelog.config import ArchiveSettings, Settings
 from icelog.faults import FAULT_ENV
 from icelog.lake.iceberg_java import load_table
-from icelog.topic_configs.archive import TABLE_AUTO_MAINTENANCE
+from icelog.table.config import TABLE_AUTO_MAINTENANCE
 from tests.support.archive import (
     ARCHIVE_ENV,
     as_produced,

@@ -14,7 +14,7 @@ from icelog.config import ArchiveSettings
 from icelog.errors import KafkaApiError
 from icelog.meta.sqlite import SqliteStore
 from icelog.meta.store import MaintenanceRecord
-from icelog.topic_configs.archive import CHECKS, TABLE_AUTO_MAINTENANCE, archive_config
+from icelog.table.config import CHECKS, TABLE_AUTO_MAINTENANCE, archive_config
 from icelog.topics import validate_topic_configs
 
 POLICY = MaintenancePolicy.from_settings(ArchiveSettings())

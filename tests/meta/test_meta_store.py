@@ -347,7 +347,7 @@ Probe = Callable[[Callable[[], object]], list[bool]]
 
 def _sqlite_durable_commits(store: MetadataStore, request: pytest.FixtureRequest) -> Probe:
     """For each transaction the call commits: was it committed with synchronous=FULL (fsync'd WAL)?"""
-    conn = store._conn  # type: ignore[attr-defined]
+    conn = store._db.conn  # type: ignore[attr-defined]
 
     def probe(call: Callable[[], object]) -> list[bool]:
         statements: list[str] = []
@@ -371,7 +371,7 @@ def _sqlite_durable_commits(store: MetadataStore, request: pytest.FixtureRequest
 
 def _postgres_durable_commits(store: MetadataStore, request: pytest.FixtureRequest) -> Probe:
     """Did the call commit (write WAL), with synchronous_commit on, its commit records flushed when it returned?"""
-    pool = store._pool  # type: ignore[attr-defined]
+    pool = store._db.pool  # type: ignore[attr-defined]
     cluster = request.getfixturevalue("postgres_cluster")
 
     def ask(query: str, *args: object) -> Any:

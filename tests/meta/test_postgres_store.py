@@ -11,9 +11,9 @@ import psycopg
 import pytest
 
 from icelog.errors import ConfigError, StoreUnavailableError
-from icelog.meta import postgres_schema
 from icelog.meta.backends import open_store
 from icelog.meta.postgres import PostgresStore, masked_url
+from icelog.meta.postgres import schema as postgres_schema
 from icelog.meta.store import IntakeTail
 from tests.support.postgres import PASSWORD, PostgresCluster, start_cluster
 

@@ -2,8 +2,9 @@
 
 The fast tests read every import with `ast` (function-level ones too: the archiver imports pyspark, pyarrow
 and the registry client inside functions) and map each third-party module to the distribution that ships it.
-The slow test builds the wheel, installs it without extras into a clean venv and runs the broker and one
-archive pass from there, as a user who ran `pip install icelog` would.
+The slow test builds the wheel, installs it without extras into a clean venv (and the Iceberg jar from Maven with
+scripts/fetch-jars.sh) and runs the broker and one archive pass from there, as a user who ran `pip install icelog`
+would.
 """
 
 from __future__ import annotations
@@ -254,7 +255,10 @@ def test_wheel_without_extras_serves_and_archives(tmp_path: Path) -> None:
     python = venv / "bin" / "python"
     # --no-compile: byte-compiling all of pyspark costs about a minute; Python compiles what it imports anyway.
     _run([python, "-m", "pip", "install", "-q", "--no-compile", wheel], cwd=tmp_path, timeout=1200)
-    step("venv + install", started)
+    # The Iceberg Spark runtime comes from Maven Central, not pip: the user's second step (docs/deployment.md),
+    # from Maven's local repository that `make setup` filled (no network).
+    _run([ROOT / "scripts" / "fetch-jars.sh", venv / "jars"], cwd=tmp_path, timeout=600)
+    step("venv + install + jars", started)
     assert not (venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
                 / "pytest").exists(), "the clean venv must not have the dev extra"
 

@@ -64,11 +64,15 @@ from icelog.meta.store import (
 )
 from icelog.table.config import (
     ARCHIVE_LAYOUT,
+    ARCHIVE_TABLE,
     LAYOUT_RECORD,
     LAYOUT_TABLE,
+    ArchiveTopicConfig,
     TableTopicConfig,
+    archive_config,
     forwarded_properties,
     table_config,
+    table_key,
 )
 from icelog.table.layout import (
     RECORD_SPEC,
@@ -78,7 +82,6 @@ from icelog.table.layout import (
     quote_identifier,
     table_spec,
 )
-from icelog.topic_configs.archive import ARCHIVE_TABLE, ArchiveTopicConfig, archive_config, table_key
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -106,7 +106,7 @@ class _Columns:
         schema = arrow_schema()
         n = len(self.offsets)
 
-        def raw_struct(items: list[bytes | None], field: pa.Field) -> pa.StructArray:
+        def raw_struct(items: list[bytes | None], field: pa.Field[pa.StructType]) -> pa.StructArray:
             raw = pa.array(items, pa.binary())
             return pa.StructArray.from_arrays([raw], fields=list(field.type), mask=raw.is_null())
 

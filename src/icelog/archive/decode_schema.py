@@ -21,10 +21,13 @@ from icelog.schema.codec.proto_decode import ProtoSideDecoder
 from icelog.schema.codec.record_decode import RecordSideDecoder
 from icelog.schema.codec.sides import SideDecoder, SideDecoding
 from icelog.schema.compiled import PROTOBUF
+from icelog.table.arrow import struct_array
 from icelog.table.iceberg_types import RAW
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from icelog.table.arrow import ArrowArray
 
 
 def side_decoder(decoding: SideDecoding) -> SideDecoder:
@@ -58,7 +61,7 @@ def cached_decoder(cache: dict[str, SideDecoder], side: str, decoding: SideDecod
     return cache[side]
 
 
-def _side_array(raw_struct: pa.StructArray, decoder: SideDecoder | None, target: pa.DataType) -> pa.Array:
+def _side_array(raw_struct: pa.StructArray, decoder: SideDecoder | None, target: pa.DataType) -> ArrowArray:
     import pyarrow as pa
 
     payloads = raw_struct.field(RAW)
@@ -67,6 +70,7 @@ def _side_array(raw_struct: pa.StructArray, decoder: SideDecoder | None, target:
             return raw_struct
         rows: list[dict[str, bytes] | None] = [None if p is None else {RAW: p} for p in payloads.to_pylist()]
         return pa.array(rows, type=target)
+    assert isinstance(target, pa.StructType)  # a side's column is a struct
     with gc_paused():
         return decoder.decode_many(payloads.to_pylist(), target)
 
@@ -90,8 +94,8 @@ def decode_archive_schema(
              for name, decoding in (("key", key), ("value", value))}
     for batch in decode_archive(intake_dir, archive):
         arrays = [
-            _side_array(batch.column(0), sides["key"], schema.field("key").type),
-            _side_array(batch.column(1), sides["value"], schema.field("value").type),
+            _side_array(struct_array(batch.column(0)), sides["key"], schema.field("key").type),
+            _side_array(struct_array(batch.column(1)), sides["value"], schema.field("value").type),
             batch.column(2).cast(schema.field("headers").type),
             batch.column(3).cast(schema.field("kafka").type),
         ]

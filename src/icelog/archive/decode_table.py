@@ -19,6 +19,7 @@ from icelog.archive.decode_schema import cached_decoder, gc_paused
 from icelog.archive.intake_source import ChunkSource
 from icelog.archive.plan import PlannedArchive
 from icelog.schema.codec.sides import SideDecoder, SideDecoding
+from icelog.table.arrow import struct_array
 from icelog.table.config import (
     BATCH_START,
     BUCKET,
@@ -35,6 +36,8 @@ from icelog.table.iceberg_types import ERR, PREFIX, RAW
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from icelog.table.arrow import ArrowArray
 
 _EXTRA = (PREFIX, ERR, RAW)
 # Where a side's __prefix__ / __err__ / __raw__ go in the table (the key's prefix is inside __key already).
@@ -71,10 +74,10 @@ def decode_archive_table(
         if decoding is not None
     ]
     for batch in decode_archive(intake_dir, archive):
-        kafka = batch.column(3)
-        columns: dict[str, pa.Array] = {
-            KEY_BYTES: batch.column(0).field(RAW),
-            VALUE_BYTES: batch.column(1).field(RAW),
+        kafka = struct_array(batch.column(3))
+        columns: dict[str, ArrowArray] = {
+            KEY_BYTES: struct_array(batch.column(0)).field(RAW),
+            VALUE_BYTES: struct_array(batch.column(1)).field(RAW),
             HEADERS: batch.column(2),
             BATCH_START: kafka.field("batch_start"),
             BUCKET: kafka.field("partition"),
@@ -83,7 +86,7 @@ def decode_archive_table(
         }
         for name, index, _decoding, decoder, side_type in sides:
             with gc_paused():
-                decoded = decoder.decode_many(batch.column(index).field(RAW).to_pylist(), side_type)
+                decoded = decoder.decode_many(struct_array(batch.column(index)).field(RAW).to_pylist(), side_type)
             renamed = _SIDE_COLUMNS[name]
             for field, array in zip(side_type, decoded.flatten(), strict=True):
                 if field.name in _EXTRA:

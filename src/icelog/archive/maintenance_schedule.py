@@ -48,8 +48,8 @@ from icelog.faults import armed
 from icelog.lake.iceberg_java import load_table, table_properties
 from icelog.lake.jvm_errors import from_jvm
 from icelog.meta.store import ArchiveLedger, MaintenanceRecord, ProcessLocks, TopicReader
+from icelog.table.config import archive_config, table_key
 from icelog.table.layout import quote_identifier
-from icelog.topic_configs.archive import archive_config, table_key
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

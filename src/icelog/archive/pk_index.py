@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import lmdb
-    import pyarrow as pa
+
+    from icelog.table.arrow import ArrowArray
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def encode_key(values: Sequence[object]) -> bytes:
     return b"t" + repr(tuple(_normal(v) for v in values)).encode()
 
 
-def encode_keys(columns: Sequence[pa.Array]) -> list[bytes]:
+def encode_keys(columns: Sequence[ArrowArray]) -> list[bytes]:
     """encode_key of each row of pyarrow key columns (no nulls): one vectorised concat for a binary key."""
     import pyarrow as pa
     import pyarrow.compute as pc

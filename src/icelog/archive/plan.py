@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from icelog.meta.store import IntakeChunk
-from icelog.topic_configs.archive import ArchiveTopicConfig
+from icelog.table.config import ArchiveTopicConfig
 
 
 @dataclass(frozen=True)

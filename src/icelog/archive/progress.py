@@ -9,7 +9,7 @@ from typing import Protocol
 
 from icelog.config import Settings
 from icelog.meta.store import ArchiveLedger, IntakeIndex, TopicCatalog
-from icelog.topic_configs.archive import archive_config
+from icelog.table.config import archive_config
 
 
 class ProgressStore(TopicCatalog, IntakeIndex, ArchiveLedger, Protocol):

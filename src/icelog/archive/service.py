@@ -22,7 +22,7 @@ from icelog.errors import IcelogError, first_line
 from icelog.lake.jvm_errors import jvm_errors
 from icelog.meta.backends import open_store
 from icelog.meta.store import StoreConnection, TopicReader
-from icelog.topic_configs.archive import archive_config
+from icelog.table.config import archive_config
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -55,6 +55,7 @@ from icelog.schema.registry_client import (
     RegistryUnavailableError,
     SchemaNotFoundError,
 )
+from icelog.table.arrow import struct_array
 from icelog.table.config import (
     BUCKET,
     BUCKET_KEY,
@@ -64,6 +65,7 @@ from icelog.table.config import (
     PARTITION_BY,
     SYSTEM_COLUMNS,
     VALUE_ERR,
+    ArchiveTopicConfig,
 )
 from icelog.table.field_ids import TableColumn, evolve
 from icelog.table.iceberg_types import (
@@ -82,8 +84,7 @@ from icelog.table.iceberg_types import (
 from icelog.table.layout import RECORD_SPEC, TableSpec, archive_table_ddl
 from icelog.table.protobuf_types import message_columns
 from icelog.table.rules import check_spec_columns
-from icelog.topic_configs.archive import ArchiveTopicConfig
-from icelog.topic_configs.schema import MODE_AUTO, SIDES, key_of, side_config
+from icelog.topics import MODE_AUTO, SIDES, key_of, side_config
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -214,7 +215,7 @@ def peek_envelopes(intake_dir: str | ChunkSource, archives: Sequence[PlannedArch
     for archive in archives:
         try:
             for batch in decode_archive(intake_dir, archive):
-                for payload in batch.column(column).field(RAW).to_pylist():
+                for payload in struct_array(batch.column(column)).field(RAW).to_pylist():
                     if payload is None:
                         continue
                     looked += 1

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -46,6 +46,7 @@ from icelog.errors import ConfigError, TableChangedError, TableMismatchError
 from icelog.lake import iceberg_java
 from icelog.lake.data_files import WrittenFile
 from icelog.lake.data_files import write_data_files as write_files
+from icelog.table.arrow import struct_array
 from icelog.table.config import (
     BUCKET,
     LAYOUT_TABLE,
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from icelog.lake.data_files import TaskDecoder
+    from icelog.table.arrow import ArrowArray, ArrowChunkedArray
 
 log = logging.getLogger(__name__)
 
@@ -244,8 +246,8 @@ def read_batch(locations: list[str], spec: TableSpec) -> Batch:
     numbers, positions = dropped.column("f").to_numpy(), dropped.column("pos").to_numpy()
     masked = {locations[n]: positions[numbers == n].tolist() for n in np.unique(numbers).tolist()}
     kept = rows.filter(keep)
-    new_rows = IndexRows(_keys(kept, width), locations, kept.column("f").to_pylist(), kept.column("pos").to_pylist(),
-                         kept.column("o").to_pylist())
+    new_rows = IndexRows(_keys(kept, width), locations, _ints(kept.column("f")), _ints(kept.column("pos")),
+                         _ints(kept.column("o")))
     return Batch(new_rows, masked, _keys(rows.filter(pc.and_(latest, tombstone)), width))
 
 
@@ -432,11 +434,11 @@ def _read_columns(location: str, spec: TableSpec) -> pa.Table:
         tops = list(dict.fromkeys([*(p.split(".")[0] for p in paths), *(present if tombstones else [])]))
         data = parquet.read(columns=tops)
 
-    def column(p: str) -> pa.Array:
+    def column(p: str) -> ArrowArray:
         parts = p.split(".")
         array = data.column(parts[0]).combine_chunks()
         for part in parts[1:]:
-            array = array.field(part)
+            array = struct_array(array).field(part)
         return array
 
     *keys, offsets, buckets = [column(p) for p in paths]
@@ -450,6 +452,12 @@ def _read_columns(location: str, spec: TableSpec) -> pa.Table:
     return pa.table([*keys, offsets, buckets, tombstone, has_key], names=names)
 
 
+def _ints(column: ArrowArray | ArrowChunkedArray) -> list[int]:
+    """A column of integers (file numbers, row positions, offsets) as the ints it holds (pyarrow-stubs type
+    `to_pylist` as `list[Any | None]`)."""
+    return cast("list[int]", column.to_pylist())
+
+
 def _never_null(metadata: pq.FileMetaData, column: str) -> bool:
     """Whether a Parquet file's statistics show a leaf of `column` (outside any list or map) with no null in any
     row group: a null `column` would be a null there, so `column` is never null in the file."""
@@ -459,12 +467,12 @@ def _never_null(metadata: pq.FileMetaData, column: str) -> bool:
                                                   described.path.startswith(column + ".")):
             continue
         stats = [metadata.row_group(group).column(leaf).statistics for group in range(metadata.num_row_groups)]
-        if all(s is not None and s.has_null_count and s.null_count == 0 for s in stats):
+        if all(s is not None and s.null_count == 0 for s in stats):  # (null_count: None when the file does not say)
             return True
     return False
 
 
-def _dv_positions(location: str, dv: iceberg_java.JavaDeleteFile) -> pa.Int64Array:
+def _dv_positions(location: str, dv: iceberg_java.JavaDeleteFile) -> ArrowArray:
     """The positions a deletion vector deletes in the data file at `location`."""
     import pyarrow as pa
 
@@ -472,7 +480,7 @@ def _dv_positions(location: str, dv: iceberg_java.JavaDeleteFile) -> pa.Int64Arr
 
 
 @functools.lru_cache(maxsize=4)
-def _puffin_vectors(puffin: str) -> dict[str, pa.ChunkedArray]:
+def _puffin_vectors(puffin: str) -> dict[str, ArrowChunkedArray]:
     """Every deletion vector of a Puffin file, by data file (pyiceberg reads the whole file). A pass writes the DVs
     of all the files it touches into one Puffin file, so a rebuild or a followed snapshot meets it once per data
     file; Iceberg never changes a file in place, so a file's vectors are read once."""
@@ -480,7 +488,7 @@ def _puffin_vectors(puffin: str) -> dict[str, pa.ChunkedArray]:
 
     filesystem, path = _open(puffin)
     with filesystem.open_input_file(path) as handle:
-        vectors: dict[str, pa.ChunkedArray] = PuffinFile(handle.read()).to_vector()
+        vectors: dict[str, ArrowChunkedArray] = PuffinFile(handle.read()).to_vector()
         return vectors
 
 
@@ -493,7 +501,7 @@ def _deleted_rows(
     data = _numbered(_read_columns(location, spec), 0)
     rows = data.filter(pc.and_(data.column("has_key").combine_chunks(),
                                pc.is_in(data.column("pos"), value_set=_dv_positions(location, dv))))
-    return location, _keys(rows, len(spec.primary_key)), rows.column("pos").to_pylist()
+    return location, _keys(rows, len(spec.primary_key)), _ints(rows.column("pos"))
 
 
 def _live_rows(location: str, dv: iceberg_java.JavaDeleteFile | None, spec: TableSpec) -> tuple[IndexRows, list[int]]:
@@ -509,10 +517,9 @@ def _live_rows(location: str, dv: iceberg_java.JavaDeleteFile | None, spec: Tabl
         keep = pc.and_(keep, pc.invert(pc.is_in(data.column("pos"), value_set=_dv_positions(location, dv))))
     rows, first = _sorted_first(data.filter(keep), width, [("o", "descending"), ("pos", "descending")])
     kept = rows.filter(first)
-    stale = rows.filter(pc.invert(first)).column("pos").to_pylist()
-    offsets = pc.fill_null(kept.column("o"), -1).to_pylist()
-    return IndexRows(_keys(kept, width), [location], [0] * kept.num_rows, kept.column("pos").to_pylist(),
-                     offsets), stale
+    stale = _ints(rows.filter(pc.invert(first)).column("pos"))
+    offsets = _ints(pc.fill_null(kept.column("o"), -1))
+    return IndexRows(_keys(kept, width), [location], [0] * kept.num_rows, _ints(kept.column("pos")), offsets), stale
 
 
 def _read_blob(dv: iceberg_java.JavaDeleteFile) -> bytes:

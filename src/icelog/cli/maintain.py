@@ -40,8 +40,8 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     from icelog.cli.archive import archiver_settings, refuse_unknown_topics, require_metadata
     from icelog.errors import IcelogError
     from icelog.meta.backends import open_store
+    from icelog.table.config import archive_config, table_key
     from icelog.table.layout import quote_identifier
-    from icelog.topic_configs.archive import archive_config, table_key
 
     level = logging.INFO if args.due else logging.WARNING  # --due: the archiver's log says what a round did
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

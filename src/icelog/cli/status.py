@@ -42,7 +42,7 @@ def _table_ranges(settings: Settings, store: TopicCatalog) -> dict[str, dict[int
     """
     from icelog.readback.lake import LakeTables, catalog_opener
     from icelog.readback.plan import partition_ranges
-    from icelog.topic_configs.archive import archive_config
+    from icelog.table.config import archive_config
 
     opener = catalog_opener(settings)
     if opener is None:

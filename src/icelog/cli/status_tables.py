@@ -8,7 +8,7 @@ from icelog.archive.pk_index import describe_index
 from icelog.config import Settings
 from icelog.lake.table_stats import open_catalog, table_stats
 from icelog.meta.backends import open_store
-from icelog.topic_configs.archive import archive_config, table_key
+from icelog.table.config import archive_config, table_key
 
 COLUMNS = (
     "TABLE", "AUTO-MAINTENANCE", "DATA-FILES", "AVG-FILE-BYTES", "DELETE-FILES", "SNAPSHOTS", "RECORDS",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,24 +29,35 @@ SQLITE_CATALOG_TABLES = (
     "PRIMARY KEY (catalog_name, namespace, property_key))",
 )
 
-# Debian's JDBC driver jars (libxerial-sqlite-jdbc-java, libpostgresql-jdbc-java); Maven is unreachable.
+# Debian's JDBC driver jars (libxerial-sqlite-jdbc-java, libpostgresql-jdbc-java), installed by scripts/setup.sh.
 JDBC_DRIVER_JARS = {
     "jdbc:sqlite:": Path("/usr/share/java/sqlite-jdbc.jar"),
     "jdbc:postgresql:": Path("/usr/share/java/postgresql.jar"),
 }
+# Where the set-up puts the jars of jars/pom.xml (from Maven Central): this directory, else <venv>/jars.
+JARS_DIR_ENV = "ICELOG_JARS_DIR"
+ICEBERG_RUNTIME = "iceberg-spark-runtime-3.5_2.12"
+
+
+def jars_dir() -> Path:
+    """The directory of the JVM jars scripts/fetch-jars.sh fetched: $ICELOG_JARS_DIR, else `jars` in the
+    virtualenv (or Python installation) icelog runs from."""
+    return Path(os.environ.get(JARS_DIR_ENV) or Path(sys.prefix) / "jars")
 
 
 def iceberg_runtime_jar() -> Path:
-    """The Iceberg Spark runtime jar shipped by the snowpark-connect-deps-iceberg wheel (pinned 1.0.2)."""
-    import snowpark_connect_deps_iceberg
-
-    jars = Path(snowpark_connect_deps_iceberg.__file__).parent / "jars"
-    found = sorted(jars.glob("iceberg-spark-runtime-3.5_2.12-*.jar"))
+    """The Iceberg Spark runtime jar (Maven Central's org.apache.iceberg:iceberg-spark-runtime-3.5_2.12, the
+    version jars/pom.xml names), fetched by the set-up: never downloaded here."""
+    jars = jars_dir()
+    found = sorted(jars.glob(f"{ICEBERG_RUNTIME}-*.jar"))
+    if len(found) > 1:  # which one Spark loads must not depend on a directory listing
+        raise ConfigError(f"several {ICEBERG_RUNTIME} jars in {jars}: {', '.join(j.name for j in found)}; keep one")
     if not found:
         raise ConfigError(
-            f"no iceberg-spark-runtime-3.5_2.12 jar in {jars}; reinstall snowpark-connect-deps-iceberg==1.0.2"
+            f"no {ICEBERG_RUNTIME} jar in {jars}: run `make setup`, or scripts/fetch-jars.sh {jars} "
+            f"(or set {JARS_DIR_ENV} to the directory that holds it)"
         )
-    return found[-1]
+    return found[0]
 
 
 def catalog_jars(settings: Settings) -> list[Path]:

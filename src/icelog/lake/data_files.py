@@ -21,12 +21,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from icelog.table.arrow import null_array
+
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyiceberg.io import FileIO
     from pyiceberg.table.metadata import TableMetadata
     from pyiceberg.types import IcebergType
     from pyspark.sql import SparkSession
+
+    from icelog.table.arrow import ArrowArray
 
     TaskDecoder = Callable[[Iterable[int]], Iterator[pa.RecordBatch]]  # task numbers → their rows as Arrow batches
 
@@ -124,7 +128,6 @@ def _keep_null_lists_and_maps() -> None:
     would be written as an empty one, and a row would not read back as it was decoded. The subclass puts the
     nulls back where the input had them; `_to_requested_schema` looks the visitor up by its module's name.
     """
-    import pyarrow as pa
     import pyarrow.compute as pc
     from pyiceberg.io import pyarrow as pyarrow_io
 
@@ -132,19 +135,21 @@ def _keep_null_lists_and_maps() -> None:
     if getattr(base, "keeps_nulls", False):
         return
 
-    def nulls_back(projected: pa.Array | None, original: pa.Array | None) -> pa.Array | None:
+    def nulls_back(projected: ArrowArray | None, original: ArrowArray | None) -> ArrowArray | None:
         if projected is None or original is None or original.null_count == projected.null_count:
             return projected
-        return pc.if_else(original.is_null(), pa.nulls(len(projected), projected.type), projected)
+        kept: ArrowArray = pc.if_else(original.is_null(), null_array(len(projected), projected.type), projected)
+        return kept
 
     class NullKeepingProjection(base):  # type: ignore[misc, valid-type]  # pyiceberg's class, chosen at run time
         keeps_nulls = True
 
-        def list(self, list_type: Any, list_array: pa.Array | None, value_array: pa.Array | None) -> pa.Array | None:
+        def list(self, list_type: pa.DataType, list_array: ArrowArray | None,
+                 value_array: ArrowArray | None) -> ArrowArray | None:
             return nulls_back(super().list(list_type, list_array, value_array), list_array)
 
-        def map(self, map_type: Any, map_array: pa.Array | None, key_result: pa.Array | None,
-                value_result: pa.Array | None) -> pa.Array | None:
+        def map(self, map_type: pa.DataType, map_array: ArrowArray | None, key_result: ArrowArray | None,
+                value_result: ArrowArray | None) -> ArrowArray | None:
             return nulls_back(super().map(map_type, map_array, key_result, value_result), map_array)
 
     pyarrow_io.ArrowProjectionVisitor = NullKeepingProjection  # type: ignore[misc]

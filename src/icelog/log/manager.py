@@ -42,8 +42,7 @@ from icelog.meta.store import (
     TopicCatalog,
     TopicRecord,
 )
-from icelog.table.config import BUCKET_KEY, table_config
-from icelog.topic_configs.archive import archive_config
+from icelog.table.config import BUCKET_KEY, archive_config, table_config
 from icelog.topics import (
     MAX_PARTITIONS_PER_TOPIC,
     EffectiveConfig,

@@ -26,7 +26,7 @@ from icelog.lake.table_stats import TableStats, table_stats
 from icelog.log.manager import LogManager
 from icelog.meta.store import MetadataStore
 from icelog.readback.service import ReadBack
-from icelog.topic_configs.archive import archive_config, table_key
+from icelog.table.config import archive_config, table_key
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog

@@ -10,6 +10,7 @@ the table (a batch spanning more than a minute of timestamps), fall back to Pyth
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeAlias, cast
 
 import crc32c
 import numpy as np
@@ -19,35 +20,37 @@ import pyarrow.compute as pc
 from icelog.log.record_format import ATTR_LOG_APPEND_TIME, CRC, CRC_START, HEADER, LOG_OVERHEAD, UINT32
 from icelog.log.varint import encode_varint
 
+BinaryArray: TypeAlias = "pa.Array[pa.LargeBinaryScalar]"  # large_binary: payloads, varints, framed records
+
 _LOW, _HIGH = -(1 << 16), 1 << 16
-_TABLE: pa.Array | None = None
+_TABLE: BinaryArray | None = None
 _ZERO = pa.scalar(b"\x00", pa.large_binary())
 _EMPTY = pa.scalar(b"", pa.large_binary())
 _NULL_LENGTH = -1
 
 
-def _table() -> pa.Array:
+def _table() -> BinaryArray:
     global _TABLE
     if _TABLE is None:
         _TABLE = pa.array([encode_varint(i) for i in range(_LOW, _HIGH)], pa.large_binary())
     return _TABLE
 
 
-def _varints(values: np.ndarray) -> pa.Array:
+def _varints(values: np.ndarray) -> BinaryArray:
     """The zigzag varint of each value, as a binary array."""
     if len(values) == 0 or (values.min() >= _LOW and values.max() < _HIGH):
         return _table().take(pa.array(values - _LOW))
     return pa.array([encode_varint(int(v)) for v in values], pa.large_binary())
 
 
-def _sized(payloads: pa.Array) -> tuple[pa.Array, pa.Array]:
+def _sized(payloads: BinaryArray) -> tuple[BinaryArray, BinaryArray]:
     """(length varints, bytes) of a nullable binary column; a null has length -1 and no bytes."""
     lengths = pc.fill_null(pc.binary_length(payloads), _NULL_LENGTH).to_numpy(zero_copy_only=False)
     return _varints(lengths.astype(np.int64)), pc.fill_null(payloads, _EMPTY)
 
 
 def encode_batches(
-    offsets: np.ndarray, timestamps: np.ndarray, starts: np.ndarray, keys: pa.Array, values: pa.Array,
+    offsets: np.ndarray, timestamps: np.ndarray, starts: np.ndarray, keys: BinaryArray, values: BinaryArray,
     headers: Sequence[bytes] | None, log_append_time: bool = False,
 ) -> list[tuple[int, int, bytes]]:
     """(base offset, last offset, batch bytes) per run of rows sharing a batch start (rows in offset order).
@@ -92,10 +95,10 @@ def encode_batches(
     return out
 
 
-def as_binary(payloads: Sequence[bytes | None] | pa.Array | pa.ChunkedArray) -> pa.Array:
+def as_binary(payloads: Sequence[bytes | None] | BinaryArray | pa.ChunkedArray[pa.LargeBinaryScalar]) -> BinaryArray:
     """A Python list (or arrow array) of payloads as a large_binary array."""
     if isinstance(payloads, pa.ChunkedArray):
         payloads = payloads.combine_chunks()
-    if isinstance(payloads, pa.Array):
-        return payloads.cast(pa.large_binary())
+    if isinstance(payloads, pa.Array):  # (pyarrow-stubs type a cast's result by its DataType, not by its scalar)
+        return cast(BinaryArray, payloads.cast(pa.large_binary()))
     return pa.array(payloads, pa.large_binary())

@@ -10,7 +10,7 @@ from icelog.config import Settings
 from icelog.readback.lake import LakeTables, catalog_locations, catalog_opener
 from icelog.readback.source import BatchCache, TableSource
 from icelog.schema.codec.rebuild import Schemas
-from icelog.topic_configs.archive import archive_config
+from icelog.table.config import archive_config
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -51,7 +51,10 @@ from icelog.table.iceberg_types import RAW
 if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from pyiceberg.io import InputStream
     from pyiceberg.table import Table
+
+    from icelog.table.arrow import ArrowArray, ArrowChunkedArray
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +160,7 @@ class BuiltFile:
         return self.chunk_lasts[-1] if self.chunk_lasts else None
 
 
-def _payload_bytes(payloads: pa.Array) -> int:
+def _payload_bytes(payloads: ArrowArray) -> int:
     """Total bytes of a binary array's payloads."""
     import pyarrow.compute as pc
 
@@ -431,7 +434,7 @@ class TableSource:
             path = segment.files[0].task.file.file_path
             known = self._groups.get(path)  # the footer read by _row_groups: not parsed again
             with table.io.new_input(path).open() as stream:
-                parquet = pq.ParquetFile(stream, metadata=None if known is None else known[0])
+                parquet = pq.ParquetFile(_readable(stream), metadata=None if known is None else known[0])
                 arrow = parquet.read_row_group(group, columns=_raw_columns(layout))
             return self._columns(_sorted(arrow, layout), layout)
         from pyiceberg.expressions.parser import parse
@@ -448,7 +451,7 @@ class TableSource:
         if len(arrow) == 0:
             return Columns.empty()
 
-        def ints(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        def ints(values: ArrowArray | ArrowChunkedArray) -> np.ndarray:
             return np.asarray(values.to_numpy(zero_copy_only=False), np.int64)
 
         if layout.table:
@@ -473,8 +476,8 @@ class Columns:
     offsets: np.ndarray
     timestamps: np.ndarray
     starts: np.ndarray
-    keys: pa.Array  # large_binary arrays
-    values: pa.Array
+    keys: ArrowArray  # large_binary arrays
+    values: ArrowArray
     headers: list[bytes] | None  # each row's encoded headers section; None: no row has any
 
     @staticmethod
@@ -490,25 +493,32 @@ def _raw_columns(layout: Layout) -> list[str]:
     return ["key", "value", "headers", "kafka"]
 
 
+def _readable(stream: InputStream) -> IO[bytes]:
+    """pyiceberg's input stream as the file pyarrow reads (it is one: a readable, seekable binary file)."""
+    return cast("IO[bytes]", stream)
+
+
 def _offset_ranges(table: Table, path: str, layout: Layout) -> tuple[pq.FileMetaData, list[tuple[int, int]]]:
     """A data file's Parquet footer and the (min, max) offset of each row group, from its statistics."""
     import pyarrow.parquet as pq
 
     with table.io.new_input(path).open() as stream:
-        metadata = pq.ParquetFile(stream).metadata
+        metadata = pq.ParquetFile(_readable(stream)).metadata
     out = []
     for index in range(metadata.num_row_groups):
         group = metadata.row_group(index)
         low, high = 0, 2**62  # no statistics: the row group may hold any offset
         for column in range(group.num_columns):
             chunk = group.column(column)
-            if chunk.path_in_schema == layout.offset and chunk.statistics is not None and chunk.statistics.has_min_max:
-                low, high = int(chunk.statistics.min), int(chunk.statistics.max)
+            stats = chunk.statistics
+            if chunk.path_in_schema == layout.offset and stats is not None and stats.has_min_max:
+                assert stats.min is not None and stats.max is not None  # (has_min_max)
+                low, high = int(stats.min), int(stats.max)
         out.append((low, high))
     return metadata, out
 
 
-def _offsets_of(arrow: pa.Table, layout: Layout) -> pa.ChunkedArray | pa.Array:
+def _offsets_of(arrow: pa.Table, layout: Layout) -> ArrowChunkedArray | ArrowArray:
     import pyarrow.compute as pc
 
     return arrow.column(OFFSET) if layout.table else pc.struct_field(arrow.column("kafka"), "offset")
@@ -526,7 +536,7 @@ def _sorted(arrow: pa.Table, layout: Layout) -> pa.Table:
     return arrow.take(pc.sort_indices(offsets))
 
 
-def _headers(column: pa.ChunkedArray) -> list[bytes] | None:
+def _headers(column: ArrowChunkedArray) -> list[bytes] | None:
     """Each row's encoded headers section, or None when no row has headers (most topics)."""
     import pyarrow.compute as pc
 
@@ -539,7 +549,7 @@ def _headers(column: pa.ChunkedArray) -> list[bytes] | None:
     return out
 
 
-def _payloads(column: pa.ChunkedArray | pa.Array, rebuilder: Rebuilder) -> pa.Array:
+def _payloads(column: ArrowChunkedArray | ArrowArray, rebuilder: Rebuilder) -> ArrowArray:
     """A side's bytes per row (large_binary): straight from `__raw__` when the struct holds nothing else."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -557,7 +567,7 @@ def _payloads(column: pa.ChunkedArray | pa.Array, rebuilder: Rebuilder) -> pa.Ar
 _VALUE_KEPT = (VALUE_BYTES, VALUE_PREFIX, VALUE_ERR)
 
 
-def _table_values(arrow: pa.Table, rebuilder: Rebuilder) -> pa.Array:
+def _table_values(arrow: pa.Table, rebuilder: Rebuilder) -> ArrowArray:
     """A table layout's values per row: `__value` when kept, else rebuilt from `__value_prefix` and the value's
     top-level columns (schema/codec/rebuild.py); neither: a null value."""
     import pyarrow.compute as pc

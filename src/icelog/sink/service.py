@@ -25,7 +25,7 @@ from icelog.config import Settings, SinkSettings
 from icelog.errors import ConfigError, first_line
 from icelog.meta.backends import open_store
 from icelog.sink.source_store import SourceView
-from icelog.topic_configs.archive import archive_config, table_key
+from icelog.table.config import archive_config, table_key
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -1,8 +1,21 @@
-"""Per-topic table configs: the archive layout, Fluss's partition and bucket rules, forwarded Iceberg properties.
+"""Per-topic archive and table configs: whether and where a topic is archived, and the shape of its table.
 
+icelog.archive.* (ArchiveTopicConfig, archive_config): whether, where and how fast a topic is archived
+  icelog.archive.kind          iceberg | none (default: archive.default_kind).
+  icelog.archive.iceberg.table [NAMESPACE.]TABLE (default: archive.namespace and the topic's name).
+  icelog.archive.max.bytes     the most intake bytes one pass archives.
+  icelog.archive.complete.delay.max.ms, icelog.archive.idle.max.ms
+                               how long records may wait before a pass takes them.
+  icelog.archive.max.lag.bytes unarchived intake bytes of the topic before produce is refused.
+  icelog.intake.retention.ms   how long archived intake is kept (-1: Kafka's retention only).
+  icelog.table.auto.maintenance true | false: the archiver compacts and expires the table.
   icelog.archive.layout        record | table. `record` (default): Bufstream's key/value/headers/kafka structs.
                                `table`: Fluss's layout, the messages' fields as top-level columns and the system
                                columns __bucket, __offset, __timestamp last (table/layout.py). Fixed at creation.
+Precedence: explicit topic config < broker `topic_defaults` < `archive:` settings (the built-in defaults); the
+broker (retention, back-pressure) and the archiver resolve a topic's archive config here, so they agree.
+
+The table's shape (TableTopicConfig, table_config):
   icelog.table.partition.by    <col>[,<col>] (table layout): identity partitions on those columns first, then the
                                bucket. Fixed at creation.
   icelog.table.bucket.key      <col> (table layout): the spec is bucket(<col>, <partitions>) with Iceberg's bucket
@@ -22,8 +35,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
+from icelog.checks import check_long, one_of
+
+ARCHIVE_KIND = "icelog.archive.kind"
+ARCHIVE_TABLE = "icelog.archive.iceberg.table"
 ARCHIVE_LAYOUT = "icelog.archive.layout"
+ARCHIVE_MAX_BYTES = "icelog.archive.max.bytes"
+ARCHIVE_COMPLETE_DELAY_MAX_MS = "icelog.archive.complete.delay.max.ms"
+ARCHIVE_IDLE_MAX_MS = "icelog.archive.idle.max.ms"
+ARCHIVE_MAX_LAG_BYTES = "icelog.archive.max.lag.bytes"
+INTAKE_RETENTION_MS = "icelog.intake.retention.ms"
+TABLE_AUTO_MAINTENANCE = "icelog.table.auto.maintenance"  # true: the archiver compacts/expires the table
 PARTITION_BY = "icelog.table.partition.by"
 BUCKET_KEY = "icelog.table.bucket.key"
 PRIMARY_KEY = "icelog.table.primary.key"
@@ -40,6 +64,8 @@ BUCKET, OFFSET, TIMESTAMP = "__bucket", "__offset", "__timestamp"  # Fluss's sys
 SYSTEM_COLUMNS = (KEY_BYTES, KEY_ERR, VALUE_BYTES, VALUE_PREFIX, VALUE_ERR, HEADERS, BATCH_START, BUCKET, OFFSET,
                   TIMESTAMP)
 
+KIND_ICEBERG, KIND_NONE = "iceberg", "none"
+ARCHIVE_KINDS = (KIND_ICEBERG, KIND_NONE)
 LAYOUT_RECORD, LAYOUT_TABLE = "record", "table"
 LAYOUTS = (LAYOUT_RECORD, LAYOUT_TABLE)
 # Configs that shape the table (columns, spec): changing them on an existing topic is refused.
@@ -49,9 +75,9 @@ FIXED_AT_CREATION = (ARCHIVE_LAYOUT, PARTITION_BY, BUCKET_KEY, PRIMARY_KEY, CLEA
 RECORD_KEY_PATH = "key.__raw__"  # the record layout's key bytes: the primary key of its compacted topics
 
 
-def _check_layout(value: str) -> None:
-    if value not in LAYOUTS:
-        raise ValueError(f"{value!r} is not one of {', '.join(LAYOUTS)}")
+def _check_table(value: str) -> None:
+    if not value or value.startswith(".") or value.endswith("."):
+        raise ValueError(f"{value!r} is not a table name (NAMESPACE.TABLE or TABLE)")
 
 
 def column_list(value: str) -> list[str]:
@@ -138,12 +164,101 @@ def _check_primary_key(value: str) -> None:
         raise ValueError(f"{value!r} names a column twice")
 
 
+# Validators of the icelog.* keys this module owns; topics.validate_topic_configs consults it.
 CHECKS = {
-    ARCHIVE_LAYOUT: _check_layout,
+    ARCHIVE_KIND: one_of(*ARCHIVE_KINDS),
+    ARCHIVE_TABLE: _check_table,
+    ARCHIVE_LAYOUT: one_of(*LAYOUTS),
+    ARCHIVE_MAX_BYTES: check_long(1),
+    ARCHIVE_COMPLETE_DELAY_MAX_MS: check_long(0),
+    ARCHIVE_IDLE_MAX_MS: check_long(0),
+    ARCHIVE_MAX_LAG_BYTES: check_long(1),
+    INTAKE_RETENTION_MS: check_long(-1),
+    TABLE_AUTO_MAINTENANCE: one_of("true", "false"),
     PARTITION_BY: _check_partition_by,
     BUCKET_KEY: _check_bucket_key,
     PRIMARY_KEY: _check_primary_key,
 }
+
+
+# -- whether, where and how fast a topic is archived ---------------------------------------------------------------
+class ArchiveDefaults(Protocol):
+    """The broker-wide defaults of the archive keys: config.ArchiveSettings (the `archive:` settings)."""
+
+    @property
+    def default_kind(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def max_bytes(self) -> int: ...
+    @property
+    def complete_delay_max_ms(self) -> int: ...
+    @property
+    def idle_max_ms(self) -> int: ...
+    @property
+    def intake_retention_ms(self) -> int: ...
+    @property
+    def max_lag_bytes(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class ArchiveTopicConfig:
+    """How (and whether) one topic is archived."""
+
+    kind: str
+    namespace: str
+    table: str
+    max_bytes: int
+    complete_delay_max_ms: int
+    idle_max_ms: int
+    intake_retention_ms: int  # -1: intake follows Kafka's retention.ms / retention.bytes only
+    max_lag_bytes: int = 4 * 1024 * 1024 * 1024  # unarchived intake bytes of the topic before produce is refused
+    auto_maintenance: bool = True  # the archiver maintains the table (compaction, expiry, orphans, manifests)
+
+    @property
+    def enabled(self) -> bool:
+        return self.kind == KIND_ICEBERG
+
+    @property
+    def identifier(self) -> tuple[str, str]:
+        return (self.namespace, self.table)
+
+
+def table_key(namespace: str, table: str) -> str:
+    """A table's name in the metadata store's maintenance records and in its lock files (`ns.table`)."""
+    return f"{namespace}.{table}"
+
+
+def archive_config(
+    topic: str, explicit: Mapping[str, str], broker_defaults: Mapping[str, str], settings: ArchiveDefaults
+) -> ArchiveTopicConfig:
+    """Resolve a topic's archive config from its explicit configs, broker topic defaults and settings."""
+
+    def get(key: str, default: object) -> str:
+        if key in explicit:
+            return explicit[key]
+        if key in broker_defaults:
+            return broker_defaults[key]
+        return str(default)
+
+    table = get(ARCHIVE_TABLE, "")
+    namespace, sep, name = table.rpartition(".")
+    if not sep:
+        namespace, name = settings.namespace, table or topic
+    return ArchiveTopicConfig(
+        kind=get(ARCHIVE_KIND, settings.default_kind),
+        namespace=namespace,
+        table=name,
+        max_bytes=int(get(ARCHIVE_MAX_BYTES, settings.max_bytes)),
+        complete_delay_max_ms=int(get(ARCHIVE_COMPLETE_DELAY_MAX_MS, settings.complete_delay_max_ms)),
+        idle_max_ms=int(get(ARCHIVE_IDLE_MAX_MS, settings.idle_max_ms)),
+        intake_retention_ms=int(get(INTAKE_RETENTION_MS, settings.intake_retention_ms)),
+        max_lag_bytes=int(get(ARCHIVE_MAX_LAG_BYTES, settings.max_lag_bytes)),
+        auto_maintenance=get(TABLE_AUTO_MAINTENANCE, "true") == "true",
+    )
+
+
+# -- the table's shape ------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -209,7 +209,7 @@ def _arrow_type(tree: _Tree, record: FieldIdRecord) -> pa.DataType:
     decimal = decimal_of(sig)
     if decimal is not None:
         return pa.decimal128(*decimal)
-    primitives = {
+    primitives: dict[str, pa.DataType] = {
         "int": pa.int32(),
         "long": pa.int64(),
         "float": pa.float32(),

@@ -14,7 +14,10 @@ Every column is optional: Iceberg can only add optional columns, and proto3 abse
 
 from __future__ import annotations
 
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from typing import cast
+
+from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
+from google.protobuf.message import Message
 
 from icelog.table.field_ids import Column
 
@@ -62,6 +65,26 @@ WELL_KNOWN: dict[str, str] = {
 }
 
 
+def descriptor_of(message: Message) -> Descriptor:
+    """A message's descriptor. (upb's descriptor classes pass for google.protobuf.descriptor's at run time, whose
+    isinstance says so; types-protobuf declares them apart.)"""
+    return cast(Descriptor, message.DESCRIPTOR)
+
+
+def message_of(field: FieldDescriptor) -> Descriptor:
+    """The message type of a message (or group) field."""
+    if field.message_type is None:
+        raise TypeError(f"{field.full_name} is not a message field")
+    return field.message_type
+
+
+def enum_of(field: FieldDescriptor) -> EnumDescriptor:
+    """The enum type of an enum field."""
+    if field.enum_type is None:
+        raise TypeError(f"{field.full_name} is not an enum field")
+    return field.enum_type
+
+
 def is_map(field: FieldDescriptor) -> bool:
     return bool(field.message_type is not None and field.message_type.GetOptions().map_entry)
 
@@ -69,7 +92,7 @@ def is_map(field: FieldDescriptor) -> bool:
 def field_signature(field: FieldDescriptor, ancestors: tuple[str, ...]) -> Column:
     """The column of one field; `ancestors`: full names of the enclosing messages, outermost first."""
     if is_map(field):
-        entry = field.message_type
+        entry = message_of(field)
         key = _element(entry.fields_by_name["key"], "key", ancestors)
         value = _element(entry.fields_by_name["value"], "value", ancestors)
         return Column(field.name, "map", (key, value))
@@ -85,12 +108,12 @@ def nested_as_json(full_name: str, ancestors: tuple[str, ...]) -> bool:
 
 def _element(field: FieldDescriptor, name: str, ancestors: tuple[str, ...]) -> Column:
     if field.type in (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP):
-        full_name = field.message_type.full_name
-        if full_name in WELL_KNOWN:
-            return Column(name, WELL_KNOWN[full_name])
-        if nested_as_json(full_name, ancestors):
+        message = message_of(field)
+        if message.full_name in WELL_KNOWN:
+            return Column(name, WELL_KNOWN[message.full_name])
+        if nested_as_json(message.full_name, ancestors):
             return Column(name, "string")
-        return Column(name, "struct", message_columns(field.message_type, ancestors))
+        return Column(name, "struct", message_columns(message, ancestors))
     return Column(name, _SCALARS[field.type])
 
 

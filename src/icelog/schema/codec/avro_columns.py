@@ -25,11 +25,14 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from icelog.schema.avro_schema import AvroSchema
+from icelog.table.arrow import null_array
 from icelog.table.avro_types import RECURSION, AvroTypes, Node, decimal_of, leaf_signature
 from icelog.table.field_ids import PROMOTIONS, Column
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from icelog.table.arrow import ArrowArray
 
 try:
     from icelog.schema.codec._avro_columns import decode as _decode_buffers
@@ -50,7 +53,7 @@ _DECIMAL_BYTES = 16  # Arrow's decimal128
 _AMBIGUOUS_BRANCHES = ({"int", "long"}, {"float", "double"})
 
 Buffers = tuple[int, int, bytes | None, bytes, bytes | None]  # length, null count, validity, data, offsets
-Build = Callable[[Sequence[Buffers]], "pa.Array"]
+Build = Callable[[Sequence[Buffers]], "ArrowArray"]
 Instruction = tuple[int, int, int, tuple[int, ...]]  # kind, arg, arg2, children (see _avro_columns.c)
 
 
@@ -81,7 +84,7 @@ class ColumnDecoder:
         except (Unsupported, KeyError):  # KeyError: a column the side's Arrow type lacks (fastavro then says)
             return None
 
-    def decode(self, bodies: list[bytes]) -> dict[str, pa.Array] | None:
+    def decode(self, bodies: list[bytes]) -> dict[str, ArrowArray] | None:
         """Child column name → its array over the bodies; None if the C decoder is not sure of this batch."""
         import pyarrow as pa
 
@@ -176,6 +179,7 @@ class ColumnDecoder:
                 raise Unsupported("a record kept as JSON text")
             if column.signature != "struct":
                 return self._nulls(index, target)
+            assert isinstance(target, pa.StructType)
             return self._struct(index, target, self._record_columns(index, node, column, target))
         if kind == UNION:
             if column.signature != "struct":
@@ -199,7 +203,7 @@ class ColumnDecoder:
                 fields = [target.key_field, target.item_field]
                 items = [lambda buffers: pa.StructArray.from_arrays([keys(buffers), values(buffers)], fields=fields)]
 
-            def listing(buffers: Sequence[Buffers]) -> pa.Array:
+            def listing(buffers: Sequence[Buffers]) -> ArrowArray:
                 length, nulls, validity, _, offsets = buffers[index]
                 return pa.Array.from_buffers(target, length, [_buffer(validity), _buffer(offsets)], nulls,
                                              children=[items[0](buffers)])
@@ -210,7 +214,7 @@ class ColumnDecoder:
     def _struct(self, index: int, target: pa.DataType, fields: list[tuple[str, Build]]) -> Build:
         import pyarrow as pa
 
-        def struct(buffers: Sequence[Buffers]) -> pa.Array:
+        def struct(buffers: Sequence[Buffers]) -> ArrowArray:
             length, nulls, validity, _, _ = buffers[index]
             return pa.Array.from_buffers(target, length, [_buffer(validity)], nulls,
                                          children=[build(buffers) for _, build in fields])
@@ -231,23 +235,25 @@ class ColumnDecoder:
             assert isinstance(node.schema, dict)
             symbols = pa.array(node.schema["symbols"], pa.string())
 
-            def enum(buffers: Sequence[Buffers]) -> pa.Array:
+            def enum(buffers: Sequence[Buffers]) -> ArrowArray:
                 length, nulls, validity, data, _ = buffers[index]
                 indices = pa.Array.from_buffers(pa.int32(), length, [_buffer(validity), _buffer(data)], nulls)
                 return symbols.take(indices).cast(target)
 
             return enum
+        arrow_type: pa.DataType
         if kind in (DECIMAL_BYTES, DECIMAL_FIXED):
             precision_scale = decimal_of(node.schema)
             assert precision_scale is not None
             arrow_type = pa.decimal128(*precision_scale)
         else:
-            arrow_type = {BOOLEAN: pa.bool_(), INT: pa.int32(), LONG: pa.int64(), FLOAT: pa.float32(),
-                          DOUBLE: pa.float64(), STRING: pa.string(), BYTES: pa.binary(),
-                          UUID_FIXED: pa.string()}.get(kind) or pa.binary(arg)
+            by_kind: dict[int, pa.DataType] = {
+                BOOLEAN: pa.bool_(), INT: pa.int32(), LONG: pa.int64(), FLOAT: pa.float32(), DOUBLE: pa.float64(),
+                STRING: pa.string(), BYTES: pa.binary(), UUID_FIXED: pa.string()}
+            arrow_type = by_kind.get(kind) or pa.binary(arg)
         varying = kind in (STRING, BYTES, UUID_FIXED)
 
-        def leaf(buffers: Sequence[Buffers]) -> pa.Array:
+        def leaf(buffers: Sequence[Buffers]) -> ArrowArray:
             length, nulls, validity, data, offsets = buffers[index]
             layout = [_buffer(validity), _buffer(offsets), _buffer(data)] if varying else [
                 _buffer(validity), _buffer(data)]
@@ -260,10 +266,9 @@ class ColumnDecoder:
 
     def _nulls(self, index: int, target: pa.DataType) -> Build:
         """All nulls, as many as the program node at `index` has values (the writer's field lacks this column)."""
-        import pyarrow as pa
 
-        def nulls(buffers: Sequence[Buffers]) -> pa.Array:
-            return pa.nulls(self._length(buffers, index), target)
+        def nulls(buffers: Sequence[Buffers]) -> ArrowArray:
+            return null_array(self._length(buffers, index), target)
 
         return nulls
 

@@ -29,6 +29,8 @@ from icelog.table.json_types import EXTRA
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from icelog.table.arrow import ArrowArray
+
 try:
     from icelog.schema.codec._json_columns import decode as _decode_buffers
 except ImportError:  # built without a C compiler (setup.py's optional extension): json.loads decodes everything
@@ -41,7 +43,7 @@ _LEAVES = {"string": STRING, "long": LONG, "int": LONG, "double": DOUBLE, "boole
            "timestamptz": TIMESTAMPTZ}
 
 Buffers = tuple[int, int, bytes | None, bytes, bytes | None]  # length, null count, validity, data, offsets
-Build = Callable[[Sequence[Buffers]], "pa.Array"]
+Build = Callable[[Sequence[Buffers]], "ArrowArray"]
 Instruction = tuple[int, int, bytes, tuple[int, ...]]  # kind, arg, key, children (see _json_columns.c)
 _MAX_NODES = 4096  # MAX_NODES in _json_columns.c
 
@@ -80,7 +82,7 @@ class ColumnDecoder:
             # then says); UnicodeEncodeError: a column name with a lone surrogate (a key no UTF-8 body spells)
             return None
 
-    def decode(self, bodies: list[bytes] | list[bytes | None], head: bytes = b"") -> dict[str, pa.Array] | None:
+    def decode(self, bodies: list[bytes] | list[bytes | None], head: bytes = b"") -> dict[str, ArrowArray] | None:
         """Child column name → its array over the bodies; None if the C decoder is not sure of this batch, or (with
         a `head`, the batch's envelope, skipped) a body is None or does not start with `head`."""
         import pyarrow as pa
@@ -130,7 +132,7 @@ class ColumnDecoder:
 def _struct(index: int, target: pa.DataType, fields: list[Build]) -> Build:
     import pyarrow as pa
 
-    def struct(buffers: Sequence[Buffers]) -> pa.Array:
+    def struct(buffers: Sequence[Buffers]) -> ArrowArray:
         length, nulls, validity, _, _ = buffers[index]
         return pa.Array.from_buffers(target, length, [_buffer(validity)], nulls,
                                      children=[build(buffers) for build in fields])
@@ -141,7 +143,7 @@ def _struct(index: int, target: pa.DataType, fields: list[Build]) -> Build:
 def _list(index: int, target: pa.DataType, element: Build) -> Build:
     import pyarrow as pa
 
-    def listing(buffers: Sequence[Buffers]) -> pa.Array:
+    def listing(buffers: Sequence[Buffers]) -> ArrowArray:
         length, nulls, validity, _, offsets = buffers[index]
         return pa.Array.from_buffers(target, length, [_buffer(validity), _buffer(offsets)], nulls,
                                      children=[element(buffers)])
@@ -152,10 +154,11 @@ def _list(index: int, target: pa.DataType, element: Build) -> Build:
 def _leaf(index: int, kind: int, target: pa.DataType) -> Build:
     import pyarrow as pa
 
-    arrow_type = {STRING: pa.string(), LONG: pa.int64(), DOUBLE: pa.float64(), BOOLEAN: pa.bool_(),
-                  DATE: pa.date32(), TIMESTAMPTZ: pa.timestamp("us", tz="UTC")}[kind]
+    by_kind: dict[int, pa.DataType] = {STRING: pa.string(), LONG: pa.int64(), DOUBLE: pa.float64(), BOOLEAN: pa.bool_(),
+                                       DATE: pa.date32(), TIMESTAMPTZ: pa.timestamp("us", tz="UTC")}
+    arrow_type = by_kind[kind]
 
-    def leaf(buffers: Sequence[Buffers]) -> pa.Array:
+    def leaf(buffers: Sequence[Buffers]) -> ArrowArray:
         length, nulls, validity, data, offsets = buffers[index]
         layout = [_buffer(validity), _buffer(offsets), _buffer(data)] if kind == STRING else [
             _buffer(validity), _buffer(data)]

@@ -29,11 +29,14 @@ from typing import TYPE_CHECKING
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from icelog.schema.codec.proto_values import struct_parts
+from icelog.table.arrow import null_array
 from icelog.table.iceberg_types import Column
-from icelog.table.protobuf_types import WELL_KNOWN, is_map, nested_as_json
+from icelog.table.protobuf_types import WELL_KNOWN, enum_of, is_map, message_of, nested_as_json
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from icelog.table.arrow import ArrowArray
 
 try:
     from icelog.schema.codec._proto_columns import decode as _decode_buffers
@@ -59,7 +62,7 @@ _KINDS = {
 _MICROSECONDS = ("google.protobuf.Timestamp", "google.protobuf.Duration")
 
 Buffers = tuple[int, int, bytes | None, bytes, bytes | None]  # length, null count, validity, data, offsets
-Build = Callable[[Sequence[Buffers]], "pa.Array"]
+Build = Callable[[Sequence[Buffers]], "ArrowArray"]
 Instruction = tuple[int, int, int, int, tuple[int, ...], tuple[int, ...]]  # see _proto_columns.c
 
 
@@ -86,7 +89,7 @@ class ColumnDecoder:
         except (Unsupported, KeyError):  # KeyError: a column the side's Arrow type lacks (upb's path then says)
             return None
 
-    def decode(self, bodies: list[bytes | None], head: bytes = b"") -> dict[str, pa.Array] | None:
+    def decode(self, bodies: list[bytes | None], head: bytes = b"") -> dict[str, ArrowArray] | None:
         """Column name → its array over the bodies (the columns `struct_parts` fills); None if the C decoder is not
         sure of this batch, a body is None, or one does not start with `head` (the batch's envelope, skipped)."""
         import pyarrow as pa
@@ -133,7 +136,8 @@ class ColumnDecoder:
         if field.type == FieldDescriptor.TYPE_GROUP:
             raise Unsupported("a group")
         if field.type == FieldDescriptor.TYPE_MESSAGE:
-            full_name = field.message_type.full_name
+            message = message_of(field)
+            full_name = message.full_name
             if full_name in _MICROSECONDS:
                 self._program.append((TIMESTAMP, number, flags, oneof, (), ()))
                 return len(self._program) - 1
@@ -141,12 +145,12 @@ class ColumnDecoder:
                 raise Unsupported(f"a {full_name} (a wrapper, or a column of JSON text)")
             if nested_as_json(full_name, inside):
                 raise Unsupported("a recursive message, or one nested past MAX_DEPTH (a column of JSON text)")
-            return self._message(field.message_type, inside, number, flags, oneof)
+            return self._message(message, inside, number, flags, oneof)
         kind = _KINDS[field.type]
         enums: tuple[int, ...] = ()
-        if kind == ENUM and field.enum_type.is_closed:
+        if kind == ENUM and enum_of(field).is_closed:
             flags |= CLOSED
-            enums = tuple(sorted({v.number for v in field.enum_type.values}))
+            enums = tuple(sorted({v.number for v in enum_of(field).values}))
         self._program.append((kind, number, flags, oneof, (), enums))
         return len(self._program) - 1
 
@@ -175,7 +179,7 @@ class ColumnDecoder:
             raise Unsupported("a repeated field whose column is not a list")
         items = self._element(self._program[index][4][0], field, column.children[0], target.value_type, inside)
 
-        def listing(buffers: Sequence[Buffers]) -> pa.Array:
+        def listing(buffers: Sequence[Buffers]) -> ArrowArray:
             length, nulls, validity, _, offsets = buffers[index]
             return pa.Array.from_buffers(target, length, [_buffer(validity), _buffer(offsets)], nulls,
                                          children=[items(buffers)])
@@ -191,34 +195,37 @@ class ColumnDecoder:
         if kind == MESSAGE:
             if not isinstance(target, pa.StructType):
                 raise Unsupported("a message whose column is not a struct")
-            built = dict(self._parts(index, field.message_type, column, target, inside))
+            built = dict(self._parts(index, message_of(field), column, target, inside))
             fields = [built.get(f.name) or self._nulls(index, f.type) for f in target]
 
-            def struct(buffers: Sequence[Buffers]) -> pa.Array:
+            def struct(buffers: Sequence[Buffers]) -> ArrowArray:
                 length, nulls, validity, _, _ = buffers[index]
                 return pa.Array.from_buffers(target, length, [_buffer(validity)], nulls,
                                              children=[build(buffers) for build in fields])
 
             return struct
         if kind == ENUM:
-            names: dict[int, str] = {v.number: v.name for v in field.enum_type.values}  # as proto_values._EnumNames
+            names: dict[int, str] = {v.number: v.name for v in enum_of(field).values}  # as proto_values._EnumNames
             numbers = pa.array(sorted(names), pa.int32())
             symbols = pa.array([names[n] for n in sorted(names)], pa.string())
 
-            def enum(buffers: Sequence[Buffers]) -> pa.Array:
+            def enum(buffers: Sequence[Buffers]) -> ArrowArray:
                 length, nulls, validity, data, _ = buffers[index]
                 values = pa.Array.from_buffers(pa.int32(), length, [_buffer(validity), _buffer(data)], nulls)
                 named = symbols.take(pc.index_in(values, value_set=numbers))
-                return pc.coalesce(named, values.cast(pa.string())).cast(target)  # an unnamed number as its text
+                texts: ArrowArray = pc.coalesce(named, values.cast(pa.string()))  # an unnamed number as its text
+                return texts.cast(target)
 
             return enum
-        arrow_type = {INT32: pa.int32(), SINT32: pa.int32(), SFIXED32: pa.int32(), UINT32: pa.int64(),
-                      FIXED32: pa.int64(), INT64: pa.int64(), SINT64: pa.int64(), SFIXED64: pa.int64(),
-                      UINT64: pa.uint64(), FIXED64: pa.uint64(), FLOAT: pa.float32(), DOUBLE: pa.float64(),
-                      BOOL: pa.bool_(), STRING: pa.string(), BYTES: pa.binary(), TIMESTAMP: pa.int64()}[kind]
+        by_kind: dict[int, pa.DataType] = {
+            INT32: pa.int32(), SINT32: pa.int32(), SFIXED32: pa.int32(), UINT32: pa.int64(), FIXED32: pa.int64(),
+            INT64: pa.int64(), SINT64: pa.int64(), SFIXED64: pa.int64(), UINT64: pa.uint64(), FIXED64: pa.uint64(),
+            FLOAT: pa.float32(), DOUBLE: pa.float64(), BOOL: pa.bool_(), STRING: pa.string(), BYTES: pa.binary(),
+            TIMESTAMP: pa.int64()}
+        arrow_type = by_kind[kind]
         varying = kind in (STRING, BYTES)
 
-        def leaf(buffers: Sequence[Buffers]) -> pa.Array:
+        def leaf(buffers: Sequence[Buffers]) -> ArrowArray:
             length, nulls, validity, data, offsets = buffers[index]
             layout = [_buffer(validity), _buffer(offsets), _buffer(data)] if varying else [
                 _buffer(validity), _buffer(data)]
@@ -229,10 +236,9 @@ class ColumnDecoder:
 
     def _nulls(self, index: int, target: pa.DataType) -> Build:
         """All nulls, as many as program node `index` has values (a column the writer's message does not fill)."""
-        import pyarrow as pa
 
-        def nulls(buffers: Sequence[Buffers]) -> pa.Array:
-            return pa.nulls(buffers[index][0], target)
+        def nulls(buffers: Sequence[Buffers]) -> ArrowArray:
+            return null_array(buffers[index][0], target)
 
         return nulls
 

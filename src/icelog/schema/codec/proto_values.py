@@ -18,7 +18,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from icelog.table.field_ids import compatible, shape
 from icelog.table.iceberg_types import Column
-from icelog.table.protobuf_types import WRAPPERS, field_signature, is_map
+from icelog.table.protobuf_types import WRAPPERS, descriptor_of, enum_of, field_signature, is_map, message_of
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
@@ -39,7 +39,7 @@ def message_json(message: Message) -> str:
     """A message as compact JSON (Struct, Value, Any, or a message nested past the depth limit)."""
     try:
         body = json_format.MessageToDict(
-            message, preserving_proto_field_name=True, descriptor_pool=message.DESCRIPTOR.file.pool
+            message, preserving_proto_field_name=True, descriptor_pool=descriptor_of(message).file.pool
         )
     except Exception:  # an Any whose type the pool does not know: keep its bytes
         body = {"@type": getattr(message, "type_url", ""), "value_base64": _b64(getattr(message, "value", b""))}
@@ -78,16 +78,17 @@ def _wrapper(signature: str) -> Convert:
 def element_converter(field: FieldDescriptor, column: Column, ancestors: tuple[str, ...]) -> Convert:
     """Converter of one (non-repeated) value of `field` into `column`'s shape."""
     if field.type in (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP):
-        full_name = field.message_type.full_name
+        message = message_of(field)
+        full_name = message.full_name
         if full_name in ("google.protobuf.Timestamp", "google.protobuf.Duration"):
             return _timestamp_us
         if full_name in WRAPPERS:
             return _wrapper(WRAPPERS[full_name])
         if column.signature == "string":  # Struct/Value/ListValue/Any, or recursive / past the depth limit
             return message_json
-        return struct_converter(field.message_type, column, ancestors)
+        return struct_converter(message, column, ancestors)
     if field.type == FieldDescriptor.TYPE_ENUM:
-        return _EnumNames({v.number: v.name for v in field.enum_type.values})
+        return _EnumNames({v.number: v.name for v in enum_of(field).values})
     if column.signature == "decimal(20,0)":
         return _to_decimal
     return _identity
@@ -95,7 +96,7 @@ def element_converter(field: FieldDescriptor, column: Column, ancestors: tuple[s
 
 def _field_converter(field: FieldDescriptor, column: Column, ancestors: tuple[str, ...]) -> Convert:
     if is_map(field):
-        entry = field.message_type
+        entry = message_of(field)
         key = element_converter(entry.fields_by_name["key"], column.children[0], ancestors)
         value = element_converter(entry.fields_by_name["value"], column.children[1], ancestors)
         return lambda mapping: [(key(k), value(v)) for k, v in mapping.items()]

@@ -30,7 +30,7 @@ from icelog.schema.protobuf_schema import build_pool, main_file_of, message_name
 from icelog.table.config import HEADERS, KEY_BYTES, VALUE_BYTES, VALUE_ERR, VALUE_PREFIX
 from icelog.table.field_ids import compatible, shape
 from icelog.table.iceberg_types import ERR, PREFIX, RAW, Column
-from icelog.table.protobuf_types import WRAPPERS, field_signature, is_map
+from icelog.table.protobuf_types import WRAPPERS, descriptor_of, enum_of, field_signature, is_map, message_of
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
@@ -75,13 +75,14 @@ def invertible(descriptor: Descriptor, column: Column, ancestors: tuple[str, ...
         if is_map(field):
             return False
         if field.type in _MESSAGE_KINDS:
-            name = field.message_type.full_name
+            message = message_of(field)
+            name = message.full_name
             if field.type == FieldDescriptor.TYPE_GROUP or name in _NOT_INVERTIBLE:
                 return False
             if name in WRAPPERS:
                 continue
             target = child.children[0] if field.is_repeated else child
-            if target.signature != "struct" or not invertible(field.message_type, target, inside):
+            if target.signature != "struct" or not invertible(message, target, inside):
                 return False
     return True
 
@@ -100,7 +101,7 @@ def _pick(row: Mapping[str, Any], name: str) -> Any:
 
 def _scalar(field: FieldDescriptor, value: Any) -> Any:
     if field.type == FieldDescriptor.TYPE_ENUM:
-        known = field.enum_type.values_by_name.get(value)
+        known = enum_of(field).values_by_name.get(value)
         return known.number if known is not None else int(value)
     if field.type == FieldDescriptor.TYPE_BYTES:
         return bytes(value)
@@ -111,16 +112,17 @@ def _scalar(field: FieldDescriptor, value: Any) -> Any:
 
 def fill_message(message: Message, row: Mapping[str, Any]) -> None:
     """Set a message's fields from a struct value shaped like its columns (the inverse of proto_values)."""
-    for field in message.DESCRIPTOR.fields:
+    for field in descriptor_of(message).fields:
         value = _pick(row, field.name)
         if value is None:
             continue
-        if field.type in _MESSAGE_KINDS and field.message_type.full_name in WRAPPERS:
+        if field.type in _MESSAGE_KINDS and message_of(field).full_name in WRAPPERS:
+            wrapped = message_of(field).fields_by_name["value"]
             if field.is_repeated:
                 for item in value:
-                    getattr(message, field.name).add().value = _scalar(field.message_type.fields_by_name["value"], item)
+                    getattr(message, field.name).add().value = _scalar(wrapped, item)
             else:
-                getattr(message, field.name).value = _scalar(field.message_type.fields_by_name["value"], value)
+                getattr(message, field.name).value = _scalar(wrapped, value)
         elif field.type in _MESSAGE_KINDS:
             if field.is_repeated:
                 for item in value:

@@ -37,6 +37,8 @@ from icelog.table.iceberg_types import PREFIX, RAW, Column
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from icelog.table.arrow import ArrowArray
+
 ENVELOPE_BYTES = 5  # magic byte 0 + schema id
 
 
@@ -180,7 +182,7 @@ class RecordSideDecoder:
                   and json_columns.COMPILED):  # (with an envelope, _decode_json_compiled had the batch)
                 compiled = self._json_decoder(main, codec, struct_type)
             columns = compiled.decode(bodies) if compiled is not None else None
-            filled: Mapping[str, Sequence[object]]
+            filled: Mapping[str, Sequence[object] | ArrowArray]
             if codec is None:
                 filled = {}
             elif columns is not None:

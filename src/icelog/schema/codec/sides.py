@@ -16,10 +16,13 @@ from typing import TYPE_CHECKING, Protocol
 
 from icelog.schema.codec.registry_source import SourceSpec
 from icelog.schema.compiled import PROTOBUF, CompiledSchema
+from icelog.table.arrow import struct_array
 from icelog.table.iceberg_types import ERR, PREFIX, RAW, Column
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from icelog.table.arrow import ArrowArray
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ def each_row(decode: Callable[[bytes | None], Mapping[str, object] | None], payl
 
     rows = [decode(p) for p in payloads]
     try:
-        return pa.array(rows, type=struct_type)
+        return struct_array(pa.array(rows, type=struct_type))
     except (pa.ArrowException, ValueError, OverflowError, TypeError):
         pass
     for i, (payload, row) in enumerate(zip(payloads, rows, strict=True)):
@@ -70,14 +73,14 @@ def each_row(decode: Callable[[bytes | None], Mapping[str, object] | None], payl
         except (pa.ArrowException, ValueError, OverflowError, TypeError) as exc:
             assert payload is not None  # a null payload's row is null
             rows[i] = error_row(exc, payload)
-    return pa.array(rows, type=struct_type)
+    return struct_array(pa.array(rows, type=struct_type))
 
 
 def side_array(
     struct_type: pa.StructType,
     payloads: Sequence[bytes | None],
     rows: Sequence[int],
-    filled: Mapping[str, Sequence[object]],
+    filled: Mapping[str, Sequence[object] | ArrowArray],
     prefixes: list[bytes | None],
     raws: list[bytes | None],
     others: Mapping[int, Mapping[str, object] | None],

@@ -48,7 +48,7 @@ from icelog.table.config import BUCKET_KEY, KEY_BYTES, table_config
 from icelog.table.iceberg_types import Column
 from icelog.table.protobuf_types import message_columns
 from icelog.table.rules import BUCKETABLE, check_spec_columns
-from icelog.topic_configs.schema import SIDES, SideSchemaConfig, side_config
+from icelog.topics import SIDES, SideSchemaConfig, side_config
 
 _PARSER_CACHE_SIZE = 4096
 _SLICE = 1024  # records checked between two turns of the event loop

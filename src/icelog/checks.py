@@ -1,4 +1,7 @@
-"""Validators shared by every topic config key: a check raises ValueError with a message naming the fix."""
+"""Validators of config values, shared by every topic config key: a check raises ValueError naming the fix.
+
+Imports nothing of icelog: the keys' owners (topics.py, table/config.py) and every layer above may use it.
+"""
 
 from __future__ import annotations
 

@@ -1,63 +1,36 @@
-"""PostgreSQL tables and methods of the schema registry, mixed into PostgresStore (see SqliteRegistry)."""
+"""The RegistryStore slice on PostgreSQL: registered schemas by global id, subject versions, compatibility levels."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
-
-import psycopg
+from collections.abc import Iterable
 
 from icelog.faults import fault_point
-from icelog.meta.registry import RegistryConflictError, RegistrySchema, SchemaReference, SubjectVersion
-
-T = TypeVar("T")
-Connection = psycopg.Connection[tuple[Any, ...]]
-
-REGISTRY_TABLES = (
-    """CREATE TABLE registry_schemas (
-        schema_id INTEGER PRIMARY KEY,
-        schema_type TEXT NOT NULL,
-        schema TEXT NOT NULL,
-        refs TEXT NOT NULL,
-        fingerprint TEXT NOT NULL UNIQUE
-    )""",
-    """CREATE TABLE registry_versions (
-        subject TEXT COLLATE "C" NOT NULL,
-        version INTEGER NOT NULL,
-        schema_id INTEGER NOT NULL,
-        deleted BOOLEAN NOT NULL DEFAULT FALSE,
-        PRIMARY KEY (subject, version)
-    )""",
-    "CREATE INDEX registry_versions_by_schema ON registry_versions (schema_id)",
-    """CREATE TABLE registry_config (
-        subject TEXT COLLATE "C" PRIMARY KEY,
-        compatibility TEXT NOT NULL
-    )""",
+from icelog.meta.postgres.database import Connection, PostgresDatabase, Row
+from icelog.meta.registry import (
+    RegistryConflictError,
+    RegistrySchema,
+    RegistryStore,
+    SchemaReference,
+    SubjectVersion,
 )
+
 _GLOBAL = ""  # registry_config key of the global level
 REGISTRY_LOCK = 0x1CE1_0602  # pg_advisory_xact_lock key: one registration at a time allocates ids and versions
 _SCHEMA_COLUMNS = "schema_id, schema_type, schema, refs, fingerprint"
 
 
-def _schema_row(row: tuple[Any, ...] | None) -> RegistrySchema | None:
+def _schema_row(row: Row | None) -> RegistrySchema | None:
     if row is None:
         return None
     refs = tuple(SchemaReference(r["name"], r["subject"], int(r["version"])) for r in json.loads(row[3]))
     return RegistrySchema(int(row[0]), row[1], row[2], refs, row[4])
 
 
-class PostgresRegistry:
-    """RegistryStore methods over PostgresStore's pool and transactions."""
+class PostgresRegistry(RegistryStore):
+    """RegistryStore over the store's PostgresDatabase; every write is durable when it returns."""
 
-    def _run(self, work: Callable[[Connection], T], *, transaction: bool = True, idempotent: bool = False) -> T:
-        raise NotImplementedError  # provided by PostgresStore
-
-    def _rows(self, query: str, args: Mapping[str, Any] | tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        raise NotImplementedError  # provided by PostgresStore
-
-    def _statement(self, query: str, args: Mapping[str, Any] | tuple[Any, ...] = (), idempotent: bool = True) -> int:
-        raise NotImplementedError  # provided by PostgresStore
+    _db: PostgresDatabase
 
     def registry_add_version(
         self, subject: str, schema_type: str, schema: str, references: Iterable[SchemaReference],
@@ -99,28 +72,28 @@ class PostgresRegistry:
             return SubjectVersion(subject, version, schema_id)
 
         # Durable on return: a registered schema id may be in records on disk right after.
-        added = self._run(work)
+        added = self._db.run(work)
         fault_point("schema-stored")
         return added
 
     def registry_schema(self, schema_id: int) -> RegistrySchema | None:
-        rows = self._rows(f"SELECT {_SCHEMA_COLUMNS} FROM registry_schemas WHERE schema_id = %s", (schema_id,))
+        rows = self._db.rows(f"SELECT {_SCHEMA_COLUMNS} FROM registry_schemas WHERE schema_id = %s", (schema_id,))
         return _schema_row(rows[0] if rows else None)
 
     def registry_schema_by_fingerprint(self, fingerprint: str) -> RegistrySchema | None:
-        rows = self._rows(f"SELECT {_SCHEMA_COLUMNS} FROM registry_schemas WHERE fingerprint = %s", (fingerprint,))
+        rows = self._db.rows(f"SELECT {_SCHEMA_COLUMNS} FROM registry_schemas WHERE fingerprint = %s", (fingerprint,))
         return _schema_row(rows[0] if rows else None)
 
     def registry_versions(self, subject: str | None = None) -> list[SubjectVersion]:
         query = "SELECT subject, version, schema_id, deleted FROM registry_versions"
         if subject is None:
-            rows = self._rows(query + " ORDER BY subject, version")
+            rows = self._db.rows(query + " ORDER BY subject, version")
         else:
-            rows = self._rows(query + " WHERE subject = %s ORDER BY version", (subject,))
+            rows = self._db.rows(query + " WHERE subject = %s ORDER BY version", (subject,))
         return [SubjectVersion(s, int(v), int(i), bool(d)) for s, v, i, d in rows]
 
     def registry_versions_of_schema(self, schema_id: int) -> list[SubjectVersion]:
-        rows = self._rows(
+        rows = self._db.rows(
             "SELECT subject, version, schema_id, deleted FROM registry_versions WHERE schema_id = %s "
             "ORDER BY subject, version",
             (schema_id,),
@@ -130,19 +103,19 @@ class PostgresRegistry:
     def registry_delete_versions(self, subject: str, versions: Iterable[int], permanent: bool) -> None:
         query = ("DELETE FROM registry_versions WHERE subject = %s AND version = ANY(%s)" if permanent
                  else "UPDATE registry_versions SET deleted = TRUE WHERE subject = %s AND version = ANY(%s)")
-        self._statement(query, (subject, list(versions)))
+        self._db.statement(query, (subject, list(versions)))
 
     def registry_compatibility(self, subject: str | None) -> str | None:
         key = _GLOBAL if subject is None else subject
-        rows = self._rows("SELECT compatibility FROM registry_config WHERE subject = %s", (key,))
+        rows = self._db.rows("SELECT compatibility FROM registry_config WHERE subject = %s", (key,))
         return str(rows[0][0]) if rows else None
 
     def registry_set_compatibility(self, subject: str | None, level: str | None) -> None:
         key = _GLOBAL if subject is None else subject
         if level is None:
-            self._statement("DELETE FROM registry_config WHERE subject = %s", (key,))
+            self._db.statement("DELETE FROM registry_config WHERE subject = %s", (key,))
         else:
-            self._statement(
+            self._db.statement(
                 "INSERT INTO registry_config VALUES (%s, %s) ON CONFLICT (subject) "
                 "DO UPDATE SET compatibility = excluded.compatibility",
                 (key, level),

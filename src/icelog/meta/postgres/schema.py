@@ -14,8 +14,6 @@ from typing import Any
 import psycopg
 
 from icelog.errors import StoreError
-from icelog.meta.postgres_registry import REGISTRY_TABLES
-from icelog.meta.postgres_security import SECURITY_TABLES
 
 log = logging.getLogger(__name__)
 
@@ -125,12 +123,63 @@ _CORE_TABLES = (
     )""",
 )
 
+# The schema registry's tables (registry.py)
+REGISTRY_TABLES = (
+    """CREATE TABLE registry_schemas (
+        schema_id INTEGER PRIMARY KEY,
+        schema_type TEXT NOT NULL,
+        schema TEXT NOT NULL,
+        refs TEXT NOT NULL,
+        fingerprint TEXT NOT NULL UNIQUE
+    )""",
+    """CREATE TABLE registry_versions (
+        subject TEXT COLLATE "C" NOT NULL,
+        version INTEGER NOT NULL,
+        schema_id INTEGER NOT NULL,
+        deleted BOOLEAN NOT NULL DEFAULT FALSE,
+        PRIMARY KEY (subject, version)
+    )""",
+    "CREATE INDEX registry_versions_by_schema ON registry_versions (schema_id)",
+    """CREATE TABLE registry_config (
+        subject TEXT COLLATE "C" PRIMARY KEY,
+        compatibility TEXT NOT NULL
+    )""",
+)
+
+# Users' SCRAM credentials and ACLs (security.py); the generation moves with every change of either
+SECURITY_TABLES = (
+    """CREATE TABLE scram_credentials (
+        user_name TEXT COLLATE "C" NOT NULL,
+        mechanism TEXT COLLATE "C" NOT NULL,
+        salt BYTEA NOT NULL,
+        stored_key BYTEA NOT NULL,
+        server_key BYTEA NOT NULL,
+        iterations INTEGER NOT NULL,
+        PRIMARY KEY (user_name, mechanism)
+    )""",
+    """CREATE TABLE acls (
+        resource_type INTEGER NOT NULL,
+        resource_name TEXT COLLATE "C" NOT NULL,
+        pattern_type INTEGER NOT NULL,
+        principal TEXT COLLATE "C" NOT NULL,
+        host TEXT COLLATE "C" NOT NULL,
+        operation INTEGER NOT NULL,
+        permission INTEGER NOT NULL,
+        PRIMARY KEY (resource_type, resource_name, pattern_type, principal, host, operation, permission)
+    )""",
+    """CREATE TABLE security_generation (
+        id SMALLINT PRIMARY KEY CHECK (id = 0),
+        generation BIGINT NOT NULL
+    )""",
+    "INSERT INTO security_generation VALUES (0, 0)",
+)
+
 # The schema's history: MIGRATIONS[v] takes a database from version v-1 to v (0: empty). A release that changes
 # the schema appends a step (never edits one), so a database of any older release is upgraded in order.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: _CORE_TABLES + REGISTRY_TABLES + SECURITY_TABLES,
 }
-# Key of pg_advisory_xact_lock while creating or upgrading the schema (the registry's is in postgres_registry.py).
+# Key of pg_advisory_xact_lock while creating or upgrading the schema (the registry's is in registry.py).
 SCHEMA_LOCK = 0x1CE1_0601
 
 
