@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -37,10 +36,11 @@ from tests.support.postgres import postgres_cluster  # noqa: F401 (a session fix
 SPARK_FIXTURES = {"lake_spark"}
 NO_JVM_ENV = "ICELOG_TESTS_NO_JVM"
 SPARK_CONF_ENV = "ICELOG_ARCHIVE__SPARK_CONF"
+WORKER_LINE = "icelog_line"  # an xdist worker's line for the terminal, in its workeroutput
 # The JVM options of the Spark drivers tests start in child processes (tests/support/jvm.py), unless the user set
-# the variable: the first JIT tier now, and the class archive once collection says a Spark test will run.
+# the variable: the first JIT tier and the class archive, put in the environment by the first Spark test
+# (child_driver_conf; not here: xdist's workers would inherit the controller's value as if the user had set it).
 CHILD_DRIVER_CONF: dict[str, str] = {} if SPARK_CONF_ENV in os.environ else driver_conf()
-os.environ.setdefault(SPARK_CONF_ENV, json.dumps(CHILD_DRIVER_CONF))
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker, and before xdist reads the groups
@@ -54,7 +54,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def child_driver_conf() -> dict[str, str]:
+def child_driver_conf(pytestconfig: pytest.Config) -> dict[str, str]:
     """The Spark conf of the children's drivers, with the class archive (dumped first if needed).
 
     Made by the first Spark test a process runs, not at collection: under xdist only the worker of the Spark group
@@ -64,19 +64,37 @@ def child_driver_conf() -> dict[str, str]:
         started = time.monotonic()
         archive = class_archive()
         said = f"in {time.monotonic() - started:.0f} s: {archive}" if archive else "none could be made; JIT option only"
-        # (on stderr: a worker's terminal reporter prints nothing; the dump's time is also the setup time of the
-        # first Spark test, in --durations)
-        print(f"\nSpark drivers of child processes: class archive {said}", file=sys.__stderr__, flush=True)
+        _say(pytestconfig, f"Spark drivers of child processes: class archive {said}")
         CHILD_DRIVER_CONF.update(driver_conf(archive))
         os.environ[SPARK_CONF_ENV] = json.dumps(CHILD_DRIVER_CONF)
     return CHILD_DRIVER_CONF
 
 
+def _say(config: pytest.Config, line: str) -> None:
+    """A line on the terminal; an xdist worker prints nothing, so it hands the line to the controller."""
+    if hasattr(config, "workeroutput"):
+        config.workeroutput[WORKER_LINE] = line
+    elif (reporter := config.pluginmanager.get_plugin("terminalreporter")) is not None:
+        reporter.write_line(line)
+
+
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """(xdist's controller, as a worker ends) The line the worker had to say."""
+    if line := getattr(node, "workeroutput", {}).get(WORKER_LINE):
+        _say(node.config, line)
+
+
 @pytest.fixture(autouse=True)
 def _spark_test_drivers(request: pytest.FixtureRequest) -> None:
     """A Spark test starts with the children's driver conf in the environment (the class archive made once)."""
-    if request.node.get_closest_marker("spark"):
-        request.getfixturevalue("child_driver_conf")
+    if not request.node.get_closest_marker("spark"):
+        return
+    # Under --dist loadgroup xdist puts the group in the node id; a pytest whose node ids it cannot extend (9.2)
+    # would silently spread the Spark tests over both workers.
+    if getattr(request.config.option, "loadgroup", False) and "@" not in request.node.nodeid:
+        pytest.fail("--dist loadgroup did not group the Spark tests: a pytest this pytest-xdist does not support "
+                    "(pyproject.toml pins pytest below 9.2)", pytrace=False)
+    request.getfixturevalue("child_driver_conf")
 
 
 def pytest_configure(config: pytest.Config) -> None:
