@@ -10,8 +10,9 @@ ARGS   ?=
 serve: setup
 	$(VENV)/bin/icelog serve $(ARGS)
 
+# Two xdist workers: the Spark tests (one group, tests/conftest.py) on one, the JVM-free tests on the other.
 test: setup
-	$(VENV)/bin/pytest $(ARGS)
+	$(VENV)/bin/pytest -n 2 --dist loadgroup $(ARGS)
 
 # ICELOG_TESTS_NO_JVM: a test that starts Spark without the `spark` marker fails here (tests/conftest.py).
 test-quick: setup

@@ -5,6 +5,10 @@ Tests that need Spark are marked `spark` here, from the fixtures they use (`lake
 it); a test that starts Spark in a child process only is marked by hand. `make test-quick` runs `-m 'not spark'`
 with ICELOG_TESTS_NO_JVM=1, which puts a `java` that refuses to start first on the PATH: an unmarked Spark test
 fails there instead of making the quick lane slow.
+
+`make test` runs two pytest-xdist workers (`--dist loadgroup`): every Spark test is in one group, so one worker runs
+them one after another (two JVMs on two cores would slow each other) while the other takes the JVM-free tests, and
+then whatever is left.
 """
 
 from __future__ import annotations
@@ -32,33 +36,65 @@ from tests.support.postgres import postgres_cluster  # noqa: F401 (a session fix
 SPARK_FIXTURES = {"lake_spark"}
 NO_JVM_ENV = "ICELOG_TESTS_NO_JVM"
 SPARK_CONF_ENV = "ICELOG_ARCHIVE__SPARK_CONF"
+WORKER_LINE = "icelog_line"  # an xdist worker's line for the terminal, in its workeroutput
 # The JVM options of the Spark drivers tests start in child processes (tests/support/jvm.py), unless the user set
-# the variable: the first JIT tier now, and the class archive once collection says a Spark test will run.
+# the variable: the first JIT tier and the class archive, put in the environment by the first Spark test
+# (child_driver_conf; not here: xdist's workers would inherit the controller's value as if the user had set it).
 CHILD_DRIVER_CONF: dict[str, str] = {} if SPARK_CONF_ENV in os.environ else driver_conf()
-os.environ.setdefault(SPARK_CONF_ENV, json.dumps(CHILD_DRIVER_CONF))
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker, and before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         # fixturenames is the closure: it holds lake_spark also when the test asks for lake_archiver only.
         if SPARK_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.spark)
+        if item.get_closest_marker("spark"):
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    if not CHILD_DRIVER_CONF or os.environ.get(NO_JVM_ENV) or session.config.option.collectonly:
-        return
-    if not any(item.get_closest_marker("spark") for item in session.items):
-        return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    started = time.monotonic()
-    archive = class_archive()
-    if reporter is not None:
+@pytest.fixture(scope="session")
+def child_driver_conf(pytestconfig: pytest.Config) -> dict[str, str]:
+    """The Spark conf of the children's drivers, with the class archive (dumped first if needed).
+
+    Made by the first Spark test a process runs, not at collection: under xdist only the worker of the Spark group
+    pays for the dump, and the other worker starts on its tests at once.
+    """
+    if CHILD_DRIVER_CONF and not os.environ.get(NO_JVM_ENV):
+        started = time.monotonic()
+        archive = class_archive()
         said = f"in {time.monotonic() - started:.0f} s: {archive}" if archive else "none could be made; JIT option only"
-        reporter.write_line(f"Spark drivers of child processes: class archive {said}")
-    CHILD_DRIVER_CONF.update(driver_conf(archive))
-    os.environ[SPARK_CONF_ENV] = json.dumps(CHILD_DRIVER_CONF)
+        _say(pytestconfig, f"Spark drivers of child processes: class archive {said}")
+        CHILD_DRIVER_CONF.update(driver_conf(archive))
+        os.environ[SPARK_CONF_ENV] = json.dumps(CHILD_DRIVER_CONF)
+    return CHILD_DRIVER_CONF
+
+
+def _say(config: pytest.Config, line: str) -> None:
+    """A line on the terminal; an xdist worker prints nothing, so it hands the line to the controller."""
+    if hasattr(config, "workeroutput"):
+        config.workeroutput[WORKER_LINE] = line
+    elif (reporter := config.pluginmanager.get_plugin("terminalreporter")) is not None:
+        reporter.write_line(line)
+
+
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """(xdist's controller, as a worker ends) The line the worker had to say."""
+    if line := getattr(node, "workeroutput", {}).get(WORKER_LINE):
+        _say(node.config, line)
+
+
+@pytest.fixture(autouse=True)
+def _spark_test_drivers(request: pytest.FixtureRequest) -> None:
+    """A Spark test starts with the children's driver conf in the environment (the class archive made once)."""
+    if not request.node.get_closest_marker("spark"):
+        return
+    # Under --dist loadgroup xdist puts the group in the node id; a pytest whose node ids it cannot extend (9.2)
+    # would silently spread the Spark tests over both workers.
+    if getattr(request.config.option, "loadgroup", False) and "@" not in request.node.nodeid:
+        pytest.fail("--dist loadgroup did not group the Spark tests: a pytest this pytest-xdist does not support "
+                    "(pyproject.toml pins pytest below 9.2)", pytrace=False)
+    request.getfixturevalue("child_driver_conf")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -108,9 +144,10 @@ def lake_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProc
 
 
 @pytest.fixture(scope="session")
-def lake_settings(lake_broker: BrokerProcess) -> Settings:
+def lake_settings(lake_broker: BrokerProcess, child_driver_conf: dict[str, str]) -> Settings:
     """The lake's settings, with the broker's address: ICELOG_ARCHIVE__READ_VIA=kafka runs the archive tests with
-    tasks that fetch from it over the Kafka protocol (its first listener, archive.bootstrap_servers' default)."""
+    tasks that fetch from it over the Kafka protocol (its first listener, archive.bootstrap_servers' default).
+    Read after child_driver_conf, so that lake_spark can tell the children's JVM options from a user's."""
     # The archiver reads the embedded registry's schemas from this data dir's metadata store (no HTTP).
     return load_settings(data_dir=str(lake_broker.data_dir), listen=lake_broker.bootstrap,
                          registry_listen=f"127.0.0.1:{lake_broker.registry_port}")

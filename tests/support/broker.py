@@ -44,7 +44,9 @@ class BrokerProcess:
     def registry_url(self) -> str:
         return f"http://127.0.0.1:{self.registry_port}"
 
-    def start(self, timeout: float = 20.0) -> BrokerProcess:
+    def start(self, timeout: float = 60.0) -> BrokerProcess:
+        """Start `icelog serve` and wait until it listens (a start takes ~2 s of CPU: its imports; far longer on a
+        machine whose two cores are busy with other tests). A broker that does not listen in time is killed."""
         # Test brokers keep plain Kafka retention and run no Spark archiver unless a test asks for them
         # (the Spark tests pass ICELOG_ARCHIVE__* in `env`: tests/support/archive.py ARCHIVE_ENV).
         quiet = {"ICELOG_ARCHIVE__DEFAULT_KIND": "none", "ICELOG_ARCHIVE__ENABLED": "false",
@@ -67,6 +69,7 @@ class BrokerProcess:
                     return self
             except OSError:
                 time.sleep(0.05)
+        self.kill()  # (no test holds it yet: it would outlive the run)
         raise RuntimeError(f"broker did not listen within {timeout}s:\n{self.log()}")
 
     def kill(self) -> None:

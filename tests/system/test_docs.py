@@ -1,4 +1,5 @@
-"""The manual cannot rot: the site builds with --strict, and every piece of code it names exists.
+"""The manual cannot rot: the site builds with --strict, and every piece of code it names exists; BENCHMARKS.md
+holds short cells.
 
 `mkdocs build --strict` fails on a link between pages that points nowhere, an anchor that is gone, or a link to
 code that was moved (scripts/mkdocs_code_links.py). The pages, README.md and BENCHMARKS.md also name code in
@@ -90,3 +91,19 @@ def test_links_outside_the_site_resolve() -> None:
             if "://" not in target and not (page.parent / target).exists():
                 missing.append(f"{page.name}: {target}")
     assert not missing, "links to nothing:\n" + "\n".join(missing)
+
+
+BENCHMARK_CELL_MAX = 200
+
+
+def test_benchmarks_md_holds_short_current_figures() -> None:
+    # A row holds the current figure, its baseline, ratio, target, date and commit; what explains a figure goes to
+    # docs/benchmarks.md and earlier runs to git, so no cell grows into a changelog.
+    long_cells = [
+        f"line {number}: {len(cell)} characters: {cell[:80]}…"
+        for number, line in enumerate((ROOT / "BENCHMARKS.md").read_text().splitlines(), start=1)
+        if line.startswith("|")
+        for cell in (c.strip() for c in line.strip().strip("|").split("|"))
+        if len(cell) > BENCHMARK_CELL_MAX
+    ]
+    assert not long_cells, f"BENCHMARKS.md cells over {BENCHMARK_CELL_MAX} characters:\n" + "\n".join(long_cells)
