@@ -25,6 +25,7 @@ from aiohttp import web
 
 from icelog.config import Settings
 from icelog.meta.security import SecurityStore
+from icelog.schema.registry.service import RegistryError, parse_schema_id
 from icelog.security.acl import CLUSTER_NAME, ACLOperation, ACLResourceType
 from icelog.security.credentials import check_plain
 
@@ -152,8 +153,8 @@ class RegistryAccess:
             return True
         if rule is _SCHEMA:
             try:
-                subjects = self._subjects_of_schema(int(request.match_info["id"]))
-            except ValueError:  # not an id: the handler answers 404
+                subjects = self._subjects_of_schema(parse_schema_id(request.match_info["id"]))
+            except RegistryError:  # not an id that can exist: the handler answers 404 (40403)
                 return True
             return not subjects or any(self.may_read(caller, s) for s in subjects)  # none: the handler's 404
         if isinstance(rule, ACLOperation):
