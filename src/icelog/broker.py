@@ -69,7 +69,8 @@ class Broker:
         # (after state.authorizer is set: subjects follow topic ACLs)
         self.registry: RegistryServer | None = None
         if settings.serves_registry:
-            self.registry = registry_server(settings, self.registry_service, self.store, self.state.authorizer)
+            self.registry = registry_server(settings, self.registry_service, self.store, self.state.authorizer,
+                                            self.state.logins)
         self.schema_source: SchemaSource = LocalSchemaSource(self.registry_service)
         if settings.registry_url:
             self.schema_source = HttpSchemaSource(settings.registry_url)
@@ -101,6 +102,10 @@ class Broker:
 
     async def run(self) -> None:
         """Recover, serve until SIGINT/SIGTERM, then shut down cleanly."""
+        registry_logins = self.registry is not None and self.registry.access is not None
+        plain_logins = "PLAIN" in self.settings.sasl_mechanisms and any(s.sasl for s in self.settings.listener_specs)
+        if registry_logins or plain_logins:
+            self.state.logins.warm()  # password checks run in a process: spawn it before the first login
         self.logs.open()
         # Plan the tables before serving: the log start consumers see must be the table's from the start.
         await asyncio.to_thread(self.readback.refresh_all)
@@ -179,6 +184,7 @@ class Broker:
             await self.metrics.stop()
         await self.transactions.stop()
         await self.groups.stop()
+        self.state.logins.close()
         failed = self.logs.writer.failed
         await self.logs.close()
         if failed is not None:

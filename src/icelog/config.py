@@ -363,6 +363,10 @@ class Settings(BaseSettings):
         2147483647, gt=0, description="Kafka's max.connections.per.ip: further connections from one address "
         "are closed when accepted."
     )
+    connection_failed_authentication_delay_ms: int = Field(
+        100, ge=0, description="Kafka's connection.failed.authentication.delay.ms: a failed login (SASL, or the "
+        "registry's HTTP basic auth) is answered this much later, which slows password guessing."
+    )
     # -- security, named after Kafka's broker settings (docs/security.md) -------------------------------------
     listeners: str | None = Field(
         None,

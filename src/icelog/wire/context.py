@@ -12,6 +12,7 @@ from kafka.protocol.api_message import ApiMessage
 from icelog.config import Listener, Settings
 from icelog.log.manager import LogManager
 from icelog.security.acl import ACLOperation, ACLResourceType
+from icelog.security.logins import LoginChecks
 from icelog.wire.validator import Validator
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class BrokerState:
     security: SecurityStore | None = None  # users' credentials, for SASL logins (set by the Broker)
     tokens: TokenValidator | None = None  # OAUTHBEARER's JWT checks, when that mechanism is enabled
     wire_metrics: WireMetrics | None = None  # per-API request metrics (None: metrics_listen is off)
+    logins: LoginChecks = field(default_factory=LoginChecks)  # where credential checks run (shared with the registry)
 
 
 ANONYMOUS = "User:ANONYMOUS"

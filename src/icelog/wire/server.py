@@ -389,7 +389,8 @@ class KafkaServer:
         except TimeoutError:
             raise _Disconnect(f"a {size}-byte request not complete within connections.max.idle.ms") from None
         if connection.sasl_raw:  # after a v0 SaslHandshake: a bare token, no request header
-            return -1, 0, asyncio.ensure_future(sasl.raw_token(connection, frame))
+            delay_ms = self.broker.settings.connection_failed_authentication_delay_ms
+            return -1, 0, asyncio.ensure_future(sasl.raw_token(delay_ms, connection, frame))
         try:
             prefix = codec.read_prefix(frame)
         except ValueError as exc:

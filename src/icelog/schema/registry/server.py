@@ -29,6 +29,7 @@ from icelog.schema.registry.service import (
     parse_schema_id,
     schema_json,
 )
+from icelog.security.logins import LoginChecks
 from icelog.security.tls import server_context
 
 if TYPE_CHECKING:
@@ -252,14 +253,16 @@ class RegistryServer:
 
 
 def registry_server(settings: Settings, service: RegistryService, users: SecurityStore,
-                    authorizer: Authorizer | None) -> RegistryServer:
+                    authorizer: Authorizer | None, logins: LoginChecks) -> RegistryServer:
     """The broker's registry: HTTPS with the broker's certificate when a Kafka listener uses TLS, and callers
-    authenticated (and held to topic ACLs) when a Kafka listener authenticates its clients. Client certificates
-    are not asked for: callers identify with HTTP basic auth. Raises ConfigError for an unusable key file."""
+    authenticated (and held to topic ACLs) when a Kafka listener authenticates its clients, their passwords
+    checked by the broker's `logins`. Client certificates are not asked for: callers identify with HTTP basic
+    auth. Raises ConfigError for an unusable key file."""
     access = None
     if asks_credentials(settings):
         def subjects_of_schema(schema_id: int) -> list[str]:
             return sorted({v.subject for v in service.store.registry_versions_of_schema(schema_id)})
 
-        access = RegistryAccess(users, settings.super_user_set, authorizer, subjects_of_schema)
+        access = RegistryAccess(users, settings.super_user_set, authorizer, subjects_of_schema, logins,
+                                settings.connection_failed_authentication_delay_ms)
     return RegistryServer(service, access, server_context(settings, client_auth="none"))
