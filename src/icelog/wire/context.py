@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -61,6 +62,7 @@ class Connection:
         self.sasl: SaslSession | None = None  # the login under way (after SaslHandshake)
         self.sasl_raw = False  # a v0 handshake: the next frames are bare SASL tokens
         self.close_after_response = False  # a failed login: answer, then close (as Kafka)
+        self.accepted = time.monotonic()  # when the connection was accepted (its login must end in time)
         self.advertised = ("", 0)  # (host, port) Metadata names for this listener
         self._produce_turn: asyncio.Future[None] | None = None
 
