@@ -10,6 +10,7 @@ where they were, and that its log holds no traceback and no flood.
 from __future__ import annotations
 
 import base64
+import functools
 import resource
 import socket
 import struct
@@ -216,26 +217,33 @@ def _repeat_until(attack: Callable[[], None], running: threading.Event, errors: 
             return
 
 
+def _basic(user: str, password: str) -> dict[str, str]:
+    """An Authorization header in UTF-8, as Confluent's clients send it (requests' `auth=` encodes Latin-1)."""
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
 def test_registry_login_flood(secure: SecureBroker, round_trips: RoundTrips) -> None:
-    """20 threads send registry requests with a wrong 6 KB password: each gets 401 (40101), each after Kafka's
-    100 ms failure delay; the checks run off the threads that serve Fetch, so round trips go on; afterwards a
-    right password is served and the wrong one is in no log line."""
+    """20 threads send registry requests with wrong passwords (6 KB, or 1,000 non-ASCII characters: the longest
+    a check derives keys for): each gets 401 (40101), each after Kafka's 100 ms failure delay; the checks run off
+    the threads that serve Fetch, so round trips go on; afterwards a right password is served and the wrong
+    ones are in no log line."""
     was = before(secure)
     url = f"https://127.0.0.1:{secure.broker.registry_port}/subjects"
-    wrong = "w" * 6000
+    wrongs = ["w" * 6000, "\u00e9" * 1000]
     answers: list[tuple[int, int, float]] = []
     running = threading.Event()
     running.set()
     errors: list[BaseException] = []
 
-    def attack() -> None:
+    def attack(wrong: str) -> None:
         with requests.Session() as session:
             started = time.monotonic()
-            reply = session.get(url, auth=("alice", wrong), verify=str(secure.pki.ca_pem), timeout=60)
+            reply = session.get(url, headers=_basic("alice", wrong), verify=str(secure.pki.ca_pem), timeout=60)
             answers.append((reply.status_code, reply.json()["error_code"], time.monotonic() - started))
 
     with ThreadPoolExecutor(20) as pool:
-        futures = [pool.submit(_repeat_until, attack, running, errors) for _ in range(20)]
+        futures = [pool.submit(_repeat_until, functools.partial(attack, wrongs[i % 2]), running, errors)
+                   for i in range(20)]
         try:
             keeps_round_tripping(round_trips, running.is_set)
             assert eventually(lambda: len(answers) >= 60, 120), f"only {len(answers)} answers"
@@ -249,7 +257,8 @@ def test_registry_login_flood(secure: SecureBroker, round_trips: RoundTrips) -> 
     ok = requests.get(url, auth=("alice", USERS["alice"]), verify=str(secure.pki.ca_pem), timeout=60)
     assert ok.status_code == 200, ok.text
     added = assert_recovered(secure, was, fd_margin=25)
-    assert wrong not in added and base64.b64encode(f"alice:{wrong}".encode()).decode()[:40] not in added
+    for wrong in wrongs:
+        assert wrong[:100] not in added and _basic("alice", wrong)["Authorization"][6:46] not in added
 
 
 @pytest.mark.parametrize("server", ["registry", "metrics"])
