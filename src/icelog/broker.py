@@ -29,6 +29,7 @@ from icelog.schema.registry.server import RegistryServer, registry_server
 from icelog.schema.registry.service import RegistryService
 from icelog.schema.registry_client import RegistryClient
 from icelog.security.authorizer import Authorizer
+from icelog.security.connections import connection_budgets, raise_descriptor_limit
 from icelog.security.oauth import TokenValidator
 from icelog.topics import EffectiveConfig
 from icelog.wire.context import HANDLERS, BrokerState
@@ -63,13 +64,17 @@ class Broker:
             self.state.authorizer = Authorizer(
                 self.store, settings.super_user_set, settings.allow_everyone_if_no_acl_found
             )
-        self.server = KafkaServer(self.state)
+        # Descriptors: the soft limit raised to the hard one, then split between the servers so that the broker's
+        # own files and /healthz always have some (security/connections.py).
+        self.budgets = connection_budgets(raise_descriptor_limit(), settings.max_connections)
+        self.server = KafkaServer(self.state, self.budgets.kafka)
         # The embedded schema registry, unless an external one is configured (registry_url).
         self.registry_service = RegistryService(self.store)
         # (after state.authorizer is set: subjects follow topic ACLs)
         self.registry: RegistryServer | None = None
         if settings.serves_registry:
-            self.registry = registry_server(settings, self.registry_service, self.store, self.state.authorizer)
+            self.registry = registry_server(settings, self.registry_service, self.store, self.state.authorizer,
+                                            self.state.logins, self.budgets.registry)
         self.schema_source: SchemaSource = LocalSchemaSource(self.registry_service)
         if settings.registry_url:
             self.schema_source = HttpSchemaSource(settings.registry_url)
@@ -90,7 +95,7 @@ class Broker:
             self.metrics = BrokerMetrics(
                 settings, self.store, self.logs, self.readback, sorted(HANDLERS), self.server.serving,
                 lambda: self.archiver is not None and self.archiver.running(),
-                lambda: self.archiver.restarts if self.archiver is not None else 0,
+                lambda: self.archiver.restarts if self.archiver is not None else 0, self.budgets.metrics,
             )
             self.state.wire_metrics = self.metrics.wire
             self.logs.writer.on_commit = self.metrics.intake.observe_commit
@@ -99,8 +104,24 @@ class Broker:
         source = self.readback.source(record.topic_id, record.name, record.configs, partition, config.log_append_time)
         return [] if source is None else [source]
 
+    def _check_budgets(self) -> None:
+        """Say at start-up what the descriptor limit allows, and warn when max_connections leaves too little."""
+        budgets, auto = self.budgets, connection_budgets(self.budgets.descriptors, None)
+        log.info("descriptor limit %d: up to %d Kafka connections, %d registry, %d metrics, %d for the broker's files",
+                 budgets.descriptors, budgets.kafka, budgets.registry, budgets.metrics, budgets.own_files)
+        if budgets.kafka > auto.kafka:
+            log.warning("max_connections=%d leaves %d of the process's %d descriptors for the registry, /healthz and "
+                        "the broker's own files: a flood of connections can stop them (at most %d keeps %d free; "
+                        "or raise the limit: ulimit -n)", budgets.kafka, max(0, budgets.own_files + budgets.registry
+                        + budgets.metrics), budgets.descriptors, auto.kafka, budgets.descriptors - auto.kafka)
+
     async def run(self) -> None:
         """Recover, serve until SIGINT/SIGTERM, then shut down cleanly."""
+        self._check_budgets()
+        registry_logins = self.registry is not None and self.registry.access is not None
+        plain_logins = "PLAIN" in self.settings.sasl_mechanisms and any(s.sasl for s in self.settings.listener_specs)
+        if registry_logins or plain_logins:
+            self.state.logins.warm()  # password checks run in a process: spawn it before the first login
         self.logs.open()
         # Plan the tables before serving: the log start consumers see must be the table's from the start.
         await asyncio.to_thread(self.readback.refresh_all)
@@ -179,6 +200,7 @@ class Broker:
             await self.metrics.stop()
         await self.transactions.stop()
         await self.groups.stop()
+        self.state.logins.close()
         failed = self.logs.writer.failed
         await self.logs.close()
         if failed is not None:

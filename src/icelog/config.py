@@ -353,15 +353,29 @@ class Settings(BaseSettings):
         200 * 1024 * 1024,
         gt=0,
         description="Kafka's queued.max.request.bytes: bytes of requests being read or handled, over all "
-        "connections; at the bound the broker stops reading requests until some finish, and a single request "
-        "larger than it closes its connection.",
+        "connections, taken as they arrive (requests before a SASL login take none); at the bound the broker stops "
+        "reading requests until some finish, and a single request larger than it closes its connection.",
     )
-    max_connections: int = Field(
-        2147483647, gt=0, description="Kafka's max.connections: further connections are closed when accepted."
+    max_connections: int | None = Field(
+        None, gt=0, description="Kafka's max.connections: further connections (TLS handshakes under way included) "
+        "are closed when accepted; default: the process's descriptor limit less what the registry, the metrics "
+        "listener and the broker's own files keep (docs/security.md)."
     )
     max_connections_per_ip: int = Field(
         2147483647, gt=0, description="Kafka's max.connections.per.ip: further connections from one address "
         "are closed when accepted."
+    )
+    sasl_server_max_receive_size: int = Field(
+        524288, gt=0, description="Kafka's sasl.server.max.receive.size: the largest request a connection to a SASL "
+        "listener may send before it has logged in; a larger size closes the connection at once."
+    )
+    connection_setup_timeout_ms: int = Field(
+        10000, gt=0, description="A connection must finish its TLS handshake and its SASL login within this long "
+        "of being accepted, or it is closed (the broker's side of Kafka clients' socket.connection.setup.timeout.ms)."
+    )
+    connection_failed_authentication_delay_ms: int = Field(
+        100, ge=0, description="Kafka's connection.failed.authentication.delay.ms: a failed login (SASL, or the "
+        "registry's HTTP basic auth) is answered this much later, which slows password guessing."
     )
     # -- security, named after Kafka's broker settings (docs/security.md) -------------------------------------
     listeners: str | None = Field(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,13 +12,16 @@ import scramp
 
 from icelog.meta.sqlite import SqliteStore
 from icelog.security.credentials import (
+    MAX_PASSWORD_CHARS,
     SCRAM_MECHANISMS,
     AuthenticationError,
     CredentialError,
     ScramServer,
     check_plain,
     credential_from_salted_password,
+    derive_keys,
     make_credential,
+    plain_acceptable,
 )
 
 
@@ -189,3 +193,37 @@ def test_librdkafka_before_2_6_1_nonce_is_accepted_as_kafka_3_9_does(store: Sqli
         _hand_login(store, "pw", "client")
     with pytest.raises(AuthenticationError):
         _hand_login(store, "not-pw", "librdkafka")
+
+
+@pytest.mark.parametrize("password", ["secret", "with space ~!@#", "p\u00e4ss\u00a0w\u00f6rd", "\u2168x", "x" * 1024])
+@pytest.mark.parametrize("mechanism", SCRAM_MECHANISMS)
+def test_derived_keys_are_scramps(mechanism: str, password: str) -> None:
+    """The login process's derivation (printable ASCII skips SASLprep's tables) gives scramp's keys, also for
+    passwords SASLprep changes (a no-break space, a roman numeral)."""
+    salt = b"0123456789abcdef"
+    _, stored_key, server_key, _ = scramp.ScramMechanism(mechanism).make_auth_info(password, 4096, salt)
+    assert derive_keys(password, [(mechanism, salt, 4096)]) == [(stored_key, server_key)]
+    assert derive_keys("bad\x07char", [(mechanism, salt, 4096)]) is None  # SASLprep refuses it: matches nothing
+
+
+def test_overlong_credentials_are_refused_before_any_work(store: SqliteStore) -> None:
+    """A password or user name longer than any credential can have is refused without SASLprep or PBKDF2 (a 1 MB
+    password once cost 6-7 s); such a password cannot be made either."""
+    long_password = "x" * (MAX_PASSWORD_CHARS + 1)
+    assert not plain_acceptable("alice", long_password) and not plain_acceptable("u" * 256, "pw")
+    started = time.process_time()
+    for _ in range(20):
+        assert not check_plain(store, "alice", "x" * 1_000_000)
+    assert time.process_time() - started < 1.0  # once 6-7 s each
+    with pytest.raises(CredentialError, match="at most 1024 characters"):
+        make_credential("alice", "SCRAM-SHA-512", long_password)
+    assert make_credential("alice", "SCRAM-SHA-512", "x" * MAX_PASSWORD_CHARS).user == "alice"
+
+
+def test_scram_refuses_an_overlong_user_name_at_once(store: SqliteStore) -> None:
+    """A client-first whose user name no credential can have (or which is longer than any valid message) fails
+    before scramp parses it, with the same error as any failed login."""
+    for client_first in (f"n,,n={'u' * 256},r=nonce", f"n,,n={'u' * 100_000},r=nonce", "n,,n=alice,r=" + "r" * 4000):
+        with pytest.raises(AuthenticationError, match="invalid credentials"):
+            ScramServer("SCRAM-SHA-512", store).first(client_first.encode())
+    assert _login(store, "SCRAM-SHA-512", "alice", "secret") == "alice"

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -21,8 +22,10 @@ class BrokerProcess:
     """`icelog serve` in a child process, so tests can SIGKILL and restart it."""
 
     def __init__(self, data_dir: Path, port: int | None = None, env: dict[str, str] | None = None,
-                 extra_args: list[str] | None = None, config: Path | None = None) -> None:
+                 extra_args: list[str] | None = None, config: Path | None = None,
+                 preexec_fn: Callable[[], None] | None = None) -> None:
         self.data_dir = data_dir
+        self.preexec_fn = preexec_fn  # run in the child before icelog starts (e.g. a lower descriptor limit)
         self.config = config  # an icelog.yaml, passed as a user does: `icelog --config F serve`
         self.port = port or free_port()
         self.registry_port = free_port()  # the embedded schema registry; 8081 would clash between brokers
@@ -58,7 +61,7 @@ class BrokerProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "icelog", *config, "serve", "--listen", self.bootstrap, "--data-dir",
              str(self.data_dir), *self.extra_args],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
+            stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=self.preexec_fn,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,8 @@ class SecureBroker:
 
 
 def start_secure_broker(tmp: Path, protocols: tuple[str, ...], env: dict[str, str] | None = None,
-                        users: dict[str, str] | None = None, pki: Pki | None = None) -> SecureBroker:
+                        users: dict[str, str] | None = None, pki: Pki | None = None,
+                        preexec_fn: Callable[[], None] | None = None) -> SecureBroker:
     """A broker serving each protocol on its own port (the first is the one `start` waits for)."""
     pki = pki or make_pki(tmp / "pki")
     ports = {p: free_port() for p in protocols}
@@ -88,7 +90,7 @@ def start_secure_broker(tmp: Path, protocols: tuple[str, ...], env: dict[str, st
         "ICELOG_SSL_CAFILE": str(pki.ca_pem),
         **(env or {}),
     }
-    broker = BrokerProcess(data_dir, port=ports[protocols[0]], env=settings).start(timeout=60)
+    broker = BrokerProcess(data_dir, port=ports[protocols[0]], env=settings, preexec_fn=preexec_fn).start(timeout=60)
     return SecureBroker(broker, pki, ports)
 
 

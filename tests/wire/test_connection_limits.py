@@ -208,23 +208,49 @@ def test_pipelined_long_polls_are_released_when_the_client_leaves(fresh_broker: 
 
 def test_byte_budget_survives_cancelled_waiters() -> None:
     """A reader that leaves while waiting for queued.max.request.bytes neither leaks bytes nor breaks the queue."""
-    from icelog.wire.server import _ByteBudget
+    from icelog.wire.byte_budget import ByteBudget
 
     async def scenario() -> None:
-        budget = _ByteBudget(10)
-        await budget.acquire(8)
-        leaving = asyncio.ensure_future(budget.acquire(5))
-        waiting = asyncio.ensure_future(budget.acquire(2))
+        budget = ByteBudget(10)
+        await budget.acquire(8, object())
+        leaving = asyncio.ensure_future(budget.acquire(5, object()))
+        waiting = asyncio.ensure_future(budget.acquire(2, object()))
         await asyncio.sleep(0)
         leaving.cancel()  # cancelled while queued, released before it runs its cancellation
         budget.release(8)
         await asyncio.wait_for(waiting, 1)
         assert leaving.cancelled() and budget.used == 2
-        granted_then_gone = asyncio.ensure_future(budget.acquire(9))
+        granted_then_gone = asyncio.ensure_future(budget.acquire(9, object()))
         await asyncio.sleep(0)
         budget.release(2)  # grants it ...
         granted_then_gone.cancel()  # ... just before it resumes: it gives the bytes back
         await asyncio.sleep(0)
         assert budget.used == 0
+
+    asyncio.run(scenario())
+
+
+def test_byte_budget_lets_one_partly_read_request_finish() -> None:
+    """Requests each holding part of the budget and waiting for more would wait for each other forever: one at a
+    time (the oldest started) goes past the bound and finishes; one that has not started waits its turn."""
+    from icelog.wire.byte_budget import ByteBudget
+
+    async def scenario() -> None:
+        budget = ByteBudget(10)
+        first, second, fresh = object(), object(), object()
+        await budget.acquire(5, first)
+        await budget.acquire(5, second)  # the budget is full of two half-read requests
+        unstarted = asyncio.ensure_future(budget.acquire(1, fresh))
+        more_second = asyncio.ensure_future(budget.acquire(5, second, started=True))
+        more_first = asyncio.ensure_future(budget.acquire(5, first, started=True))
+        await asyncio.sleep(0)
+        assert more_second.done() and not more_first.done() and not unstarted.done()  # the pass: second only
+        assert budget.try_acquire(1, second)  # the pass holder never waits
+        budget.read_whole(second)
+        await asyncio.sleep(0)
+        assert not more_first.done()  # the pass is free, but nobody else may pass the bound while ...
+        budget.release(11)  # ... second is handled and gives its bytes back
+        await asyncio.wait_for(asyncio.gather(more_first, unstarted), 1)
+        assert budget.used == 5 + 5 + 1
 
     asyncio.run(scenario())

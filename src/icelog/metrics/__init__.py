@@ -21,6 +21,7 @@ from icelog.metrics.freshness import FreshnessWatch
 from icelog.metrics.health import Readiness
 from icelog.metrics.server import MetricsServer
 from icelog.readback.service import ReadBack
+from icelog.security.connections import METRICS_MAX_CONNECTIONS
 from icelog.security.tls import server_context
 
 __all__ = ["BrokerMetrics"]
@@ -31,7 +32,7 @@ class BrokerMetrics:
 
     def __init__(self, settings: Settings, store: MetadataStore, logs: LogManager, readback: ReadBack,
                  apis: list[int], kafka_serving: Callable[[], bool], archiver_alive: Callable[[], bool],
-                 archiver_restarts: Callable[[], int]) -> None:
+                 archiver_restarts: Callable[[], int], max_connections: int = METRICS_MAX_CONNECTIONS) -> None:
         self.settings = settings
         # No `_created` series beside every counter (prometheus-client's default): they double the series for a
         # figure Prometheus does not use.
@@ -45,7 +46,8 @@ class BrokerMetrics:
         self.freshness = FreshnessWatch(self.registry, store)
         self.registry.register(BrokerCollector(settings, store, logs, readback, archiver_restarts))
         self.readiness = Readiness(settings, store, logs, kafka_serving, archiver_alive)
-        self.server = MetricsServer(self.registry, self.readiness, server_context(settings, client_auth="none"))
+        self.server = MetricsServer(self.registry, self.readiness, server_context(settings, client_auth="none"),
+                                    max_connections)
 
     async def start(self) -> None:
         host, _, port = self.settings.metrics_listen.rpartition(":")

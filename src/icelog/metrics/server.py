@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import ssl
 
 from aiohttp import web
@@ -17,6 +18,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from icelog.metrics.health import Readiness
+from icelog.security.connections import HTTP_KEEPALIVE_S, METRICS_MAX_CONNECTIONS, HttpListener
+from icelog.security.log_lines import HttpErrorLog
+
+log = logging.getLogger(__name__)
 
 
 def _json(body: object, status: int = 200) -> web.Response:
@@ -27,11 +32,14 @@ class MetricsServer:
     """Serves one broker's registry and readiness."""
 
     def __init__(self, registry: CollectorRegistry, readiness: Readiness,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, max_connections: int = METRICS_MAX_CONNECTIONS) -> None:
         self.registry = registry
         self.readiness = readiness
         self.ssl_context = ssl_context
+        self.max_connections = max_connections
         self._runner: web.AppRunner | None = None
+        self._listener: HttpListener | None = None
+        self._http_log = HttpErrorLog(log, "metrics listener: bad HTTP requests")
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -59,10 +67,21 @@ class MetricsServer:
         return _json(body, 200 if not problems else 503)
 
     async def start(self, host: str, port: int) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None)
+        """Listen on host:port, at most `max_connections` at once: descriptors of its own (security/connections.py),
+        so /healthz answers however many Kafka or registry connections are open."""
+        # A malformed request (a 9 KB URL or header line) is one counted log line, never a traceback.
+        self._runner = web.AppRunner(self.app(), access_log=None, logger=self._http_log,
+                                     keepalive_timeout=HTTP_KEEPALIVE_S)
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port, ssl_context=self.ssl_context).start()
+        server = self._runner.server
+        assert server is not None
+        self._listener = HttpListener(server, lambda: len(server.connections), self.ssl_context,
+                                      self.max_connections, "metrics listener")
+        await self._listener.start(host, port)
 
     async def stop(self) -> None:
+        if self._listener is not None:
+            await self._listener.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        self._http_log.close()

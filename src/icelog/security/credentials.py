@@ -25,6 +25,10 @@ MIN_ITERATIONS = 4096  # Kafka refuses fewer (RFC 7677's minimum)
 MAX_ITERATIONS = 16384  # Kafka refuses more: each PLAIN login and each `icelog user add` pays the iterations
 MIN_SALT_BYTES = 12  # scramp refuses shorter salts at login, so a credential with one could never be used
 MAX_USER_NAME = 255
+MAX_PASSWORD_CHARS = 1024  # longer passwords are refused when made and at login, before any work
+# A SCRAM client message is a few hundred bytes (a user name of at most MAX_USER_NAME characters, each written
+# as at most 3, a nonce, a proof); anything longer is refused before scramp parses (and SASLprep's) it.
+MAX_SCRAM_MESSAGE_BYTES = 2048
 _HASHES = {"SCRAM-SHA-256": hashlib.sha256, "SCRAM-SHA-512": hashlib.sha512}
 # Salts of users that do not exist derive from this per-process secret: the same user gets the same salt at
 # every attempt (as a real one would), and nothing outside the process can predict it.
@@ -85,6 +89,9 @@ def make_credential(user: str, mechanism: str, password: str, iterations: int = 
     _check_iterations(iterations)
     if not password:
         raise CredentialError("the password is empty")
+    if len(password) > MAX_PASSWORD_CHARS:
+        raise CredentialError(f"a password has at most {MAX_PASSWORD_CHARS} characters (so that checking a PLAIN "
+                              "login costs a bounded amount of work)")
     if salt is not None and len(salt) < MIN_SALT_BYTES:
         raise CredentialError(f"a salt has at least {MIN_SALT_BYTES} bytes")
     try:
@@ -122,30 +129,63 @@ def _decoy(user: str, mechanism: str) -> tuple[bytes, bytes, bytes, int]:
     return salt, secrets.token_bytes(size), secrets.token_bytes(size), DEFAULT_ITERATIONS
 
 
-def check_plain(store: SecurityStore, user: str, password: str) -> bool:
-    """Whether `password` is the user's, against any of its stored SCRAM credentials (constant-time compare).
+def plain_acceptable(user: str, password: str) -> bool:
+    """Whether a PLAIN login (or an HTTP basic one) is worth checking at all: a user name or a password longer
+    than any credential can have is refused before any work, so the work a login costs does not grow with
+    what a client sends (a 1 MB password once cost seconds of SASLprep)."""
+    return 0 < len(user) <= MAX_USER_NAME and 0 < len(password) <= MAX_PASSWORD_CHARS
 
-    A user that does not exist costs one key derivation too, so the time taken does not tell who exists."""
-    credentials = store.scram_credentials(user) if user else []
-    if not credentials:
-        salt, stored, server, iterations = _decoy(user, SCRAM_MECHANISMS[-1])
-        credentials = [ScramCredential(user, SCRAM_MECHANISMS[-1], salt, stored, server, iterations)]
-    matched = False
-    for credential in credentials:
-        if credential.mechanism not in SCRAM_MECHANISMS:
-            continue
+
+def plain_candidates(store: SecurityStore, user: str) -> list[ScramCredential]:
+    """The stored credentials a PLAIN login of `user` is checked against; for a user that does not exist, decoys
+    of both mechanisms (as `icelog user add` stores both), so the work done does not tell who exists."""
+    found = [c for c in store.scram_credentials(user) if c.mechanism in SCRAM_MECHANISMS] if user else []
+    if found:
+        return found
+    return [ScramCredential(user, mechanism, *_decoy(user, mechanism)) for mechanism in SCRAM_MECHANISMS]
+
+
+def derive_keys(password: str, params: list[tuple[str, bytes, int]]) -> list[tuple[bytes, bytes]] | None:
+    """(StoredKey, ServerKey) of `password` for each (mechanism, salt, iterations), as RFC 5802 derives them from
+    SASLprep(password); None for a password SASLprep refuses (it matches nothing). Printable ASCII is what
+    SASLprep leaves unchanged, so it skips SASLprep's per-character tables."""
+    if password.isascii() and password.isprintable():
+        prepared = password
+    else:
         try:
-            _, stored_key, server_key, _ = scramp.ScramMechanism(credential.mechanism).make_auth_info(
-                password, iteration_count=credential.iterations, salt=credential.salt
-            )
-        except ScramException:  # a password SASLprep refuses matches nothing
-            return False
-        if hmac.compare_digest(stored_key, credential.stored_key) & hmac.compare_digest(
-            server_key, credential.server_key
-        ):
-            matched = True
-            break
+            prepared = saslprep(password)
+        except ScramException:
+            return None
+    keys = []
+    for mechanism, salt, iterations in params:
+        digest = _HASHES[mechanism]
+        salted = hashlib.pbkdf2_hmac(digest().name, prepared.encode("utf-8"), salt, iterations)
+        client_key = hmac.new(salted, b"Client Key", digest).digest()
+        keys.append((digest(client_key).digest(), hmac.new(salted, b"Server Key", digest).digest()))
+    return keys
+
+
+def keys_match(credentials: list[ScramCredential], keys: list[tuple[bytes, bytes]] | None) -> bool:
+    """Whether the derived keys match one of the credentials they were derived for; every comparison is made,
+    each in constant time."""
+    if keys is None:
+        return False
+    matched = False
+    for credential, (stored_key, server_key) in zip(credentials, keys, strict=True):
+        matched |= hmac.compare_digest(stored_key, credential.stored_key) & hmac.compare_digest(
+            server_key, credential.server_key)
     return matched
+
+
+def check_plain(store: SecurityStore, user: str, password: str) -> bool:
+    """Whether `password` is the user's, against any of its stored SCRAM credentials (constant-time compare), in
+    the calling thread (the broker runs the key derivation in its login process: security/logins.py).
+
+    A user that does not exist costs the same derivations, so the time taken does not tell who exists."""
+    if not plain_acceptable(user, password):
+        return False
+    credentials = plain_candidates(store, user)
+    return keys_match(credentials, derive_keys(password, [(c.mechanism, c.salt, c.iterations) for c in credentials]))
 
 
 class ScramServer:
@@ -181,9 +221,17 @@ class ScramServer:
         """The server-first message; raises AuthenticationError (unknown user gets the same error as a bad proof)."""
         if self._failed:
             raise self._fail()
+        if len(client_first) > MAX_SCRAM_MESSAGE_BYTES:
+            raise self._fail()
         try:
             message = client_first.decode("utf-8")
             if not message.startswith("n,"):  # a gs2 flag of y or p asks for channel binding, which Kafka has not
+                raise self._fail()
+            # n,[a=authzid],n=<user>,r=<nonce>: a user name no credential can have costs no SASLprep
+            parts = message.split(",", 3)
+            if len(parts) < 3 or not parts[2].startswith("n="):
+                raise self._fail()
+            if len(parts[2][2:].replace("=2C", ",").replace("=3D", "=")) > MAX_USER_NAME:
                 raise self._fail()
             self._server.set_client_first(message)
             self._client_nonce = next((p[2:] for p in message.split(",") if p.startswith("r=")), None)
@@ -194,7 +242,7 @@ class ScramServer:
 
     def final(self, client_final: bytes) -> bytes:
         """The server-final message once the client's proof checks; raises AuthenticationError otherwise."""
-        if self._failed or self._user is None:
+        if self._failed or self._user is None or len(client_final) > MAX_SCRAM_MESSAGE_BYTES:
             raise self._fail()
         try:
             message = client_final.decode("utf-8")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -12,6 +13,7 @@ from kafka.protocol.api_message import ApiMessage
 from icelog.config import Listener, Settings
 from icelog.log.manager import LogManager
 from icelog.security.acl import ACLOperation, ACLResourceType
+from icelog.security.logins import LoginChecks
 from icelog.wire.validator import Validator
 
 if TYPE_CHECKING:
@@ -41,6 +43,7 @@ class BrokerState:
     security: SecurityStore | None = None  # users' credentials, for SASL logins (set by the Broker)
     tokens: TokenValidator | None = None  # OAUTHBEARER's JWT checks, when that mechanism is enabled
     wire_metrics: WireMetrics | None = None  # per-API request metrics (None: metrics_listen is off)
+    logins: LoginChecks = field(default_factory=LoginChecks)  # where credential checks run (shared with the registry)
 
 
 ANONYMOUS = "User:ANONYMOUS"
@@ -59,6 +62,7 @@ class Connection:
         self.sasl: SaslSession | None = None  # the login under way (after SaslHandshake)
         self.sasl_raw = False  # a v0 handshake: the next frames are bare SASL tokens
         self.close_after_response = False  # a failed login: answer, then close (as Kafka)
+        self.accepted = time.monotonic()  # when the connection was accepted (its login must end in time)
         self.advertised = ("", 0)  # (host, port) Metadata names for this listener
         self._produce_turn: asyncio.Future[None] | None = None
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import struct
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Coroutine
 from typing import Any
 
@@ -18,8 +19,11 @@ from kafka.protocol.api_message import ApiMessage
 from icelog.config import Listener, principal_rules
 from icelog.errors import ErrorCode
 from icelog.instruments import ApiInstruments
+from icelog.security.connections import Acceptor, bind
+from icelog.security.log_lines import ThrottledLog, bounded, describe
 from icelog.security.tls import NoMatchingRule, certificate_principal, server_context
 from icelog.wire import codec, handlers  # noqa: F401  (handlers register themselves)
+from icelog.wire.byte_budget import ByteBudget
 from icelog.wire.context import HANDLERS, BrokerState, Connection, RequestContext
 from icelog.wire.handlers import sasl
 from icelog.wire.versions import build_api_versions_response, is_supported
@@ -28,25 +32,14 @@ log = logging.getLogger(__name__)
 
 _SIZE = struct.Struct(">i")
 MAX_IN_FLIGHT = 256  # requests read ahead per connection before we stop reading
-TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a client that opens a TLS connection and says nothing holds it no longer
+# A request is read in pieces of at most this much, each taking the byte budget once it has arrived: a reader
+# waiting for budget holds one piece beside what its socket buffered.
+_PIECE_BYTES = 256 * 1024
 # What a SASL listener serves before the client has logged in (Kafka's SaslServerAuthenticator)
 _BEFORE_LOGIN = frozenset({ApiKey.ApiVersions, ApiKey.SaslHandshake, ApiKey.SaslAuthenticate})
-LOG_QUOTE_CHARS = 200  # at most this much of anything a client sent goes into a log line
 # A request read and handed to its handler: (api key << 16 | version, correlation id, the handler's task, when it
 # was read whole: time.perf_counter()); -1 as the key for a bare SASL token
 _Queued = tuple[int, int, asyncio.Task[ApiMessage | None], float]
-
-
-def bounded(text: str, limit: int = LOG_QUOTE_CHARS) -> str:
-    """`text` for a log line: at most `limit` characters, non-printable ones escaped, so a client cannot make
-    the log grow by more than a bounded amount per line nor forge lines of its own."""
-    head = text[:limit].encode("unicode_escape").decode("ascii")
-    return head if len(text) <= limit else f"{head}... ({len(text)} chars)"
-
-
-def describe(exc: BaseException) -> str:
-    """An exception as one bounded line; str(), not repr(): a UnicodeDecodeError's repr quotes all its input."""
-    return bounded(f"{type(exc).__name__}: {exc}")
 
 
 class ListenerError(OSError):
@@ -111,86 +104,53 @@ class _Idle(Exception):
     """connections.max.idle.ms passed with nothing in flight: close quietly, as Kafka does."""
 
 
-class _ByteBudget:
-    """queued.max.request.bytes: bytes of requests read or being handled, over all connections.
-
-    A reader that would pass the bound waits (and so stops reading its socket: back-pressure) until enough
-    is released; waiters are served in order, so a large request is not starved by small ones.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
-
-    async def acquire(self, size: int) -> None:
-        if not self._waiters and self.used + size <= self.limit:
-            self.used += size
-            return
-        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((size, granted))
-        try:
-            await granted
-        except asyncio.CancelledError:
-            if granted.done() and not granted.cancelled():
-                self.release(size)  # granted just as we were cancelled: give it back
-            else:  # still queued, unless a release already dropped it as cancelled
-                with contextlib.suppress(ValueError):
-                    self._waiters.remove((size, granted))
-                self._wake()
-            raise
-
-    def release(self, size: int) -> None:
-        self.used -= size
-        self._wake()
-
-    def _wake(self) -> None:
-        while self._waiters and self.used + self._waiters[0][0] <= self.limit:
-            size, granted = self._waiters.popleft()
-            if granted.cancelled():  # its waiter was cancelled and has not yet removed it
-                continue
-            self.used += size
-            granted.set_result(None)
+class _SetupTimeout(Exception):
+    """connection_setup_timeout_ms passed before the client logged in: close (counted in one log line)."""
 
 
 class KafkaServer:
-    """Accepts Kafka clients and dispatches each request to its handler."""
+    """Accepts Kafka clients and dispatches each request to its handler.
 
-    def __init__(self, broker: BrokerState) -> None:
+    A connection counts against max.connections (and max.connections.per.ip) from accept, its TLS handshake
+    included, to its close. Until a client of a SASL listener has logged in it is served one request at a time,
+    each at most sasl.server.max.receive.size bytes and taking nothing of queued.max.request.bytes, and all
+    within connection_setup_timeout_ms of the accept: what a client that has not logged in can hold is bounded.
+    """
+
+    def __init__(self, broker: BrokerState, max_connections: int) -> None:
         self.broker = broker
-        self._servers: list[asyncio.Server] = []
+        self.max_connections = max_connections
+        self._acceptors: list[Acceptor] = []
         self._advertised: dict[str, tuple[str, int]] = {}  # listener name -> what Metadata tells its clients
         self._principal_rules = principal_rules(broker.settings.ssl_principal_mapping_rules)
+        self._tls = server_context(broker.settings)
         self._connections: set[asyncio.Task[None]] = set()
+        self._handshaking: set[asyncio.Task[None]] = set()  # connections whose TLS handshake is under way
         self._writers: set[asyncio.StreamWriter] = set()
         # Requests whose connection is gone but which still finish (a Produce is applied as Kafka applies
         # one whose client left); held here so the loop's weak references do not drop them.
         self._detached: set[asyncio.Task[ApiMessage | None]] = set()
         self._per_ip: Counter[str] = Counter()
-        self._budget = _ByteBudget(broker.settings.queued_max_request_bytes)
-        self._refused = 0  # connections refused since the last log line about it
-        self._refused_logged = 0.0
+        self._budget = ByteBudget(broker.settings.queued_max_request_bytes)
+        # What clients that have not logged in can cause at will: counted, one line per interval at most
+        self._refused = ThrottledLog(log, "refused Kafka connections")
+        self._oversized = ThrottledLog(log, "closed connections before login: request size over "
+                                            f"sasl.server.max.receive.size={broker.settings.sasl_server_max_receive_size}")
+        self._timed_out = ThrottledLog(log, "closed connections that did not log in within connection_setup_timeout_ms="
+                                            f"{broker.settings.connection_setup_timeout_ms}")
+        self._refused_before_login = ThrottledLog(log, "closed connections before login")
 
     async def start(self) -> None:
         """Serve every listener (Kafka's `listeners`); the broker's advertised address is the first one's."""
-        loop = asyncio.get_running_loop()
-        context = server_context(self.broker.settings)
         for spec in self.broker.settings.listener_specs:
-            def protocol(spec: Listener = spec) -> asyncio.StreamReaderProtocol:  # asyncio.start_server's, our reader
-                return asyncio.StreamReaderProtocol(
-                    _Reader(1 << 20), lambda r, w: self._on_connect(r, w, spec)
-                )
-
             try:
-                server = await loop.create_server(
-                    protocol, spec.host, spec.port, reuse_address=True, ssl=context if spec.tls else None,
-                    ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if spec.tls else None,
-                )
+                sockets = bind(spec.host, spec.port)
             except OSError as exc:
                 raise ListenerError(spec, exc) from None
-            self._servers.append(server)
-            sockets: Any = server.sockets or []
-            port = sockets[0].getsockname()[1] if sockets else spec.port
+            acceptor = Acceptor(sockets, functools.partial(self._on_accept, spec), f"Kafka listener {spec.name}")
+            acceptor.start()
+            self._acceptors.append(acceptor)
+            port = acceptor.port
             self._advertised[spec.name] = (spec.advertised_host or advertisable(spec.host),
                                            spec.advertised_port or port)
             log.info("Kafka listener %s on %s:%d (%s)", spec.name, spec.host, port, spec.protocol)
@@ -213,32 +173,73 @@ class KafkaServer:
 
     def serving(self) -> bool:
         """Whether every Kafka listener is accepting connections (/readyz)."""
-        return bool(self._servers) and all(server.is_serving() for server in self._servers)
+        return bool(self._acceptors) and all(acceptor.serving() for acceptor in self._acceptors)
 
     async def stop(self) -> None:
-        if self._servers:
-            for server in self._servers:
-                server.close()
-            # Closing the sockets ends each connection's read loop normally; cancelling the stream
-            # callbacks instead makes asyncio log a traceback per connection.
-            for writer in list(self._writers):
-                writer.transport.abort()
-            await asyncio.wait(self._connections, timeout=5) if self._connections else None
-            for server in self._servers:
-                await server.wait_closed()
+        for acceptor in self._acceptors:
+            await acceptor.close()
+        # Closing the sockets ends each connection's read loop normally; a TLS handshake under way is cancelled.
+        for writer in list(self._writers):
+            writer.transport.abort()
+        for task in list(self._handshaking):
+            task.cancel()
+        if self._connections:
+            await asyncio.wait(self._connections, timeout=5)
+        for throttled in (self._refused, self._oversized, self._timed_out, self._refused_before_login):
+            throttled.close()
         self.broker.validator.close()
 
-    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, spec: Listener) -> None:
+    def _on_accept(self, spec: Listener, conn: socket.socket, ip: str) -> None:
+        """A connection just accepted: closed at once past max.connections / max.connections.per.ip (counted in
+        one log line per interval), else served."""
+        settings = self.broker.settings
+        if len(self._connections) >= self.max_connections:
+            self._refused.event(f"max.connections={self.max_connections} reached (from {ip})")
+        elif self._per_ip[ip] >= settings.max_connections_per_ip:
+            self._refused.event(f"max.connections.per.ip={settings.max_connections_per_ip} reached (from {ip})")
+        else:
+            self._per_ip[ip] += 1
+            task = asyncio.create_task(self._connection(conn, ip, spec))
+            self._connections.add(task)
+            task.add_done_callback(functools.partial(self._closed, ip))
+            return
+        conn.close()
+
+    def _closed(self, ip: str, task: asyncio.Task[None]) -> None:
+        self._connections.discard(task)
+        self._per_ip[ip] -= 1
+        if not self._per_ip[ip]:
+            del self._per_ip[ip]
+        exc = None if task.cancelled() else task.exception()  # retrieved: asyncio logs no traceback
+        if exc is not None:
+            log.warning("a connection from %s ended on an error: %s", ip, describe(exc))
+
+    async def _connection(self, conn: socket.socket, ip: str, spec: Listener) -> None:
+        loop = asyncio.get_running_loop()
+        accepted = time.monotonic()
+        reader = _Reader(1 << 20)
+        protocol = asyncio.StreamReaderProtocol(reader)
         task = asyncio.current_task()
         assert task is not None
+        self._handshaking.add(task)
+        try:
+            transport, _ = await loop.connect_accepted_socket(
+                lambda: protocol, conn, ssl=self._tls if spec.tls else None,
+                ssl_handshake_timeout=self.broker.settings.connection_setup_timeout_ms / 1000 if spec.tls else None,
+            )
+        except OSError:  # a failed or timed-out TLS handshake (a plaintext client, no certificate), a client gone
+            conn.close()
+            return
+        except asyncio.CancelledError:
+            conn.close()
+            raise
+        finally:
+            self._handshaking.discard(task)
+        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
         peername = writer.get_extra_info("peername")
         peer = f"{peername[0]}:{peername[1]}" if peername else "?"
-        ip = str(peername[0]) if peername else "?"
-        assert isinstance(reader, _Reader)
-        if self._refuse(ip):
-            writer.transport.abort()
-            return
         connection = Connection(peer, ip, spec)
+        connection.accepted = accepted
         connection.advertised = self._advertised[spec.name]
         ssl_object = writer.get_extra_info("ssl_object")
         if ssl_object is not None:  # mTLS: the certificate's subject is the principal (SASL's wins if both)
@@ -250,9 +251,7 @@ class KafkaServer:
                 return
             if principal is not None:
                 connection.principal = principal
-        self._connections.add(task)
         self._writers.add(writer)
-        self._per_ip[ip] += 1
         metrics = self.broker.wire_metrics
         open_gauge = metrics.by_listener.get(spec.name) if metrics is not None else None
         if open_gauge is not None:
@@ -262,27 +261,7 @@ class KafkaServer:
         finally:
             if open_gauge is not None:
                 open_gauge.dec()
-            self._connections.discard(task)
             self._writers.discard(writer)
-            self._per_ip[ip] -= 1
-            if not self._per_ip[ip]:
-                del self._per_ip[ip]
-
-    def _refuse(self, ip: str) -> bool:
-        """max.connections / max.connections.per.ip reached: the new connection is closed unanswered."""
-        settings = self.broker.settings
-        if len(self._connections) >= settings.max_connections:
-            reason = f"max.connections={settings.max_connections}"
-        elif self._per_ip[ip] >= settings.max_connections_per_ip:
-            reason = f"max.connections.per.ip={settings.max_connections_per_ip} (from {ip})"
-        else:
-            return False
-        self._refused += 1
-        now = time.monotonic()
-        if now - self._refused_logged >= 10:  # one line per ten seconds however hard the flood
-            log.warning("refused %d connection(s): %s reached", self._refused, reason)
-            self._refused, self._refused_logged = 0, now
-        return True
 
     async def _serve(self, reader: _Reader, writer: asyncio.StreamWriter, connection: Connection) -> None:
         queue: asyncio.Queue[_Queued | None] = asyncio.Queue(MAX_IN_FLIGHT)
@@ -301,31 +280,56 @@ class KafkaServer:
                     await reader.unless_gone(queue.put(item))
                 else:
                     queue.put_nowait(item)
+                if not connection.authenticated:
+                    # Before the login, one request at a time (as Kafka's authenticator): nothing is read ahead,
+                    # and whether the next request may be served depends on how this one ends.
+                    await self._before_login(reader, connection, item[2])
         except _Disconnect as exc:
-            log.warning("closing connection from %s: %s", peer, exc)
+            if connection.authenticated:
+                log.warning("closing connection from %s: %s", peer, exc)
+            else:
+                self._refused_before_login.event(f"{peer}: {exc}")
         except (asyncio.IncompleteReadError, ConnectionError):
             peer_gone = True
         except _Idle:
             log.debug("closing connection from %s: idle past connections.max.idle.ms", peer)
             peer_gone = True
+        except _SetupTimeout:
+            self._timed_out.event(f"from {peer}")
+            peer_gone = True
         finally:
             if peer_gone or sender.done():
                 # Nobody will read an answer: let go of the socket and every long poll at once, instead of
                 # holding a half-closed socket (CLOSE_WAIT) and its descriptor until max_wait_ms.
-                self._release(inflight)
+                self._release(inflight, connection)
                 writer.transport.abort()
                 sender.cancel()
             else:  # a bad request: the answers to the requests before it still go out, then we close
-                self._release(inflight, fetches_only=True)
+                self._release(inflight, connection, fetches_only=True)
                 await queue.put(None)
                 with contextlib.suppress(Exception):
                     await sender
             writer.close()
 
-    def _release(self, inflight: _InFlight, fetches_only: bool = False) -> None:
-        """End a closing connection's long polls; its other requests run to completion unanswered."""
+    async def _before_login(self, reader: _Reader, connection: Connection,
+                            task: asyncio.Task[ApiMessage | None]) -> None:
+        """Wait until a request sent before the login is handled, within connection_setup_timeout_ms."""
+        try:
+            async with asyncio.timeout_at(self._setup_deadline(connection)):
+                await reader.unless_gone(_finished(task))
+        except TimeoutError:
+            raise _SetupTimeout() from None
+
+    def _setup_deadline(self, connection: Connection) -> float:
+        """When a connection that has not logged in is closed, in the event loop's clock."""
+        left = connection.accepted + self.broker.settings.connection_setup_timeout_ms / 1000 - time.monotonic()
+        return asyncio.get_running_loop().time() + left
+
+    def _release(self, inflight: _InFlight, connection: Connection, fetches_only: bool = False) -> None:
+        """End a closing connection's long polls (and, before the login, its login steps: nobody is left to log
+        in); its other requests run to completion unanswered."""
         for task, key in list(inflight.items()):
-            if key == ApiKey.Fetch:
+            if key == ApiKey.Fetch or not connection.authenticated:
                 task.cancel()
             elif not fetches_only and not task.done():
                 self._detached.add(task)
@@ -342,16 +346,21 @@ class KafkaServer:
     ) -> _Queued | None:
         settings = self.broker.settings
         idle_s = settings.connections_max_idle_ms / 1000
-        timeout = idle_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + idle_s
         while True:
+            if not connection.authenticated:
+                deadline = min(deadline, self._setup_deadline(connection))
             try:
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout_at(deadline):
                     header = await reader.readexactly(4)  # consumes nothing unless it completes
                 break
             except TimeoutError:
+                if not connection.authenticated and loop.time() >= self._setup_deadline(connection):
+                    raise _SetupTimeout() from None
                 # idle: no request for idle_s and none in flight (a long poll is not idleness)
-                timeout = idle_s if inflight else inflight.last_done + idle_s - time.monotonic()
-                if timeout <= 0:
+                deadline = loop.time() + (idle_s if inflight else inflight.last_done + idle_s - time.monotonic())
+                if deadline <= loop.time():
                     raise _Idle() from None
             except asyncio.IncompleteReadError as exc:
                 if exc.partial:
@@ -361,16 +370,24 @@ class KafkaServer:
         limit = settings.socket_request_max_bytes
         if size <= 0 or size > limit:
             raise _Disconnect(f"request size {size} is outside 1..socket.request.max.bytes={limit}")
+        if not connection.authenticated and size > settings.sasl_server_max_receive_size:
+            # Kafka's SaslServerAuthenticator (InvalidReceiveException): closed before a byte more is read
+            self._oversized.event(f"{size} bytes from {connection.peer}")
+            return None
         if size > self._budget.limit:
             raise _Disconnect(f"request size {size} is over queued.max.request.bytes={self._budget.limit}")
-        # until then this socket is not read: back-pressure
-        await reader.unless_gone(self._budget.acquire(size))
+        # Before the login a request takes nothing of the budget: it is at most sasl.server.max.receive.size,
+        # and the connection has one request at a time.
+        reserve = connection.authenticated
+        frame = await self._read_body(reader, connection, size, idle_s, reserve)
+        reserved = size if reserve else 0
         try:
-            item = await self._read_frame(reader, connection, size, idle_s)
+            item = self._dispatch(connection, frame, size)
         except BaseException:
-            self._budget.release(size)
+            self._budget.release(reserved)
             raise
-        item[2].add_done_callback(lambda _: self._budget.release(size))
+        if reserved:
+            item[2].add_done_callback(lambda _: self._budget.release(reserved))
         metrics = self.broker.wire_metrics
         if metrics is not None:
             api = metrics.by_key.get(item[0] >> 16)
@@ -378,18 +395,48 @@ class KafkaServer:
                 api.received.inc(size + 4)
         return (*item, time.perf_counter())
 
-    async def _read_frame(
-        self, reader: asyncio.StreamReader, connection: Connection, size: int, idle_s: float
-    ) -> tuple[int, int, asyncio.Task[ApiMessage | None]]:
+    async def _read_body(self, reader: _Reader, connection: Connection, size: int, idle_s: float,
+                         reserve: bool) -> bytes:
+        """The `size` bytes of a request; with `reserve` each piece takes queued.max.request.bytes as it arrives
+        (the reader stops reading while the budget is short). A request whose bytes stop coming for
+        connections.max.idle.ms (before the login: past connection_setup_timeout_ms) closes the connection."""
+        loop = asyncio.get_running_loop()
+        request = object()  # identifies this request to the budget
+        pieces: list[bytes] = []
+        held = 0  # bytes read (and, after the login, taken from the budget)
         try:
-            async with asyncio.timeout(idle_s):
-                frame = await reader.readexactly(size)
-        except asyncio.IncompleteReadError:
-            raise _Disconnect(f"connection closed inside a {size}-byte request") from None
-        except TimeoutError:
-            raise _Disconnect(f"a {size}-byte request not complete within connections.max.idle.ms") from None
+            while held < size:
+                deadline = self._setup_deadline(connection) if not reserve else loop.time() + idle_s
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        piece = await reader.read(min(size - held, _PIECE_BYTES))
+                except TimeoutError:
+                    if not reserve:
+                        raise _SetupTimeout() from None
+                    raise _Disconnect(f"no byte of a {size}-byte request for connections.max.idle.ms") from None
+                if not piece:
+                    raise _Disconnect(f"connection closed inside a {size}-byte request")
+                if reserve and not self._budget.try_acquire(len(piece), request):
+                    # until then this socket is not read: back-pressure
+                    await reader.unless_gone(self._budget.acquire(len(piece), request, started=held > 0))
+                held += len(piece)
+                pieces.append(piece)
+        except BaseException:
+            if reserve:
+                self._budget.release(held)
+            raise
+        finally:
+            if reserve:
+                self._budget.read_whole(request)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _dispatch(
+        self, connection: Connection, frame: bytes, size: int
+    ) -> tuple[int, int, asyncio.Task[ApiMessage | None]]:
+        """A request read whole, handed to its handler: (api key << 16 | version, correlation id, its task)."""
         if connection.sasl_raw:  # after a v0 SaslHandshake: a bare token, no request header
-            return -1, 0, asyncio.ensure_future(sasl.raw_token(connection, frame))
+            delay_ms = self.broker.settings.connection_failed_authentication_delay_ms
+            return -1, 0, asyncio.ensure_future(sasl.raw_token(delay_ms, connection, frame))
         try:
             prefix = codec.read_prefix(frame)
         except ValueError as exc:
@@ -490,6 +537,10 @@ def _count_failed(api: ApiInstruments | None) -> None:
 
 def _api_name(key: int) -> str:
     return ApiKey(key).name if key in ApiKey._value2member_map_ else f"api key {key}"
+
+
+async def _finished(task: asyncio.Task[ApiMessage | None]) -> None:
+    await asyncio.wait({task})
 
 
 async def _unsupported_api_versions() -> ApiMessage:

@@ -2,8 +2,10 @@
 
 On as soon as a Kafka listener authenticates its clients (or ACLs are on): a registry anyone can write to would
 let any client change what producers must send. Every request then needs credentials, reads included (a read
-from an unknown caller cannot be checked against ACLs, which name users); they are checked with PLAIN's
-check against the stored SCRAM keys, on a worker thread (PBKDF2 is CPU-bound).
+from an unknown caller cannot be checked against ACLs, which name users); they are checked as a PLAIN login is,
+against the stored SCRAM keys, where the broker's LoginChecks run them (the login process, never the threads that
+serve Fetch), a few at a time per client address; a failed login is answered after Kafka's
+connection.failed.authentication.delay.ms, as a failed SASL login is.
 
 A subject follows the ACLs of the topic its name derives from (`<topic>-key` / `<topic>-value`; any other name
 is its own topic name): READ to read it, WRITE to register, DELETE to delete, DESCRIBE_CONFIGS / ALTER_CONFIGS
@@ -25,8 +27,9 @@ from aiohttp import web
 
 from icelog.config import Settings
 from icelog.meta.security import SecurityStore
+from icelog.schema.registry.service import RegistryError, parse_schema_id
 from icelog.security.acl import CLUSTER_NAME, ACLOperation, ACLResourceType
-from icelog.security.credentials import check_plain
+from icelog.security.logins import LoginChecks
 
 if TYPE_CHECKING:
     from icelog.security.authorizer import Authorizer
@@ -111,21 +114,27 @@ class RegistryAccess:
     """Authentication (an aiohttp middleware) and per-subject authorization of registry requests."""
 
     def __init__(self, store: SecurityStore, super_users: Iterable[str], authorizer: Authorizer | None,
-                 subjects_of_schema: Callable[[int], list[str]]) -> None:
+                 subjects_of_schema: Callable[[int], list[str]], logins: LoginChecks | None = None,
+                 failure_delay_ms: int = 100) -> None:
         self._store = store
         self._super_users = frozenset(super_users)
         self.authorizer = authorizer
         self._subjects_of_schema = subjects_of_schema
+        self._logins = logins or LoginChecks()
+        self._failure_delay_s = failure_delay_ms / 1000
 
     async def _authenticate(self, request: web.Request) -> Caller | None:
         credentials = _basic_credentials(request.headers.get("Authorization", ""))
         if credentials is None:
             return None
         user, password = credentials
-        loop = asyncio.get_running_loop()
-        if not await loop.run_in_executor(None, check_plain, self._store, user, password):
+        client = request.remote or ""
+        async with self._logins.turn(client):
+            valid = await self._logins.password(self._store, user, password)
+        if not valid:
+            await asyncio.sleep(self._failure_delay_s)  # slows guessing; the client's turn is already given back
             return None
-        return Caller(f"User:{user}", request.remote or "")
+        return Caller(f"User:{user}", client)
 
     def may(self, caller: Caller, operation: ACLOperation, resource_type: ACLResourceType, name: str) -> bool:
         """Whether the caller may do `operation` on the resource (a topic, or the cluster)."""
@@ -152,8 +161,8 @@ class RegistryAccess:
             return True
         if rule is _SCHEMA:
             try:
-                subjects = self._subjects_of_schema(int(request.match_info["id"]))
-            except ValueError:  # not an id: the handler answers 404
+                subjects = self._subjects_of_schema(parse_schema_id(request.match_info["id"]))
+            except RegistryError:  # not an id that can exist: the handler answers 404 (40403)
                 return True
             return not subjects or any(self.may_read(caller, s) for s in subjects)  # none: the handler's 404
         if isinstance(rule, ACLOperation):

@@ -29,6 +29,9 @@ from icelog.schema.registry.service import (
     parse_schema_id,
     schema_json,
 )
+from icelog.security.connections import HTTP_KEEPALIVE_S, REGISTRY_MAX_CONNECTIONS, HttpListener
+from icelog.security.log_lines import HttpErrorLog, bounded, describe
+from icelog.security.logins import LoginChecks
 from icelog.security.tls import server_context
 
 if TYPE_CHECKING:
@@ -58,8 +61,12 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPException as exc:
         return _reply({"error_code": exc.status, "message": exc.reason}, exc.status)
     except Exception as exc:
-        log.exception("schema registry request %s %s failed", request.method, request.path[:200])
-        # The exception's text may name server paths or quote the request: it stays in the log.
+        # One bounded line (a request that reaches this is a bug to fix, but a client must not be able to fill the
+        # log by repeating it); the traceback at debug level. The exception's text may name server paths or quote
+        # the request: it stays in the log.
+        log.warning("schema registry request %s %s failed: %s", request.method, bounded(request.path),
+                    describe(exc))
+        log.debug("registry handler traceback", exc_info=True)
         return _reply({"error_code": 50001, "message": f"Error in the backend data store: {type(exc).__name__}"}, 500)
 
 
@@ -68,11 +75,14 @@ class RegistryServer:
     ACLs (access.py); with `ssl_context`, it serves HTTPS."""
 
     def __init__(self, service: RegistryService, access: RegistryAccess | None = None,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, max_connections: int = REGISTRY_MAX_CONNECTIONS) -> None:
         self.service = service
         self.access = access
         self.ssl_context = ssl_context
+        self.max_connections = max_connections
         self._runner: web.AppRunner | None = None
+        self._listener: HttpListener | None = None
+        self._http_log = HttpErrorLog(log, "schema registry: bad HTTP requests")
 
     def _readable(self, request: web.Request, subjects: list[str]) -> list[str]:
         return subjects if self.access is None else self.access.readable(request, subjects)
@@ -120,14 +130,23 @@ class RegistryServer:
         return app
 
     async def start(self, host: str, port: int) -> None:
-        """Listen on host:port (raises OSError if the address is taken)."""
-        self._runner = web.AppRunner(self.app(), access_log=None)
+        """Listen on host:port (raises OSError if the address is taken), at most `max_connections` at once."""
+        # A malformed request (a 9 KB URL or header line) is one counted log line, never a traceback.
+        self._runner = web.AppRunner(self.app(), access_log=None, logger=self._http_log,
+                                     keepalive_timeout=HTTP_KEEPALIVE_S)
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port, ssl_context=self.ssl_context).start()
+        server = self._runner.server
+        assert server is not None
+        self._listener = HttpListener(server, lambda: len(server.connections), self.ssl_context,
+                                      self.max_connections, "schema registry")
+        await self._listener.start(host, port)
 
     async def stop(self) -> None:
+        if self._listener is not None:
+            await self._listener.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        self._http_log.close()
 
     # -- schemas -------------------------------------------------------------------------------
     async def root(self, request: web.Request) -> web.Response:
@@ -252,14 +271,16 @@ class RegistryServer:
 
 
 def registry_server(settings: Settings, service: RegistryService, users: SecurityStore,
-                    authorizer: Authorizer | None) -> RegistryServer:
+                    authorizer: Authorizer | None, logins: LoginChecks, max_connections: int) -> RegistryServer:
     """The broker's registry: HTTPS with the broker's certificate when a Kafka listener uses TLS, and callers
-    authenticated (and held to topic ACLs) when a Kafka listener authenticates its clients. Client certificates
-    are not asked for: callers identify with HTTP basic auth. Raises ConfigError for an unusable key file."""
+    authenticated (and held to topic ACLs) when a Kafka listener authenticates its clients, their passwords
+    checked by the broker's `logins`. Client certificates are not asked for: callers identify with HTTP basic
+    auth. Raises ConfigError for an unusable key file."""
     access = None
     if asks_credentials(settings):
         def subjects_of_schema(schema_id: int) -> list[str]:
             return sorted({v.subject for v in service.store.registry_versions_of_schema(schema_id)})
 
-        access = RegistryAccess(users, settings.super_user_set, authorizer, subjects_of_schema)
-    return RegistryServer(service, access, server_context(settings, client_auth="none"))
+        access = RegistryAccess(users, settings.super_user_set, authorizer, subjects_of_schema, logins,
+                                settings.connection_failed_authentication_delay_ms)
+    return RegistryServer(service, access, server_context(settings, client_auth="none"), max_connections)

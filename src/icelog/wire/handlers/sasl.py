@@ -24,7 +24,6 @@ from icelog.wire.context import Connection, RequestContext, handles
 
 log = logging.getLogger(__name__)
 
-FAILED_AUTHENTICATION_DELAY_S = 0.1  # Kafka's connection.failed.authentication.delay.ms: slows password guessing
 _SIZE = struct.Struct(">i")
 
 
@@ -64,7 +63,7 @@ async def sasl_handshake(ctx: RequestContext, request: ApiMessage) -> ApiMessage
     if mechanism not in enabled:
         connection.close_after_response = True  # Kafka closes the connection after saying which it has
         return SaslHandshakeResponse(error_code=int(ErrorCode.UNSUPPORTED_SASL_MECHANISM), mechanisms=enabled)
-    connection.sasl = SaslSession(mechanism, _store(ctx), ctx.broker.tokens)
+    connection.sasl = SaslSession(mechanism, _store(ctx), ctx.broker.logins, connection.host, ctx.broker.tokens)
     connection.sasl_raw = ctx.api_version == 0
     return SaslHandshakeResponse(error_code=0, mechanisms=enabled)
 
@@ -80,7 +79,8 @@ async def sasl_authenticate(ctx: RequestContext, request: ApiMessage) -> ApiMess
             auth_bytes=b"", session_lifetime_ms=0,
         )
     try:
-        token = await _step(connection, session, bytes(request.auth_bytes))
+        token = await _step(ctx.broker.settings.connection_failed_authentication_delay_ms, connection, session,
+                            bytes(request.auth_bytes))
     except AuthenticationError as exc:
         connection.close_after_response = True
         return SaslAuthenticateResponse(
@@ -90,23 +90,25 @@ async def sasl_authenticate(ctx: RequestContext, request: ApiMessage) -> ApiMess
     return SaslAuthenticateResponse(error_code=0, error_message=None, auth_bytes=token, session_lifetime_ms=0)
 
 
-async def raw_token(connection: Connection, token: bytes) -> bytes | None:
+async def raw_token(delay_ms: int, connection: Connection, token: bytes) -> bytes | None:
     """A token after a v0 handshake: the answer as a size-prefixed frame; a failed login closes the connection
     with no answer, as Kafka does for this form."""
     assert connection.sasl is not None
     try:
-        answer = await _step(connection, connection.sasl, token)
+        answer = await _step(delay_ms, connection, connection.sasl, token)
     except AuthenticationError as exc:
         raise ConnectionAbortedError(f"SASL authentication failed: {exc}") from None
     return _SIZE.pack(len(answer)) + answer
 
 
-async def _step(connection: Connection, session: SaslSession, token: bytes) -> bytes:
+async def _step(delay_ms: int, connection: Connection, session: SaslSession, token: bytes) -> bytes:
     try:
         answer = await session.step(token)
     except AuthenticationError as exc:
         _failures.failed(connection, session.mechanism, str(exc))
-        await asyncio.sleep(FAILED_AUTHENTICATION_DELAY_S)
+        # Kafka's connection.failed.authentication.delay.ms: the answer (and the close) waits, which slows
+        # password guessing; the connection's checks are over, so the wait holds no login turn.
+        await asyncio.sleep(delay_ms / 1000)
         raise
     if session.user is not None:
         connection.principal = f"User:{session.user}"
