@@ -51,6 +51,11 @@ class ReadBack:
             self._sources[key] = source
         return source
 
+    @property
+    def planned_files(self) -> int:
+        """Data files in the tables' plans (0 with read-back off)."""
+        return 0 if self.tables is None else self.tables.planned_files
+
     def refresh_all(self) -> None:
         """Re-plan every table with a new commit, once for all its partitions, and hand each source its files
         (a worker thread, about every second; one catalog query when nothing changed)."""

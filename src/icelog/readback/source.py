@@ -180,6 +180,10 @@ class BatchCache:
     def size_bytes(self) -> int:
         return self._bytes
 
+    @property
+    def entries(self) -> int:
+        return len(self._files)
+
     def get(self, key: CacheKey) -> BuiltFile | None:
         with self._lock:
             built = self._files.get(key)
