@@ -192,7 +192,7 @@ class MemorySettings(BaseModel):
         "core). Each arena keeps free memory of its own.",
     )
     malloc_free_max_bytes: int = Field(
-        64 * 1024 * 1024,
+        16 * 1024 * 1024,
         ge=0,
         description="Free memory malloc may keep: past it (checked every 10 s) the broker gives every free page "
         "back to the system (malloc_trim).",
