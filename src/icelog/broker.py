@@ -214,7 +214,8 @@ class Broker:
         """Keep each archived partition's table plan current (so the event loop reads start offsets from memory)."""
         while self.readback.enabled:
             await asyncio.sleep(1.0)
-            await asyncio.to_thread(self.readback.refresh_all)
+            served = {state.record.topic_id for state in list(self.logs.topics.values())}
+            await asyncio.to_thread(self.readback.refresh_all, served)
 
     async def _trim_memory(self) -> None:
         """Give malloc's free memory back to the system once it holds more than memory.malloc_free_max_bytes
