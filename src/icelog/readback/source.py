@@ -56,8 +56,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
-# a segment's files and their delete files, its row group (None: all), the partition, log append time
-CacheKey = tuple[tuple[tuple[str, frozenset[str]], ...], int | None, int, bool]
+# Row groups read as one unit: (file's index in its segment, row group index) pairs; None: the whole segment.
+Unit = tuple[tuple[int, int], ...] | None
+# a segment's files and their delete files, its unit, the partition, log append time
+CacheKey = tuple[tuple[tuple[str, frozenset[str]], ...], Unit, int, bool]
 
 
 @dataclass(frozen=True)
@@ -195,8 +197,9 @@ class BatchCache:
             return built
 
     def put(self, key: CacheKey, built: BuiltFile) -> None:
+        """Keep `built`, dropping the least recently used past the bound; one larger than the bound is not kept."""
         with self._lock:
-            if key in self._files:
+            if key in self._files or built.size > self.max_bytes:
                 return
             self._files[key] = built
             self._bytes += built.size
@@ -336,19 +339,34 @@ class TableSource:
                     offset = max(offset, built.last + 1)
         return out
 
-    def _row_groups(self, plan: _Plan, segment: Segment, offset: int) -> list[int | None]:
-        """The units a segment is read in: the row groups holding offsets >= `offset` of its one file when that
-        can be read straight with pyarrow (so a seek decodes one row group, not the file), else all of it (None)."""
-        if len(segment.files) != 1 or segment.files[0].task.delete_files or not self._raw:
+    def _row_groups(self, plan: _Plan, segment: Segment, offset: int) -> list[Unit]:
+        """The units a segment is read in, those holding offsets >= `offset`, when its files can be read straight
+        with pyarrow (so a seek decodes a row group, not the files): each row group of its one file; of several
+        files (a compaction's outputs whose offset runs interleave), the row groups whose offset ranges overlap,
+        read and merged together. Else all of it (None): its rows, deletes applied, in one piece."""
+        if any(f.task.delete_files for f in segment.files) or not self._raw:
             return [None]
-        path = segment.files[0].task.file.file_path
+        ranges = [(low, high, ((i, g),)) for i, f in enumerate(segment.files)
+                  for g, (low, high) in enumerate(self._footer(plan, f.task.file.file_path)[1])]
+        if len(segment.files) == 1:
+            return [unit for _low, high, unit in ranges if high >= offset]
+        units: list[tuple[int, list[tuple[int, int]]]] = []  # (highest offset, row groups) of each unit
+        for low, high, (pair,) in sorted(ranges):
+            if units and low <= units[-1][0]:
+                units[-1] = (max(units[-1][0], high), [*units[-1][1], pair])
+            else:
+                units.append((high, [pair]))
+        return [tuple(pairs) for high, pairs in units if high >= offset]
+
+    def _footer(self, plan: _Plan, path: str) -> tuple[pq.FileMetaData, list[tuple[int, int]]]:
+        """A data file's footer and its row groups' offset ranges: read on the file's first read, then kept."""
         groups = self._groups.get(path)
-        if groups is None:  # the file's first read: its footer, kept for the reads after
+        if groups is None:
             assert plan.table is not None  # a plan with files has its table
             groups = _offset_ranges(plan.table, path, plan.layout)
             with self._lock:
                 self._groups[path] = groups
-        return [index for index, (_low, high) in enumerate(groups[1]) if high >= offset]
+        return groups
 
     def retention_start(self, retention_ms: int, retention_bytes: int, now_ms: int) -> int | None:
         """The first offset Kafka retention keeps, by whole data files as Kafka does by segments (cached plan).
@@ -411,7 +429,7 @@ class TableSource:
                     best = (offset, top)
         return best
 
-    def _built(self, segment: Segment, plan: _Plan, group: int | None = None) -> BuiltFile:
+    def _built(self, segment: Segment, plan: _Plan, group: Unit = None) -> BuiltFile:
         key = (segment.key, group, self.partition, self.log_append_time)
         built = self._cache.get(key)
         if built is None:
@@ -426,17 +444,21 @@ class TableSource:
                      segment.files[0].task.file.file_path, read_s)
         return built
 
-    def _read_rows(self, table: Table, segment: Segment, layout: Layout, group: int | None) -> Columns:
+    def _read_rows(self, table: Table, segment: Segment, layout: Layout, group: Unit) -> Columns:
         if group is not None:
-            # Nothing to apply and nothing to rebuild: read the row group straight with pyarrow (the identity
+            # Nothing to apply and nothing to rebuild: read the row groups straight with pyarrow (the identity
             # partition puts one Kafka partition in a file), skipping pyiceberg's projection.
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
-            path = segment.files[0].task.file.file_path
-            known = self._groups.get(path)  # the footer read by _row_groups: not parsed again
-            with table.io.new_input(path).open() as stream:
-                parquet = pq.ParquetFile(stream, metadata=None if known is None else known[0])
-                arrow = parquet.read_row_group(group, columns=_raw_columns(layout))
+            parts = []
+            for file_index, row_group in group:
+                path = segment.files[file_index].task.file.file_path
+                known = self._groups.get(path)  # the footer read by _row_groups: not parsed again
+                with table.io.new_input(path).open() as stream:
+                    parquet = pq.ParquetFile(stream, metadata=None if known is None else known[0])
+                    parts.append(parquet.read_row_group(row_group, columns=_raw_columns(layout)))
+            arrow = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
             return self._columns(_sorted(arrow, layout), layout)
         from pyiceberg.expressions.parser import parse
         from pyiceberg.io.pyarrow import ArrowScan
