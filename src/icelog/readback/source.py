@@ -56,8 +56,23 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
-# Row groups read as one unit: (file's index in its segment, row group index) pairs; None: the whole segment.
-Unit = tuple[tuple[int, int], ...] | None
+# A unit read with more rows or bytes (its row groups' uncompressed, encoded bytes) than these is read in windows of
+# offsets of about this size: a compaction's output can be one row group of 100+ MB of records (a dictionary-encoded
+# column says far fewer bytes than it decodes to, hence the rows too), which built whole held ~1 GB for one seek.
+UNIT_MAX_BYTES = 32 * 1024 * 1024
+UNIT_MAX_ROWS = 32 * 1024
+
+
+@dataclass(frozen=True)
+class RowGroups:
+    """Row groups read as one unit: (file's index in its segment, row group index) pairs, and when the unit is
+    read in windows, the offsets [first, last] of this one (rows outside it are dropped as soon as read)."""
+
+    groups: tuple[tuple[int, int], ...]
+    window: tuple[int, int] | None = None
+
+
+Unit = RowGroups | None  # None: the whole segment, deletes applied
 # a segment's files and their delete files, its unit, the partition, log append time
 CacheKey = tuple[tuple[tuple[str, frozenset[str]], ...], Unit, int, bool]
 
@@ -346,17 +361,30 @@ class TableSource:
         read and merged together. Else all of it (None): its rows, deletes applied, in one piece."""
         if any(f.task.delete_files for f in segment.files) or not self._raw:
             return [None]
-        ranges = [(low, high, ((i, g),)) for i, f in enumerate(segment.files)
-                  for g, (low, high) in enumerate(self._footer(plan, f.task.file.file_path)[1])]
-        if len(segment.files) == 1:
-            return [unit for _low, high, unit in ranges if high >= offset]
-        units: list[tuple[int, list[tuple[int, int]]]] = []  # (highest offset, row groups) of each unit
-        for low, high, (pair,) in sorted(ranges):
-            if units and low <= units[-1][0]:
-                units[-1] = (max(units[-1][0], high), [*units[-1][1], pair])
+        footers = [self._footer(plan, f.task.file.file_path) for f in segment.files]
+        ranges = [(low, high, i, g) for i, (_meta, groups) in enumerate(footers)
+                  for g, (low, high) in enumerate(groups)]
+        units: list[tuple[int, int, list[tuple[int, int]]]] = []  # (lowest, highest offset, row groups)
+        for low, high, i, g in (ranges if len(segment.files) == 1 else sorted(ranges)):
+            if len(segment.files) > 1 and units and low <= units[-1][1]:
+                units[-1] = (units[-1][0], max(units[-1][1], high), [*units[-1][2], (i, g)])
             else:
-                units.append((high, [pair]))
-        return [tuple(pairs) for high, pairs in units if high >= offset]
+                units.append((low, high, [(i, g)]))
+        out: list[Unit] = []
+        for low, high, pairs in units:
+            if high < offset:
+                continue
+            size = sum(footers[i][0].row_group(g).total_byte_size for i, g in pairs)
+            rows = sum(footers[i][0].row_group(g).num_rows for i, g in pairs)
+            windows = max(-(-size // UNIT_MAX_BYTES), -(-rows // UNIT_MAX_ROWS))
+            if windows <= 1:
+                out.append(RowGroups(tuple(pairs)))
+                continue
+            span = -(-(high - low + 1) // windows)  # the offsets a window holds
+            for first in range(low, high + 1, span):
+                if first + span > offset:
+                    out.append(RowGroups(tuple(pairs), (first, min(first + span - 1, high))))
+        return out
 
     def _footer(self, plan: _Plan, path: str) -> tuple[pq.FileMetaData, list[tuple[int, int]]]:
         """A data file's footer and its row groups' offset ranges: read on the file's first read, then kept."""
@@ -452,13 +480,19 @@ class TableSource:
             import pyarrow.parquet as pq
 
             parts = []
-            for file_index, row_group in group:
+            for file_index, row_group in group.groups:
                 path = segment.files[file_index].task.file.file_path
                 known = self._groups.get(path)  # the footer read by _row_groups: not parsed again
                 with table.io.new_input(path).open() as stream:
                     parquet = pq.ParquetFile(stream, metadata=None if known is None else known[0])
                     parts.append(parquet.read_row_group(row_group, columns=_raw_columns(layout)))
             arrow = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
+            if group.window is not None:
+                import pyarrow.compute as pc
+
+                offsets = _offsets_of(arrow, layout)
+                first, last = group.window
+                arrow = arrow.filter(pc.and_(pc.greater_equal(offsets, first), pc.less_equal(offsets, last)))
             return self._columns(_sorted(arrow, layout), layout)
         from pyiceberg.expressions.parser import parse
         from pyiceberg.io.pyarrow import ArrowScan
