@@ -24,11 +24,11 @@ from icelog.readback.service import ReadBack
 
 # CPython 3.11 costs, measured with tracemalloc: an IntakeChunk row in a list (its offsets, positions and
 # timestamps distinct ints), a batch position (a 4-tuple of ints in a list), a planned data file (pyiceberg's
-# FileScanTask and DataFile with its column statistics, a 7-column archive table), a producer entry (its last five
+# FileScanTask and DataFile, its column statistics dropped once planned), a producer entry (its last five
 # batches' sequences).
 CHUNK_ROW_BYTES = 360
 BATCH_POSITION_BYTES = 220
-PLANNED_FILE_BYTES = 4800
+PLANNED_FILE_BYTES = 1500
 PRODUCER_BYTES = 1000
 
 
