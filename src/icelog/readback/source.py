@@ -61,6 +61,8 @@ DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
 # column says far fewer bytes than it decodes to, hence the rows too), which built whole held ~1 GB for one seek.
 UNIT_MAX_BYTES = 32 * 1024 * 1024
 UNIT_MAX_ROWS = 32 * 1024
+WINDOW_READ_ROWS = 4096  # a window's row group is decoded this many rows at a time
+WINDOW_READ_BYTES = 1024 * 1024  # ... through a buffered stream: its column chunks are read as the pages are decoded
 
 
 @dataclass(frozen=True)
@@ -484,15 +486,16 @@ class TableSource:
                 path = segment.files[file_index].task.file.file_path
                 known = self._groups.get(path)  # the footer read by _row_groups: not parsed again
                 with table.io.new_input(path).open() as stream:
-                    parquet = pq.ParquetFile(stream, metadata=None if known is None else known[0])
-                    parts.append(parquet.read_row_group(row_group, columns=_raw_columns(layout)))
+                    parquet = pq.ParquetFile(stream, metadata=None if known is None else known[0],
+                                             buffer_size=0 if group.window is None else WINDOW_READ_BYTES)
+                    if group.window is None:
+                        parts.append(parquet.read_row_group(row_group, columns=_raw_columns(layout)))
+                        continue
+                    # A window of a large row group: its pages decoded a batch at a time, only the window's rows
+                    # kept, so the row group is never whole in memory.
+                    for batch in parquet.iter_batches(WINDOW_READ_ROWS, [row_group], _raw_columns(layout)):
+                        parts.append(_within(pa.Table.from_batches([batch]), layout, group.window))
             arrow = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
-            if group.window is not None:
-                import pyarrow.compute as pc
-
-                offsets = _offsets_of(arrow, layout)
-                first, last = group.window
-                arrow = arrow.filter(pc.and_(pc.greater_equal(offsets, first), pc.less_equal(offsets, last)))
             return self._columns(_sorted(arrow, layout), layout)
         from pyiceberg.expressions.parser import parse
         from pyiceberg.io.pyarrow import ArrowScan
@@ -566,6 +569,14 @@ def _offset_ranges(table: Table, path: str, layout: Layout) -> tuple[pq.FileMeta
                 low, high = int(chunk.statistics.min), int(chunk.statistics.max)
         out.append((low, high))
     return metadata, out
+
+
+def _within(arrow: pa.Table, layout: Layout, window: tuple[int, int]) -> pa.Table:
+    """The rows whose offsets are within `window` (first, last)."""
+    import pyarrow.compute as pc
+
+    offsets = _offsets_of(arrow, layout)
+    return arrow.filter(pc.and_(pc.greater_equal(offsets, window[0]), pc.less_equal(offsets, window[1])))
 
 
 def _offsets_of(arrow: pa.Table, layout: Layout) -> pa.ChunkedArray | pa.Array:
