@@ -10,6 +10,7 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
+from icelog import allocator
 from icelog.archive.service import ArchiverProcess
 from icelog.config import Settings
 from icelog.coordinator.group_model import GroupSettings
@@ -36,6 +37,8 @@ from icelog.wire.context import HANDLERS, BrokerState
 from icelog.wire.server import KafkaServer, ListenerError
 
 log = logging.getLogger(__name__)
+
+TRIM_CHECK_S = 10.0  # how often malloc's free memory is held against memory.malloc_free_max_bytes
 
 
 class Broker:
@@ -168,6 +171,7 @@ class Broker:
         upkeep = asyncio.create_task(self._upkeep())
         readback_task = asyncio.create_task(self._refresh_readback())
         pressure_task = asyncio.create_task(self._refresh_pressure())
+        trim_task = asyncio.create_task(self._trim_memory())
         tls = any(spec.tls for spec in self.settings.listener_specs)
         print(
             f"icelog serving Kafka on {', '.join(self.server.endpoints())} (data in {self.settings.data_dir})"
@@ -187,6 +191,7 @@ class Broker:
             await asyncio.wait({self._retention})
         pressure_task.cancel()
         readback_task.cancel()
+        trim_task.cancel()
         if self.archiver is not None:
             if stop_wait.done() and self.archiver.running():
                 print("icelog stopping: the archiver first ends the pass in flight (at most 15 s)", flush=True)
@@ -231,7 +236,18 @@ class Broker:
         """Keep each archived partition's table plan current (so the event loop reads start offsets from memory)."""
         while self.readback.enabled:
             await asyncio.sleep(1.0)
-            await asyncio.to_thread(self.readback.refresh_all)
+            served = {state.record.topic_id for state in list(self.logs.topics.values())}
+            await asyncio.to_thread(self.readback.refresh_all, served)
+
+    async def _trim_memory(self) -> None:
+        """Give malloc's free memory back to the system once it holds more than memory.malloc_free_max_bytes
+        (allocator.py says why it accumulates); on a worker thread, as malloc_trim walks every arena."""
+        bound = self.settings.memory.malloc_free_max_bytes
+        while True:
+            await asyncio.sleep(TRIM_CHECK_S)
+            freed = await asyncio.to_thread(allocator.trim, bound)
+            if freed is not None:
+                log.debug("gave back malloc's free memory (%d bytes free)", freed)
 
     async def _refresh_pressure(self) -> None:
         """Keep the back-pressure counters current (log/pressure.py): store and disk reads off the event loop."""

@@ -174,6 +174,29 @@ class IntakeSettings(BaseModel):
         ge=0,
         description="Refuse an append (retriable NOT_ENOUGH_REPLICAS) that would leave the data dir less free space.",
     )
+    batch_positions_cache_chunks: int = Field(
+        64,
+        ge=1,
+        description="Chunks per partition whose batch positions (where each batch starts) stay indexed for reads "
+        "that start inside a chunk (an LRU).",
+    )
+
+
+class MemorySettings(BaseModel):
+    """How the broker's process holds memory (glibc's malloc: src/icelog/allocator.py, docs/operations.md)."""
+
+    arena_max: int = Field(
+        2,
+        ge=0,
+        description="glibc's M_ARENA_MAX: malloc arenas the broker's threads share (0: glibc's default, 8 per "
+        "core). Each arena keeps free memory of its own.",
+    )
+    malloc_free_max_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=0,
+        description="Free memory malloc may keep: past it (checked every 10 s) the broker gives every free page "
+        "back to the system (malloc_trim).",
+    )
 
 
 class ArchiveSettings(BaseModel):
@@ -459,6 +482,7 @@ class Settings(BaseSettings):
     )
     intake: IntakeSettings = Field(default_factory=lambda: IntakeSettings())  # type: ignore[call-arg]
     archive: ArchiveSettings = Field(default_factory=lambda: ArchiveSettings())  # type: ignore[call-arg]
+    memory: MemorySettings = Field(default_factory=lambda: MemorySettings())  # type: ignore[call-arg]
     sinks: dict[str, SinkSettings] = Field(
         default_factory=dict, description="External Kafka clusters whose topics icelog archives (`icelog sink`)."
     )

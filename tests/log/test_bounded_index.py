@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from icelog.config import IntakeSettings, Settings
+from icelog.config import ArchiveSettings, IntakeSettings, Settings
 from icelog.log.manager import LogManager
 from icelog.meta.sqlite import SqliteStore
 from icelog.meta.store import ArchiveState, IntakeChunk, IntakeTail
@@ -304,3 +304,32 @@ def test_an_older_sqlite_store_gets_its_partition_intake_totals(tmp_path: Path) 
     store.trim_intake(topic.topic_id, 0, 2)
     assert [(p.intake_chunks, p.intake_bytes) for p in store.partitions(topic.topic_id)] == [(4, 61 - 21)]
     store.close()
+
+
+def test_batch_positions_stay_within_their_cache_and_go_with_trimmed_chunks(tmp_path: Path) -> None:
+    """Reads starting inside chunks index at most `batch_positions_cache_chunks` chunks' batch positions, and
+    retention forgets those of the chunks it trimmed (what describes released intake is released with it)."""
+    settings = Settings(data_dir=tmp_path / "data", archive=ArchiveSettings(default_kind="none"),
+                        intake=IntakeSettings(fsync=False, index_cache_chunks=CACHE, batch_positions_cache_chunks=3))
+    pairs = [timed_batch(2 * i) + timed_batch(2 * i + 1) for i in range(10)]  # a chunk of two batches each
+
+    async def run() -> None:
+        logs = LogManager(settings, SqliteStore(settings.data_dir / "meta.db"))
+        logs.open()
+        logs.start()
+        try:
+            logs.create_topic("t", 1, {"retention.bytes": str(2 * len(pairs[0])), "retention.ms": "-1"})
+            state, part = logs.partition("t", 0)
+            for pair in pairs:
+                await logs.append(state, part, pair)[1]
+            for i in range(len(pairs)):  # each read starts at a chunk's second batch: its positions are indexed
+                assert split_batches(b"".join(part.read(4 * i + 2, 1)))[0][:8] == struct.pack(">q", 4 * i + 2)
+                assert part.cached_batch_positions[0] <= 3
+            assert part.cached_batch_positions == (3, 6)
+            assert logs.enforce_retention() == 8  # keeps the newest two chunks (offsets 32..39)
+            assert part.log_start_offset == 32
+            assert part.cached_batch_positions == (2, 4), "the trimmed chunk's positions went with it"
+        finally:
+            await logs.close()
+
+    asyncio.run(run())

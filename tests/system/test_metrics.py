@@ -70,11 +70,16 @@ def test_metrics_move_while_clients_produce_and_consume(broker: BrokerProcess) -
     lag = value(during, "icelog_consumer_group_lag_records", group="metrics-group", topic="metrics-clients")
     assert lag == 500 - got
     assert value(during, "icelog_backpressure_state", topic="metrics-clients") == 0
+    # The process's memory and the caches' sizes and bounds (docs/operations.md#memory)
+    assert value(during, "process_resident_memory_bytes") > 0
+    assert value(during, "icelog_cache_entries", cache="intake_index") >= 2  # a chunk per partition at least
+    assert value(during, "icelog_cache_max_entries", cache="intake_index") >= 2 * 2 * 4096  # this topic's and others'
+    assert value(during, "icelog_cache_max_bytes", cache="readback_batches") == 256 * 1024 * 1024
     checked = promtool_check(during)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     # No client id, offset or other unbounded value as a label
     labels = set(re.findall(r"[{,]([a-z_]+)=", during))
-    assert labels <= {"api", "listener", "topic", "partition", "group", "table", "outcome", "le", "quantile",
+    assert labels <= {"api", "listener", "topic", "partition", "group", "table", "outcome", "cache", "le", "quantile",
                       "implementation", "major", "minor", "patchlevel", "version"}, labels
 
 

@@ -33,15 +33,17 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from icelog.allocator import keep_large_buffers
     from icelog.broker import Broker
-    from icelog.cli.allocator import keep_large_buffers
+    from icelog.cli.memory_trace import start_from_env
 
     settings = _settings(args)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    keep_large_buffers()
+    keep_large_buffers(settings.memory.arena_max)
+    start_from_env()  # ICELOG_TRACEMALLOC: a debugging aid (where memory grows)
     run_event_loop(Broker(settings).run())
     return 0
 

@@ -217,6 +217,7 @@ class LogManager:
             logs.append(PartitionLog(
                 record.topic_id, part.partition, part.log_start_offset, part.high_watermark, self.files, self.store,
                 part.intake_bytes, self.settings.intake.index_cache_chunks,
+                self.settings.intake.batch_positions_cache_chunks,
             ))
             logs[-1].retention_start_offset = part.retention_start_offset
         if self.older_sources is not None:

@@ -19,7 +19,6 @@ from icelog.log.producers import ProducerStateTable
 from icelog.log.transactions import AbortedRange, TxnIndex
 from icelog.meta.store import IntakeChunk, IntakeIndex
 
-_BATCH_CACHE_CHUNKS = 64
 _PAGE_CHUNKS = 256  # chunk rows looked up from the store at a time (fewer when the cache is smaller)
 
 
@@ -85,6 +84,7 @@ class PartitionLog:
         index: IntakeIndex,  # the durable index older chunks are paged in from
         intake_bytes: int = 0,
         cache_chunks: int = 4096,
+        batch_cache_chunks: int = 64,
     ) -> None:
         self.topic_id = topic_id
         self.partition = partition
@@ -101,6 +101,7 @@ class PartitionLog:
         self._pages_lock = threading.Lock()
         self._waiters: list[asyncio.Future[None]] = []
         self._batch_cache: OrderedDict[int, list[tuple[int, int, int, int]]] = OrderedDict()
+        self._batch_cache_chunks = max(batch_cache_chunks, 1)
         self._cache_lock = threading.Lock()  # readers on several worker threads share the cache
         # Older offsets served from elsewhere (the Iceberg archive) plug in here, checked in order.
         self.older_sources: list[OffsetRangeSource] = []
@@ -152,6 +153,9 @@ class PartitionLog:
         with self._pages_lock:
             for first in [k for k, page in self._pages.items() if page[-1].end_offset <= log_start_offset]:
                 del self._pages[first]
+        with self._cache_lock:  # what describes trimmed chunks goes with them
+            for base in [b for b in self._batch_cache if b < log_start_offset]:
+                del self._batch_cache[base]
         self.intake_bytes = max(self.intake_bytes - dropped_bytes, 0)
         self.log_start_offset = max(self.log_start_offset, log_start_offset)
         self.txn_index.drop_before(self.log_start_offset)
@@ -218,6 +222,12 @@ class PartitionLog:
         """Chunk rows in memory now: the hot tail and the cached pages (bounded by about 2 × cache_chunks)."""
         with self._pages_lock:
             return len(self._hot.chunks) + sum(len(page) for page in self._pages.values())
+
+    @property
+    def cached_batch_positions(self) -> tuple[int, int]:
+        """Chunks whose batch positions are indexed now, and the positions (bounded by batch_cache_chunks)."""
+        with self._cache_lock:
+            return len(self._batch_cache), sum(len(p) for p in self._batch_cache.values())
 
     @property
     def visible_start_offset(self) -> int:
@@ -301,7 +311,7 @@ class PartitionLog:
         cached = iter_stored_batches(self._reader.read_chunk(chunk))
         with self._cache_lock:
             self._batch_cache[chunk.base_offset] = cached
-            if len(self._batch_cache) > _BATCH_CACHE_CHUNKS:
+            if len(self._batch_cache) > self._batch_cache_chunks:
                 self._batch_cache.popitem(last=False)
         return cached
 

@@ -19,6 +19,7 @@ from icelog.meta.store import MetadataStore
 from icelog.metrics.collector import BrokerCollector
 from icelog.metrics.freshness import FreshnessWatch
 from icelog.metrics.health import Readiness
+from icelog.metrics.memory import MemoryCollector
 from icelog.metrics.server import MetricsServer
 from icelog.readback.service import ReadBack
 from icelog.security.connections import METRICS_MAX_CONNECTIONS
@@ -45,6 +46,7 @@ class BrokerMetrics:
         self.intake = IntakeMetrics(self.registry)
         self.freshness = FreshnessWatch(self.registry, store)
         self.registry.register(BrokerCollector(settings, store, logs, readback, archiver_restarts))
+        self.registry.register(MemoryCollector(settings, logs, readback))
         self.readiness = Readiness(settings, store, logs, kafka_serving, archiver_alive)
         self.server = MetricsServer(self.registry, self.readiness, server_context(settings, client_auth="none"),
                                     max_connections)

@@ -100,6 +100,19 @@ class LakeTables:
                 return planned.plan  # another thread just asked
             return self._update(identifier, UNKNOWN if self._locations is None else self._locations().get(identifier))
 
+    @property
+    def planned_files(self) -> int:
+        """Data files the current plans hold, over all tables (what they cost grows with the tables' files)."""
+        return sum(len(planned.plan.files) for planned in list(self._plans.values()))
+
+    def forget(self, kept: set[Identifier]) -> None:
+        """Drop the plans and loaded versions of tables other than `kept` (their topics were deleted)."""
+        with self._lock:
+            for table in [i for i in self._plans if i not in kept]:
+                del self._plans[table]
+            for table in [i for i in self._tables if i not in kept]:
+                del self._tables[table]
+
     def refresh(self, identifiers: set[Identifier]) -> None:
         """Ask once whether any of the tables changed (one query on SQLite) and re-plan those that did."""
         try:

@@ -51,12 +51,25 @@ class ReadBack:
             self._sources[key] = source
         return source
 
-    def refresh_all(self) -> None:
+    @property
+    def planned_files(self) -> int:
+        """Data files in the tables' plans (0 with read-back off)."""
+        return 0 if self.tables is None else self.tables.planned_files
+
+    def refresh_all(self, topic_ids: set[uuid.UUID] | None = None) -> None:
         """Re-plan every table with a new commit, once for all its partitions, and hand each source its files
-        (a worker thread, about every second; one catalog query when nothing changed)."""
+        (a worker thread, about every second; one catalog query when nothing changed). `topic_ids`: the topics
+        the broker serves; the sources of any other (deleted) topic are forgotten, and the plans of tables no
+        source reads any more."""
         with self._lock:
+            if topic_ids is not None:
+                for key in [key for key in self._sources if key[0] not in topic_ids]:
+                    del self._sources[key]
             sources = list(self._sources.values())
-        if self.tables is None or not sources:
+        if self.tables is None:
+            return
+        self.tables.forget({source.identifier for source in sources})
+        if not sources:
             return
         self.tables.refresh({source.identifier for source in sources})
         for source in sources:

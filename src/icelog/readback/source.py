@@ -59,8 +59,27 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
-# a segment's files and their delete files, its row group (None: all), the partition, log append time
-CacheKey = tuple[tuple[tuple[str, frozenset[str]], ...], int | None, int, bool]
+# A unit read with more rows or bytes (its row groups' uncompressed, encoded bytes) than these is read in windows of
+# offsets of about this size: a compaction's output can be one row group of 100+ MB of records (a dictionary-encoded
+# column says far fewer bytes than it decodes to, hence the rows too), which built whole held ~1 GB for one seek.
+UNIT_MAX_BYTES = 32 * 1024 * 1024
+UNIT_MAX_ROWS = 32 * 1024
+WINDOW_READ_ROWS = 4096  # a window's row group is decoded this many rows at a time
+WINDOW_READ_BYTES = 1024 * 1024  # ... through a buffered stream: its column chunks are read as the pages are decoded
+
+
+@dataclass(frozen=True)
+class RowGroups:
+    """Row groups read as one unit: (file's index in its segment, row group index) pairs, and when the unit is
+    read in windows, the offsets [first, last] of this one (rows outside it are dropped as soon as read)."""
+
+    groups: tuple[tuple[int, int], ...]
+    window: tuple[int, int] | None = None
+
+
+Unit = RowGroups | None  # None: the whole segment, deletes applied
+# a segment's files and their delete files, its unit, the partition, log append time
+CacheKey = tuple[tuple[tuple[str, frozenset[str]], ...], Unit, int, bool]
 
 
 @dataclass(frozen=True)
@@ -183,6 +202,10 @@ class BatchCache:
     def size_bytes(self) -> int:
         return self._bytes
 
+    @property
+    def entries(self) -> int:
+        return len(self._files)
+
     def get(self, key: CacheKey) -> BuiltFile | None:
         with self._lock:
             built = self._files.get(key)
@@ -194,8 +217,9 @@ class BatchCache:
             return built
 
     def put(self, key: CacheKey, built: BuiltFile) -> None:
+        """Keep `built`, dropping the least recently used past the bound; one larger than the bound is not kept."""
         with self._lock:
-            if key in self._files:
+            if key in self._files or built.size > self.max_bytes:
                 return
             self._files[key] = built
             self._bytes += built.size
@@ -335,19 +359,47 @@ class TableSource:
                     offset = max(offset, built.last + 1)
         return out
 
-    def _row_groups(self, plan: _Plan, segment: Segment, offset: int) -> list[int | None]:
-        """The units a segment is read in: the row groups holding offsets >= `offset` of its one file when that
-        can be read straight with pyarrow (so a seek decodes one row group, not the file), else all of it (None)."""
-        if len(segment.files) != 1 or segment.files[0].task.delete_files or not self._raw:
+    def _row_groups(self, plan: _Plan, segment: Segment, offset: int) -> list[Unit]:
+        """The units a segment is read in, those holding offsets >= `offset`, when its files can be read straight
+        with pyarrow (so a seek decodes a row group, not the files): each row group of its one file; of several
+        files (a compaction's outputs whose offset runs interleave), the row groups whose offset ranges overlap,
+        read and merged together. Else all of it (None): its rows, deletes applied, in one piece."""
+        if any(f.task.delete_files for f in segment.files) or not self._raw:
             return [None]
-        path = segment.files[0].task.file.file_path
+        footers = [self._footer(plan, f.task.file.file_path) for f in segment.files]
+        ranges = [(low, high, i, g) for i, (_meta, groups) in enumerate(footers)
+                  for g, (low, high) in enumerate(groups)]
+        units: list[tuple[int, int, list[tuple[int, int]]]] = []  # (lowest, highest offset, row groups)
+        for low, high, i, g in (ranges if len(segment.files) == 1 else sorted(ranges)):
+            if len(segment.files) > 1 and units and low <= units[-1][1]:
+                units[-1] = (units[-1][0], max(units[-1][1], high), [*units[-1][2], (i, g)])
+            else:
+                units.append((low, high, [(i, g)]))
+        out: list[Unit] = []
+        for low, high, pairs in units:
+            if high < offset:
+                continue
+            size = sum(footers[i][0].row_group(g).total_byte_size for i, g in pairs)
+            rows = sum(footers[i][0].row_group(g).num_rows for i, g in pairs)
+            windows = max(-(-size // UNIT_MAX_BYTES), -(-rows // UNIT_MAX_ROWS))
+            if windows <= 1:
+                out.append(RowGroups(tuple(pairs)))
+                continue
+            span = -(-(high - low + 1) // windows)  # the offsets a window holds
+            for first in range(low, high + 1, span):
+                if first + span > offset:
+                    out.append(RowGroups(tuple(pairs), (first, min(first + span - 1, high))))
+        return out
+
+    def _footer(self, plan: _Plan, path: str) -> tuple[pq.FileMetaData, list[tuple[int, int]]]:
+        """A data file's footer and its row groups' offset ranges: read on the file's first read, then kept."""
         groups = self._groups.get(path)
-        if groups is None:  # the file's first read: its footer, kept for the reads after
+        if groups is None:
             assert plan.table is not None  # a plan with files has its table
             groups = _offset_ranges(plan.table, path, plan.layout)
             with self._lock:
                 self._groups[path] = groups
-        return [index for index, (_low, high) in enumerate(groups[1]) if high >= offset]
+        return groups
 
     def retention_start(self, retention_ms: int, retention_bytes: int, now_ms: int) -> int | None:
         """The first offset Kafka retention keeps, by whole data files as Kafka does by segments (cached plan).
@@ -410,7 +462,7 @@ class TableSource:
                     best = (offset, top)
         return best
 
-    def _built(self, segment: Segment, plan: _Plan, group: int | None = None) -> BuiltFile:
+    def _built(self, segment: Segment, plan: _Plan, group: Unit = None) -> BuiltFile:
         key = (segment.key, group, self.partition, self.log_append_time)
         built = self._cache.get(key)
         if built is None:
@@ -425,17 +477,28 @@ class TableSource:
                      segment.files[0].task.file.file_path, read_s)
         return built
 
-    def _read_rows(self, table: Table, segment: Segment, layout: Layout, group: int | None) -> Columns:
+    def _read_rows(self, table: Table, segment: Segment, layout: Layout, group: Unit) -> Columns:
         if group is not None:
-            # Nothing to apply and nothing to rebuild: read the row group straight with pyarrow (the identity
+            # Nothing to apply and nothing to rebuild: read the row groups straight with pyarrow (the identity
             # partition puts one Kafka partition in a file), skipping pyiceberg's projection.
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
-            path = segment.files[0].task.file.file_path
-            known = self._groups.get(path)  # the footer read by _row_groups: not parsed again
-            with table.io.new_input(path).open() as stream:
-                parquet = pq.ParquetFile(_readable(stream), metadata=None if known is None else known[0])
-                arrow = parquet.read_row_group(group, columns=_raw_columns(layout))
+            parts = []
+            for file_index, row_group in group.groups:
+                path = segment.files[file_index].task.file.file_path
+                known = self._groups.get(path)  # the footer read by _row_groups: not parsed again
+                with table.io.new_input(path).open() as stream:
+                    parquet = pq.ParquetFile(_readable(stream), metadata=None if known is None else known[0],
+                                             buffer_size=0 if group.window is None else WINDOW_READ_BYTES)
+                    if group.window is None:
+                        parts.append(parquet.read_row_group(row_group, columns=_raw_columns(layout)))
+                        continue
+                    # A window of a large row group: its pages decoded a batch at a time, only the window's rows
+                    # kept, so the row group is never whole in memory.
+                    for batch in parquet.iter_batches(WINDOW_READ_ROWS, [row_group], _raw_columns(layout)):
+                        parts.append(_within(pa.Table.from_batches([batch]), layout, group.window))
+            arrow = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
             return self._columns(_sorted(arrow, layout), layout)
         from pyiceberg.expressions.parser import parse
         from pyiceberg.io.pyarrow import ArrowScan
@@ -516,6 +579,14 @@ def _offset_ranges(table: Table, path: str, layout: Layout) -> tuple[pq.FileMeta
                 low, high = int(stats.min), int(stats.max)
         out.append((low, high))
     return metadata, out
+
+
+def _within(arrow: pa.Table, layout: Layout, window: tuple[int, int]) -> pa.Table:
+    """The rows whose offsets are within `window` (first, last)."""
+    import pyarrow.compute as pc
+
+    offsets = _offsets_of(arrow, layout)
+    return arrow.filter(pc.and_(pc.greater_equal(offsets, window[0]), pc.less_equal(offsets, window[1])))
 
 
 def _offsets_of(arrow: pa.Table, layout: Layout) -> ArrowChunkedArray | ArrowArray:
