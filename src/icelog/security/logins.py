@@ -18,6 +18,8 @@ import functools
 import logging
 import multiprocessing
 import os
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -33,6 +35,19 @@ LOGIN_THREADS = 2  # store reads, SCRAM steps, token signatures
 LOGINS_PER_CLIENT = 2  # checks under way per client address
 LOGIN_NICE = 10  # the login process's niceness: served clients get the CPU first, logins still get a share
 T = TypeVar("T")
+
+
+def _login_process_start(parent: int) -> None:
+    """In the login process: lower its priority, and end it when the broker is gone (a SIGKILLed broker leaves
+    it waiting on a pipe it holds both ends of)."""
+    os.nice(LOGIN_NICE)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 @dataclass
@@ -93,7 +108,7 @@ class LoginChecks:
             # spawn: forking a process that runs threads (the intake writer, the event loop's) is unsafe.
             self._process = ProcessPoolExecutor(
                 max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                initializer=os.nice, initargs=(LOGIN_NICE,),
+                initializer=_login_process_start, initargs=(os.getpid(),),
             )
         return self._process
 
