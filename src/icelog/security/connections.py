@@ -31,6 +31,7 @@ METRICS_MAX_CONNECTIONS = 64  # scrapers and health probes; the metrics listener
 REGISTRY_MAX_CONNECTIONS = 1024  # at most; a tenth of the descriptor limit when that is less
 HTTP_KEEPALIVE_S = 75.0  # an HTTP connection with no request in progress is closed after this long
 TLS_HANDSHAKE_TIMEOUT_S = 10.0  # the HTTP listeners' (the Kafka listeners take connections_setup_timeout_ms)
+_ACCEPTS_PER_TURN = 16  # connections accepted in a row before other tasks get the loop
 _ACCEPT_RETRY_S = 0.1  # after accept() found no descriptor free (the budgets above make that rare)
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
@@ -135,6 +136,7 @@ class Acceptor:
 
     async def _accept_forever(self, listening: socket.socket) -> None:
         loop = asyncio.get_running_loop()
+        accepted = 0
         while True:
             try:
                 conn, address = await loop.sock_accept(listening)
@@ -146,9 +148,13 @@ class Acceptor:
                 continue
             try:
                 self._on_accept(conn, str(address[0]) if isinstance(address, tuple) else "?")
-            except Exception:  # a bug here must not end accepting: close this one, say why once
+            except Exception:  # a bug here must not end accepting: close this one, say why
                 conn.close()
                 log.exception("could not take a connection")
+            accepted += 1
+            if accepted % _ACCEPTS_PER_TURN == 0:
+                # sock_accept does not yield while connections are pending: a burst must not hold the loop
+                await asyncio.sleep(0)
 
 
 class HttpListener:
