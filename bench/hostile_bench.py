@@ -1,25 +1,35 @@
-"""An innocent producer's ack latency while other clients attack the broker (issue 29).
+"""An innocent producer's ack latency while other clients attack the broker (issues 29 and 42).
 
-One broker; an innocent confluent-kafka producer (acks=all, one record at a time) runs throughout and its ack
-latencies are split by phase, each `--seconds` long:
+One broker with a SASL_SSL listener (SCRAM users, ACLs), a PLAINTEXT one and its registry over HTTPS with basic
+auth; an innocent confluent-kafka producer, logged in with SCRAM-SHA-512 on SASL_SSL (acks=all, one record at a
+time), runs throughout and its ack latencies are split by phase, each `--seconds` long:
   baseline   nothing else
   bomb       one connection keeps five Produce requests in flight, each three gzip batches that decompress
              past 100 MB (refused with MESSAGE_TOO_LARGE)
   polls      rounds of 1,000 connections that each send a long-polling Fetch (max_wait 60 s) and disconnect
-  flood      2,000 connections opened and held open
+  flood      2,000 connections opened and held open (PLAINTEXT)
   hog        no attack: a process of its own decompresses gzip in a loop at niceness 10 (the validation
              thread's), which is what refusing bombs costs the machine at the least; on a 2-core machine this
              is the floor any attack that keeps a core busy (the attacker's own included) can reach
+  -- before the login (issue 42) --
+  sizes      two connections per listener announce a 100 MB request and send nothing more (the SASL_SSL ones,
+             closed at once, are opened again every 50 ms)
+  silent     2,000 connections to the SASL_SSL port that never start TLS (opened again as they are closed)
+  plain      6 connections logging in with PLAIN again and again: half with a 500 KB password, half with a
+             wrong 1,000-character non-ASCII one (the longest a check derives keys for)
+  scram      6 connections sending SCRAM-SHA-512 client-firsts with a 500 KB user name again and again
+  registry   20 threads asking the registry with a wrong password: half 6 KB, half 1,000 non-ASCII characters
   baseline2  nothing else again (the machine's drift over the run)
 Reported: p50 / p99 per phase and each phase's p99 over the baseline's (the mean of both baselines).
-Target (issue 29): every attack's ratio <= 2.
+Target (issues 29 and 42): every attack's ratio <= 2.
 
-    .venv/bin/python bench/hostile_bench.py [--seconds 10]
+    .venv/bin/python bench/hostile_bench.py [--seconds 10] [--attacks bomb,polls,...]
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import multiprocessing
 import os
@@ -27,43 +37,70 @@ import platform
 import resource
 import socket
 import statistics
+import struct
 import sys
 import tempfile
+import threading
 import time
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 
+import requests
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
 from icelog.wire.validator import VALIDATOR_NICE  # noqa: E402
-from tests.support.broker import BrokerProcess  # noqa: E402
 from tests.support.clients_util import create_topic  # noqa: E402
 from tests.support.hostile import (  # noqa: E402
     LIBRDKAFKA_LIMIT,
     InnocentProducer,
+    closed_by_peer,
+    connect,
     gzip_batch,
     long_poll_frame,
+    plain_token,
     produce_frame,
     read_produce_response,
+    sasl_login,
+    scram_first,
 )
+from tests.support.security import Auth, start_secure_broker  # noqa: E402
 
 POLLERS = 1_000
 FLOOD = 2_000
+LOGINS = 6  # connections logging in at once in the plain and scram phases
+REGISTRY_THREADS = 20
+USER, PASSWORD = "innocent", "innocent-pw"
+ANNOUNCED = 100 * 1024 * 1024  # the size the sizes phase announces and never sends
+LONG = "x" * 500_000  # a credential the broker reads (under sasl.server.max.receive.size) but need not check
+WRONG_WORDS = "\u00e9" * 1_000  # a wrong password as long as a check derives keys for (non-ASCII: SASLprep runs)
 
 
-def bomb(port: int, topic: str, stop: EventType) -> int:
+@dataclass(frozen=True)
+class Target:
+    """Where the attackers go (picklable: each attack runs in a process of its own)."""
+
+    plaintext: int
+    sasl_ssl: int
+    registry: int
+    ca: str
+    topic: str = "attacked"
+
+
+def bomb(target: Target, stop: EventType) -> int:
     """Pipelined bombs until `stop`; the number refused."""
     batch = gzip_batch(LIBRDKAFKA_LIMIT + 1)
     refused = 0
     correlation = 0
-    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+    with socket.create_connection(("127.0.0.1", target.plaintext), timeout=120) as sock:
         in_flight = 0
         while not stop.is_set() or in_flight:
             while in_flight < 5 and not stop.is_set():
                 correlation += 1
-                sock.sendall(produce_frame(topic, {0: batch, 1: batch, 2: batch}, correlation))
+                sock.sendall(produce_frame(target.topic, {0: batch, 1: batch, 2: batch}, correlation))
                 in_flight += 1
             answer = read_produce_response(sock)
             in_flight -= 1
@@ -71,14 +108,14 @@ def bomb(port: int, topic: str, stop: EventType) -> int:
     return refused
 
 
-def abandoned_polls(port: int, topic: str, stop: EventType) -> int:
+def abandoned_polls(target: Target, stop: EventType) -> int:
     """Rounds of POLLERS connections that send a long poll and leave; the number of polls sent."""
-    frame = long_poll_frame(topic, 60_000, partitions=3)
+    frame = long_poll_frame(target.topic, 60_000, partitions=3)
     sent = 0
     while not stop.is_set():
         socks = []
         for _ in range(POLLERS):
-            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            sock = socket.create_connection(("127.0.0.1", target.plaintext), timeout=30)
             sock.sendall(frame)
             socks.append(sock)
         time.sleep(0.5)  # the polls are parked in the broker
@@ -88,26 +125,119 @@ def abandoned_polls(port: int, topic: str, stop: EventType) -> int:
     return sent
 
 
-def flood(port: int, _topic: str, stop: EventType) -> int:
-    """FLOOD connections opened (one by one, as fast as accepted) and held until `stop`."""
+def _hold(port: int, stop: EventType, count: int) -> int:
+    """`count` connections opened (one by one, as fast as accepted) and held until `stop`; those the broker
+    closes (the SASL_SSL port's, after connection_setup_timeout_ms) are opened again. The connections opened."""
     socks: list[socket.socket] = []
+    opened = 0
     try:
-        while len(socks) < FLOOD and not stop.is_set():
-            socks.append(socket.create_connection(("127.0.0.1", port), timeout=30))
-        stop.wait()
-        return len(socks)
+        while not stop.is_set():
+            while len(socks) < count and not stop.is_set():
+                socks.append(socket.create_connection(("127.0.0.1", port), timeout=30))
+                opened += 1
+            stop.wait(0.5)
+            still = [sock for sock in socks if not closed_by_peer(sock, 0)]
+            for sock in set(socks) - set(still):
+                sock.close()
+            socks = still
+        return opened
     finally:
         for sock in socks:
             sock.close()
 
 
-def _attack(name: str, port: int, stop: EventType, result: Synchronized[int]) -> None:
+def flood(target: Target, stop: EventType) -> int:
+    """FLOOD connections to the PLAINTEXT port, held until `stop`."""
+    return _hold(target.plaintext, stop, FLOOD)
+
+
+def silent(target: Target, stop: EventType) -> int:
+    """FLOOD connections to the SASL_SSL port that never start TLS, kept up until `stop`."""
+    return _hold(target.sasl_ssl, stop, FLOOD)
+
+
+def sizes(target: Target, stop: EventType) -> int:
+    """Two connections per listener announce ANNOUNCED bytes and send nothing more; the SASL_SSL ones are opened
+    again as the broker closes them. The announcements made."""
+    held = [socket.create_connection(("127.0.0.1", target.plaintext), timeout=30) for _ in range(2)]
+    announced = 0
+    for sock in held:
+        sock.sendall(struct.pack(">i", ANNOUNCED))
+        announced += 1
+    while not stop.is_set():
+        for _ in range(2):
+            with connect(target.sasl_ssl, Path(target.ca)) as sock:
+                sock.sendall(struct.pack(">i", ANNOUNCED))
+                announced += 1
+                closed_by_peer(sock, 30)
+        stop.wait(0.05)
+    for sock in held:
+        sock.close()
+    return announced
+
+
+def _logins(target: Target, stop: EventType, tokens: list[tuple[str, bytes]]) -> int:
+    """LOGINS threads logging in on SASL_SSL with each of `tokens` in turn until `stop`; the logins refused."""
+    refused = 0
+
+    def attacker(offset: int) -> None:
+        nonlocal refused
+        turn = offset
+        while not stop.is_set():
+            mechanism, token = tokens[turn % len(tokens)]
+            turn += 1
+            with connect(target.sasl_ssl, Path(target.ca), timeout=60) as sock:
+                code, _ = sasl_login(sock, mechanism, token)
+            refused += code == 58  # SASL_AUTHENTICATION_FAILED
+
+    threads = [threading.Thread(target=attacker, args=(i,)) for i in range(LOGINS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return refused
+
+
+def plain(target: Target, stop: EventType) -> int:
+    return _logins(target, stop, [("PLAIN", plain_token(USER, LONG)), ("PLAIN", plain_token(USER, WRONG_WORDS))])
+
+
+def scram(target: Target, stop: EventType) -> int:
+    return _logins(target, stop, [("SCRAM-SHA-512", scram_first(LONG))])
+
+
+def registry(target: Target, stop: EventType) -> int:
+    """REGISTRY_THREADS threads asking the registry for its subjects with a wrong password until `stop`; the
+    401s they got."""
+    url = f"https://127.0.0.1:{target.registry}/subjects"
+    refused = 0
+
+    def asker(wrong: str) -> None:
+        nonlocal refused
+        # UTF-8, as Confluent's clients send it (requests' own basic auth encodes Latin-1, which the registry
+        # refuses unchecked)
+        header = {"Authorization": "Basic " + base64.b64encode(f"{USER}:{wrong}".encode()).decode()}
+        with requests.Session() as session:
+            while not stop.is_set():
+                reply = session.get(url, headers=header, verify=target.ca, timeout=60)
+                refused += reply.status_code == 401
+
+    threads = [threading.Thread(target=asker, args=("w" * 6000 if i % 2 else WRONG_WORDS,))
+               for i in range(REGISTRY_THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return refused
+
+
+def _attack(name: str, target: Target, stop: EventType, result: Synchronized[int]) -> None:
     """The attack `name` in a process of its own, so the attacker's Python does not share the innocent's GIL;
     its count goes to `result`."""
-    result.value = ATTACKS[name](port, "attacked", stop)
+    result.value = ATTACKS[name](target, stop)
 
 
-def hog(_port: int, _topic: str, stop: EventType) -> int:
+def hog(_target: Target, stop: EventType) -> int:
     """Gzip decompression of a 100 MB bomb in a loop, counted and dropped, at the validation thread's niceness;
     the passes made."""
     os.nice(VALIDATOR_NICE)
@@ -123,8 +253,9 @@ def hog(_port: int, _topic: str, stop: EventType) -> int:
     return passes
 
 
-ATTACKS: dict[str, Callable[[int, str, EventType], int]] = {
+ATTACKS: dict[str, Callable[[Target, EventType], int]] = {
     "bomb": bomb, "polls": abandoned_polls, "flood": flood, "hog": hog,
+    "sizes": sizes, "silent": silent, "plain": plain, "scram": scram, "registry": registry,
 }
 
 
@@ -136,25 +267,31 @@ def percentiles(latencies: list[float]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=10)
-    parser.add_argument("--attacks", default="bomb,polls,flood,hog", help="which phases, comma-separated")
+    parser.add_argument("--attacks", default=",".join(ATTACKS), help="which phases, comma-separated")
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 16_384)), hard))  # the broker inherits it
     with tempfile.TemporaryDirectory(dir=Path(__file__).parent) as tmp:
-        broker = BrokerProcess(Path(tmp) / "data", extra_args=["--log-level", "warning"]).start()
+        # ACLs off: the attacks of issue 29 use the PLAINTEXT listener (ANONYMOUS), and logins come before ACLs
+        secure = start_secure_broker(Path(tmp), ("SASL_SSL", "PLAINTEXT"), users={USER: PASSWORD},
+                                     env={"ICELOG_AUTHORIZER_ENABLED": "false"})
+        broker = secure.broker
         try:
-            create_topic(broker.bootstrap, "attacked", 3)
-            create_topic(broker.bootstrap, "innocent", 1)
+            create_topic(secure.bootstrap("PLAINTEXT"), "attacked", 3)
+            create_topic(secure.bootstrap("PLAINTEXT"), "innocent", 1)
+            target = Target(secure.ports["PLAINTEXT"], secure.ports["SASL_SSL"], broker.registry_port,
+                            str(secure.pki.ca_pem))
+            auth = Auth("SASL_SSL", ca=secure.pki.ca_pem, mechanism="SCRAM-SHA-512", user=USER, password=PASSWORD)
             phases: dict[str, dict[str, float]] = {}
             work: dict[str, int] = {}
-            with InnocentProducer(broker.bootstrap, "innocent") as innocent:
+            with InnocentProducer(secure.bootstrap("SASL_SSL"), "innocent", auth.librdkafka()) as innocent:
                 for phase in ("baseline", *args.attacks.split(","), "baseline2"):
                     print(f"{phase}...", file=sys.stderr)
                     stop = multiprocessing.Event()
                     result = multiprocessing.Value("q", -1)
                     attacker = None
                     if phase in ATTACKS:
-                        attacker = multiprocessing.Process(target=_attack, args=(phase, broker.port, stop, result))
+                        attacker = multiprocessing.Process(target=_attack, args=(phase, target, stop, result))
                         attacker.start()
                         time.sleep(1)  # the attack under way before measuring
                     start = time.monotonic()
@@ -166,14 +303,15 @@ def main() -> None:
                         work[phase] = int(result.value)
                     time.sleep(2)  # let the broker settle between phases
             assert not innocent.errors, innocent.errors
+            tracebacks = broker.log().count("Traceback")
         finally:
             broker.stop()
     base = (phases["baseline"]["p99_ms"] + phases["baseline2"]["p99_ms"]) / 2
     print(json.dumps({
         "machine": f"{platform.node()} {platform.machine()}",
         "phases": phases,
-        "attack_work": {"bomb_partitions_refused": work.get("bomb"), "polls_abandoned": work.get("polls"),
-                        "connections_held": work.get("flood"), "hog_passes": work.get("hog")},
+        "attack_work": work,
+        "broker_log_tracebacks": tracebacks,
         "p99_vs_baseline": {k: round(phases[k]["p99_ms"] / base, 2) for k in ATTACKS if k in phases},
     }, indent=2))
 

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ("broker_bench.py", ["--metrics-ab", "1", "--records", "20000"], "metrics_on_over_off"),
     ("groups_bench.py", ["--records", "5000", "--txns", "5", "--rounds", "1"], "transactions"),
     ("registry_bench.py", ["--lookups", "50", "--records", "2000", "--out", "none"], "produce_records_per_s"),
-    ("hostile_bench.py", ["--seconds", "1", "--attacks", "bomb,flood"], "p99_vs_baseline"),
+    ("hostile_bench.py", ["--seconds", "1", "--attacks", "bomb,sizes,plain,registry"], "p99_vs_baseline"),
     ("fuzz_broker.py", ["--seconds", "5"], "tracebacks"),
     ("meta_bench.py", ["--rounds", "1", "--latency-seconds", "1", "--records", "2000"], "ack_p99_ratio"),
     ("archive_read_via_bench.py", ["--no-spark", "--records", "20000", "--out", "none"], "decode_kafka_over_files"),
