@@ -16,7 +16,7 @@ test: setup
 
 # ICELOG_TESTS_NO_JVM: a test that starts Spark without the `spark` marker fails here (tests/conftest.py).
 test-quick: setup
-	ICELOG_TESTS_NO_JVM=1 $(VENV)/bin/pytest -m 'not spark' $(ARGS)
+	ICELOG_TESTS_NO_JVM=1 $(VENV)/bin/pytest -n 2 -m 'not spark' $(ARGS)
 
 setup: $(STAMP)
 
