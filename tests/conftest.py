@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,8 @@ NO_JVM_ENV = "ICELOG_TESTS_NO_JVM"
 SPARK_CONF_ENV = "ICELOG_ARCHIVE__SPARK_CONF"
 WORKER_LINE = "icelog_line"  # an xdist worker's line for the terminal, in its workeroutput
 # The JVM options of the Spark drivers tests start in child processes (tests/support/jvm.py), unless the user set
-# the variable: the first JIT tier and the class archive, put in the environment by the first Spark test
-# (child_driver_conf; not here: xdist's workers would inherit the controller's value as if the user had set it).
+# the variable: the first JIT tier and the class archive, put in the environment before the first Spark test
+# (pytest_runtest_protocol; not here: xdist's workers would inherit the controller's value as if the user had set it).
 CHILD_DRIVER_CONF: dict[str, str] = {} if SPARK_CONF_ENV in os.environ else driver_conf()
 
 
@@ -53,21 +53,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("spark"))
 
 
-@pytest.fixture(scope="session")
-def child_driver_conf(pytestconfig: pytest.Config) -> dict[str, str]:
-    """The Spark conf of the children's drivers, with the class archive (dumped first if needed).
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest-timeout's timer, which starts with the test's setup
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    """Before the first Spark test a process runs: the children's driver conf, with the class archive, in the
+    environment (the archive dumped first if needed: ~1 min, several on a loaded machine, in no test's timeout).
 
-    Made by the first Spark test a process runs, not at collection: under xdist only the worker of the Spark group
-    pays for the dump, and the other worker starts on its tests at once.
-    """
-    if CHILD_DRIVER_CONF and not os.environ.get(NO_JVM_ENV):
-        started = time.monotonic()
-        archive = class_archive()
-        said = f"in {time.monotonic() - started:.0f} s: {archive}" if archive else "none could be made; JIT option only"
-        _say(pytestconfig, f"Spark drivers of child processes: class archive {said}")
-        CHILD_DRIVER_CONF.update(driver_conf(archive))
-        os.environ[SPARK_CONF_ENV] = json.dumps(CHILD_DRIVER_CONF)
-    return CHILD_DRIVER_CONF
+    Not at collection: under xdist only the worker of the Spark group pays for the dump, and the other worker starts
+    on its tests at once."""
+    if item.get_closest_marker("spark") and CHILD_DRIVER_CONF and not os.environ.get(NO_JVM_ENV):
+        _put_class_archive_in_child_driver_conf(item.config)
+    return (yield)
+
+
+def _put_class_archive_in_child_driver_conf(config: pytest.Config) -> None:
+    if SPARK_CONF_ENV in os.environ:  # done (the user's own value never reaches here: CHILD_DRIVER_CONF is empty)
+        return
+    started = time.monotonic()
+    archive = class_archive()
+    said = f"in {time.monotonic() - started:.0f} s: {archive}" if archive else "none could be made; JIT option only"
+    _say(config, f"Spark drivers of child processes: class archive {said}")
+    CHILD_DRIVER_CONF.update(driver_conf(archive))
+    os.environ[SPARK_CONF_ENV] = json.dumps(CHILD_DRIVER_CONF)
 
 
 def _say(config: pytest.Config, line: str) -> None:
@@ -85,16 +91,13 @@ def pytest_testnodedown(node: Any, error: object) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _spark_test_drivers(request: pytest.FixtureRequest) -> None:
-    """A Spark test starts with the children's driver conf in the environment (the class archive made once)."""
-    if not request.node.get_closest_marker("spark"):
-        return
-    # Under --dist loadgroup xdist puts the group in the node id; a pytest whose node ids it cannot extend (9.2)
-    # would silently spread the Spark tests over both workers.
-    if getattr(request.config.option, "loadgroup", False) and "@" not in request.node.nodeid:
+def _spark_tests_grouped(request: pytest.FixtureRequest) -> None:
+    """Under --dist loadgroup xdist puts a test's group in its node id; a pytest whose node ids it cannot extend
+    (9.2) would silently spread the Spark tests over both workers."""
+    grouping = getattr(request.config.option, "loadgroup", False)
+    if grouping and request.node.get_closest_marker("spark") and "@" not in request.node.nodeid:
         pytest.fail("--dist loadgroup did not group the Spark tests: a pytest this pytest-xdist does not support "
                     "(pyproject.toml pins pytest below 9.2)", pytrace=False)
-    request.getfixturevalue("child_driver_conf")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -144,10 +147,11 @@ def lake_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProc
 
 
 @pytest.fixture(scope="session")
-def lake_settings(lake_broker: BrokerProcess, child_driver_conf: dict[str, str]) -> Settings:
+def lake_settings(lake_broker: BrokerProcess) -> Settings:
     """The lake's settings, with the broker's address: ICELOG_ARCHIVE__READ_VIA=kafka runs the archive tests with
     tasks that fetch from it over the Kafka protocol (its first listener, archive.bootstrap_servers' default).
-    Read after child_driver_conf, so that lake_spark can tell the children's JVM options from a user's."""
+    Read once the children's driver conf is in the environment (pytest_runtest_protocol), so that lake_spark can
+    tell the children's JVM options from a user's."""
     # The archiver reads the embedded registry's schemas from this data dir's metadata store (no HTTP).
     return load_settings(data_dir=str(lake_broker.data_dir), listen=lake_broker.bootstrap,
                          registry_listen=f"127.0.0.1:{lake_broker.registry_port}")
