@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import signal
+import threading
 from collections.abc import Collection, Iterable
 
 from icelog.config import Settings, load_settings
@@ -60,6 +61,17 @@ def refuse_unknown_topics(asked: Iterable[str], known: Collection[str]) -> None:
         raise IcelogError(f"no topic {', '.join(unknown)}; `icelog topic list` shows the topics")
 
 
+def stop_on_signals(stop: threading.Event) -> None:
+    """SIGTERM and SIGINT set `stop`, from a thread of their own: a handler runs on the main thread between two
+    bytecodes, possibly while that thread holds the event's own lock inside `stop.wait()`; setting it there
+    deadlocks (the service then ignores every later signal)."""
+    def handler(_signum: int, _frame: object) -> None:
+        threading.Thread(target=stop.set, name="stop-signal", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
 def cmd_archive(args: argparse.Namespace) -> int:
     from icelog.archive.locks import ArchiverLock
     from icelog.archive.service import ArchiveService
@@ -93,8 +105,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
                 status = f"failed: {result.error}" if result.error else f"{result.records} records"
                 print(f"{result.topic}: {status}; next offsets {result.offsets}")
             return 1 if any(r.error for r in results) else 0
-        signal.signal(signal.SIGTERM, lambda *_: service.stop_event.set())
-        signal.signal(signal.SIGINT, lambda *_: service.stop_event.set())
+        stop_on_signals(service.stop_event)
         return 0 if service.run_forever(parent_pid=args.parent_pid) else 3
     finally:
         service.close()

@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import threading
 from typing import TYPE_CHECKING
 
-from icelog.cli.archive import archiver_settings
+from icelog.cli.archive import archiver_settings, stop_on_signals
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -54,8 +53,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
         if args.once:
             return max(service.run_once() for service in services)
         stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        stop_on_signals(stop)
         for service in services:
             service.service.stop_event = stop
             service.watch()
