@@ -22,6 +22,8 @@ from icelog.security.oauth import TokenValidator, bearer_token
 
 PLAIN = "PLAIN"
 OAUTHBEARER = "OAUTHBEARER"
+# authzid NUL user NUL password, each at most 4 bytes a character
+_PLAIN_TOKEN_BYTES = 4 * (2 * MAX_USER_NAME + MAX_PASSWORD_CHARS) + 2
 
 
 def _failed(mechanism: str) -> AuthenticationError:
@@ -44,6 +46,17 @@ class SaslSession:
         self._scram = ScramServer(mechanism, store) if mechanism in SCRAM_MECHANISMS else None
         self._steps = 0
         self.user: str | None = None
+
+    @property
+    def max_token_bytes(self) -> int | None:
+        """The longest token a login with this mechanism can accept (None: no bound of its own, OAUTHBEARER's
+        tokens are the identity provider's): PLAIN's authzid, user name and password of at most 4 bytes a
+        character, a SCRAM message."""
+        if self.mechanism == PLAIN:
+            return _PLAIN_TOKEN_BYTES
+        if self._scram is not None:
+            return MAX_SCRAM_MESSAGE_BYTES
+        return None
 
     async def step(self, token: bytes) -> bytes:
         """The server's answer to the client's next token; AuthenticationError ends the login."""
@@ -71,8 +84,7 @@ class SaslSession:
         return final
 
     async def _plain(self, token: bytes) -> str:
-        # authzid, user and password can each be at most 4 bytes a character: a longer token is refused unread
-        if len(token) > 4 * (2 * MAX_USER_NAME + MAX_PASSWORD_CHARS) + 2:
+        if len(token) > _PLAIN_TOKEN_BYTES:
             raise _failed(PLAIN)
         parts = token.split(b"\0")
         if len(parts) != 3:

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 _SIZE = struct.Struct(">i")
 MAX_IN_FLIGHT = 256  # requests read ahead per connection before we stop reading
+# A request header with the longest client id (a 16-bit length) and room for tagged fields
+_MAX_REQUEST_HEADER_BYTES = 64 * 1024
 # A request is read in pieces of at most this much, each taking the byte budget once it has arrived: a reader
 # waiting for budget holds one piece beside what its socket buffered.
 _PIECE_BYTES = 256 * 1024
@@ -135,7 +137,8 @@ class KafkaServer:
         # What clients that have not logged in can cause at will: counted, one line per interval at most
         self._refused = ThrottledLog(log, "refused Kafka connections")
         self._oversized = ThrottledLog(log, "closed connections before login: request size over "
-                                            f"sasl.server.max.receive.size={broker.settings.sasl_server_max_receive_size}")
+                                            f"sasl.server.max.receive.size={broker.settings.sasl_server_max_receive_size}"
+                                            " or what the chosen SASL mechanism's tokens take")
         self._timed_out = ThrottledLog(log, "closed connections that did not log in within connection_setup_timeout_ms="
                                             f"{broker.settings.connection_setup_timeout_ms}")
         self._refused_before_login = ThrottledLog(log, "closed connections before login")
@@ -320,6 +323,16 @@ class KafkaServer:
         except TimeoutError:
             raise _SetupTimeout() from None
 
+    def _before_login_cap(self, connection: Connection) -> int:
+        """The largest request a connection that has not logged in may send: sasl.server.max.receive.size, and
+        once its mechanism is chosen, what that mechanism's longest token can take (a request header of a client
+        id at most besides), so a token no login can accept is not even read."""
+        cap = self.broker.settings.sasl_server_max_receive_size
+        session = connection.sasl
+        if session is not None and session.max_token_bytes is not None:
+            cap = min(cap, session.max_token_bytes + (0 if connection.sasl_raw else _MAX_REQUEST_HEADER_BYTES))
+        return cap
+
     def _setup_deadline(self, connection: Connection) -> float:
         """When a connection that has not logged in is closed, in the event loop's clock."""
         left = connection.accepted + self.broker.settings.connection_setup_timeout_ms / 1000 - time.monotonic()
@@ -370,7 +383,7 @@ class KafkaServer:
         limit = settings.socket_request_max_bytes
         if size <= 0 or size > limit:
             raise _Disconnect(f"request size {size} is outside 1..socket.request.max.bytes={limit}")
-        if not connection.authenticated and size > settings.sasl_server_max_receive_size:
+        if not connection.authenticated and size > self._before_login_cap(connection):
             # Kafka's SaslServerAuthenticator (InvalidReceiveException): closed before a byte more is read
             self._oversized.event(f"{size} bytes from {connection.peer}")
             return None
