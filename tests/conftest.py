@@ -6,9 +6,9 @@ it); a test that starts Spark in a child process only is marked by hand. `make t
 with ICELOG_TESTS_NO_JVM=1, which puts a `java` that refuses to start first on the PATH: an unmarked Spark test
 fails there instead of making the quick lane slow.
 
-`make test` runs two pytest-xdist workers (`--dist loadgroup`): every Spark test is in one group, so one worker runs
-them one after another (two JVMs on two cores would slow each other) while the other takes the JVM-free tests, and
-then whatever is left.
+`make test` runs two pytest-xdist workers (`--dist loadgroup`): the Spark tests are in two groups (`spark_lane`), each
+run by one worker one after another with one Spark session, and the JVM-free tests fill the gaps (they mostly wait
+on the processes they start).
 """
 
 from __future__ import annotations
@@ -50,7 +50,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if SPARK_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.spark)
         if item.get_closest_marker("spark"):
-            item.add_marker(pytest.mark.xdist_group("spark"))
+            item.add_marker(pytest.mark.xdist_group(spark_lane(item.nodeid)))
+
+
+def spark_lane(nodeid: str) -> str:
+    """The Spark lane a test runs in: the archive path's own tests (archive/test_archive*.py and the catalog's), or
+    the rest (tables, maintenance, read-back, sinks). Each lane is one xdist group, so one worker runs its tests one
+    after another with one Spark session; the JVM-free tests fill both workers' gaps."""
+    path = nodeid.split("::", 1)[0]
+    name = path.rsplit("/", 1)[-1]
+    if path.startswith("tests/archive/") and name.startswith(("test_archive", "test_errors", "test_metrics_archive",
+                                                               "test_postgres_catalog")):
+        return "spark-archive"
+    return "spark-tables"
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest-timeout's timer, which starts with the test's setup

@@ -15,6 +15,7 @@ long-lived session (lake_spark) keeps the default JVM. Users' archivers keep the
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -91,14 +92,21 @@ def class_archive(cache_dir: Path | None = None) -> Path | None:
     it), waits for the JVM to finish writing at its exit, then checks the archive with a second pass that maps
     it before the archive gets its final name: a failed dump never reaches a test.
     """
-    from tests.support.archive import create_topic, produce
-    from tests.support.broker import BrokerProcess
-
     cache = cache_dir or Path(tempfile.gettempdir()) / "icelog-tests-jvm"
     cache.mkdir(parents=True, exist_ok=True)
     final = cache / f"classes-{_archive_key()}.jsa"
     if final.exists():
         return final
+    # Both xdist workers have a Spark lane: one dumps, the other waits for its archive rather than dumping its own.
+    with open(cache / "dump.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return final if final.exists() else _dump(cache, final)
+
+
+def _dump(cache: Path, final: Path) -> Path | None:
+    from tests.support.archive import create_topic, produce
+    from tests.support.broker import BrokerProcess
+
     work = Path(tempfile.mkdtemp(prefix="dump-", dir=cache))  # beside `final`: the rename below stays atomic
     dumped = work / "classes.jsa"
     log = work / "dump.log"
