@@ -386,6 +386,11 @@ class KafkaServer:
         if not connection.authenticated and size > self._before_login_cap(connection):
             # Kafka's SaslServerAuthenticator (InvalidReceiveException): closed before a byte more is read
             self._oversized.event(f"{size} bytes from {connection.peer}")
+            if size <= settings.sasl_server_max_receive_size:
+                # A token Kafka would read and refuse (SASL_AUTHENTICATION_FAILED), closing after its failed-login
+                # delay: so here, unread. A client logging in again and again then pays a delay per attempt
+                # besides its TLS handshake, as with any wrong password.
+                await asyncio.sleep(settings.connection_failed_authentication_delay_ms / 1000)
             return None
         if size > self._budget.limit:
             raise _Disconnect(f"request size {size} is over queued.max.request.bytes={self._budget.limit}")
