@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import shutil
 import struct
 import time
 import uuid
@@ -18,6 +17,7 @@ from icelog.config import Settings
 from icelog.errors import ErrorCode, KafkaApiError, StoreError, TopicExistsError, UnknownTopicError, log_retry
 from icelog.faults import fault_point, hold_point
 from icelog.log import intake_file, pressure
+from icelog.log.backends import open_storage
 from icelog.log.batch import (
     BatchHeader,
     assign_offsets,
@@ -25,11 +25,11 @@ from icelog.log.batch import (
     repair_headers,
     set_log_append_time,
 )
-from icelog.log.intake import IntakeFiles, IntakeWriter
 from icelog.log.partition import OffsetRangeSource, PartitionLog
 from icelog.log.producers import iter_stored_headers
 from icelog.log.records import MAX_UNCOMPRESSED_BYTES
 from icelog.log.snapshots import decode_state, encode_state
+from icelog.log.storage import Append, IntakeStorage
 from icelog.log.transactions import encode_marker_batch, marker_type
 from icelog.meta.store import (
     ArchiveLedger,
@@ -91,14 +91,13 @@ class AppendResult:
 
 
 class LogManager:
-    """Owns the intake writer and every partition log; all mutations go through here."""
+    """Owns the intake storage and every partition log; all mutations go through here."""
 
-    def __init__(self, settings: Settings, store: LogStore) -> None:
+    def __init__(self, settings: Settings, store: LogStore, storage: IntakeStorage | None = None) -> None:
         self.settings = settings
         self.store = store
-        self.intake_dir = Path(settings.data_dir) / "intake"
-        self.files = IntakeFiles(self.intake_dir)
-        self.writer = IntakeWriter(self.intake_dir, store, settings.intake, self._on_durable, self._on_not_written)
+        # The intake's backend (log/storage.py), from intake.url unless handed one.
+        self.storage = open_storage(settings, store) if storage is None else storage
         self.topics: dict[str, TopicState] = {}
         self._by_id: dict[uuid.UUID, TopicState] = {}
         self._snapshot_offsets: dict[tuple[uuid.UUID, int], int] = {}  # last snapshot saved per partition
@@ -119,7 +118,7 @@ class LogManager:
     # -- life cycle ----------------------------------------------------------------------------
     def open(self) -> None:
         """Recover the intake and load every topic; call before serving."""
-        self.writer.recover()
+        self.storage.recover()
         for record in self.store.list_topics():
             self._install(record)
         # Only the hot tail of each partition's chunk index is loaded: start-up cost does not grow with
@@ -128,10 +127,10 @@ class LogManager:
             for part in state.partitions:
                 part.load_tail(self.store.intake_last_chunks(part.topic_id, part.partition,
                                                              self.settings.intake.index_cache_chunks))
-        self._delete_unreferenced_files()
+        self.storage.release()
         self._rebuild_producer_state()
         # Back-pressure counts from the first request on (then refreshed in the background by the broker).
-        self.apply_pressure(self.count_unarchived(self.store.archive_states()), shutil.disk_usage(self.intake_dir).free)
+        self.apply_pressure(self.count_unarchived(self.store.archive_states()), self.storage.capacity().free_bytes)
 
     def _rebuild_producer_state(self) -> None:
         """Load each partition's producer-state snapshot, then replay only the batches stored after it."""
@@ -153,7 +152,7 @@ class LogManager:
                 for chunk in part.chunks_from(since):
                     if chunk.end_offset <= since:
                         continue
-                    data = self.files.read_chunk(chunk)
+                    data = self.storage.read(chunk)
                     headers = [h for h in iter_stored_headers(data) if h.base_offset >= since]
                     part.producers.replay(headers)
                     part.txn_index.replay(
@@ -190,15 +189,15 @@ class LogManager:
                 log_retry(log, "saving producer-state snapshots", exc)
 
     def start(self) -> None:
-        self.writer.start()
+        self.storage.start(self._on_durable, self._on_not_written)
         self._snapshot_task = asyncio.get_running_loop().create_task(self._snapshot_loop(), name="producer-snapshots")
 
     async def close(self) -> None:
         if self._snapshot_task is not None:
             self._snapshot_task.cancel()
             await asyncio.gather(self._snapshot_task, return_exceptions=True)
-        await self.writer.close()
-        if self.writer.failed is None:
+        await self.storage.close()
+        if self.storage.failed is None:
             # Everything queued is durable now: the next start-up replays nothing.
             try:
                 snapshots = self.snapshot_producer_state()
@@ -206,7 +205,6 @@ class LogManager:
                 self._saved_snapshots(snapshots)
             except Exception:
                 log.exception("saving producer-state snapshots at shutdown failed (start-up will replay)")
-        self.files.close()
         self.store.close()
 
     def _install(self, record: TopicRecord) -> TopicState:
@@ -215,7 +213,7 @@ class LogManager:
         logs = list(old.partitions) if old and old.record.topic_id == record.topic_id else []
         for part in self.store.partitions(record.topic_id)[len(logs) :]:
             logs.append(PartitionLog(
-                record.topic_id, part.partition, part.log_start_offset, part.high_watermark, self.files, self.store,
+                record.topic_id, part.partition, part.log_start_offset, part.high_watermark, self.storage, self.store,
                 part.intake_bytes, self.settings.intake.index_cache_chunks,
                 self.settings.intake.batch_positions_cache_chunks,
             ))
@@ -244,7 +242,7 @@ class LogManager:
     def _on_not_written(self, refused: list[tuple[uuid.UUID, int, int]]) -> None:
         """A full disk refused these appends (and nothing after them was written): hand their offsets out again."""
         # Until a write goes through, the disk counts as full (the estimate is 0 until the next reading).
-        self.free_bytes, self._free_mark = 0, self.writer.stats.bytes_written
+        self.free_bytes, self._free_mark = 0, self.storage.stats.bytes_written
         self._disk_full = True
         self._refuse_for_space(f"an intake write found the data directory full; {len(refused)} appends failed "
                                "retriably (KAFKA_STORAGE_ERROR), produce resumes once space is freed")
@@ -306,7 +304,7 @@ class LogManager:
         del self._by_id[state.record.topic_id]
         for part in state.partitions:
             part.drop_chunks_before(part.high_watermark + 1, part.intake_bytes)
-        self._delete_unreferenced_files()
+        self.storage.release()
         log.info("deleted topic %s", name)
 
     def add_partitions(self, name: str, total: int, validate_only: bool = False) -> None:
@@ -372,7 +370,7 @@ class LogManager:
         """
         if self.free_bytes is None:
             return None
-        return self.free_bytes - (self.writer.stats.bytes_submitted - self._free_mark) - pending
+        return self.free_bytes - (self.storage.stats.bytes_submitted - self._free_mark) - pending
 
     def _refuse_for_space(self, reason: str) -> None:
         if self.space_refusal is None:
@@ -418,14 +416,15 @@ class LogManager:
         return max(part.intake_bytes - below, 0)
 
     def apply_pressure(
-        self, unarchived: dict[uuid.UUID, int], free_bytes: int, written_before: int | None = None
+        self, unarchived: dict[uuid.UUID, int], free_bytes: int | None, written_before: int | None = None
     ) -> None:
-        """Install counts from count_unarchived and the data directory's free space (on the event loop).
+        """Install counts from count_unarchived and the intake storage's free space (None: unbounded), on the event
+        loop.
 
-        `written_before`: the writer's bytes_written when the free space was read (default: now).
+        `written_before`: the storage's bytes_written when the free space was read (default: now).
         """
         self.free_bytes = free_bytes
-        self._free_mark = self.writer.stats.bytes_written if written_before is None else written_before
+        self._free_mark = self.storage.stats.bytes_written if written_before is None else written_before
         for topic_id, size in unarchived.items():
             state = self._by_id.get(topic_id)
             if state is not None and state.max_lag_bytes is not None:
@@ -465,18 +464,20 @@ class LogManager:
         else:
             repair_headers(buffer, batches)  # the records' max timestamp, whatever the producer's header said
         self._check_space(len(buffer) + intake_file.FRAME_HEADER_SIZE)  # before any state changes
-        if self.writer.store_unavailable is not None:  # (also before any state changes)
+        if self.storage.unavailable is not None:  # (also before any state changes)
             # The group being committed waits for the store; what follows would only queue behind it. Refused as
             # the free-space floor refuses, nothing written: NOT_ENOUGH_REPLICAS is retriable without a metadata
             # refresh (librdkafka: Retry, MsgNotPersisted), where KAFKA_STORAGE_ERROR makes clients refresh first.
             raise KafkaApiError(ErrorCode.NOT_ENOUGH_REPLICAS,
-                                f"the metadata store is unavailable ({self.writer.store_unavailable}); retry later")
+                                f"{self.storage.unavailable}; retry later")
         record_count = sum(b.last_offset_delta + 1 for b in batches)
         base = partition.reserve(record_count)
         assign_offsets(buffer, batches, base)
         max_ts = append_time if append_time >= 0 else max(b.max_timestamp for b in batches)
-        # The bytearray goes to the writer as is: nothing touches it after offsets are assigned.
-        done = self.writer.submit(partition.topic_id, partition.partition, buffer, base, base + record_count, max_ts)
+        # The bytearray goes to the storage as is: nothing touches it after offsets are assigned.
+        done = self.storage.submit(
+            Append(partition.topic_id, partition.partition, buffer, base, base + record_count, max_ts)
+        )
         if topic.max_lag_bytes is not None:
             topic.unarchived_bytes += len(buffer)  # until the next refresh recounts from durable chunks
         partition.producers.record(batches, base, done)
@@ -495,7 +496,7 @@ class LogManager:
         buffer = bytearray(encode_marker_batch(producer_id, producer_epoch, commit, coordinator_epoch, now))
         base = partition.reserve(1)
         struct.pack_into(">q", buffer, 0, base)
-        done = self.writer.submit(partition.topic_id, partition.partition, buffer, base, base + 1, now, marker=True)
+        done = self.storage.submit(Append(partition.topic_id, partition.partition, buffer, base, base + 1, now, True))
         partition.producers.observe_epoch(producer_id, producer_epoch)
         partition.txn_index.on_marker(producer_id, base, commit)
         return done
@@ -561,7 +562,7 @@ class LogManager:
                     # The intake's start; the log start consumers see can be older (read-back from the table).
                     log.info("retention: %s-%d intake starts at offset %d now", state.name, part.partition, new_start)
         if dropped:
-            self._delete_unreferenced_files()
+            self.storage.release()
         return dropped
 
     def _move_retention_start(
@@ -578,16 +579,6 @@ class LogManager:
                 on_loop(functools.partial(setattr, part, "retention_start_offset", kept))
                 log.info("retention: %s-%d log start consumers see is now %d (table rows are kept)",
                          topic, part.partition, kept)
-
-    def _delete_unreferenced_files(self) -> None:
-        """Delete intake files older than the active one that no indexed chunk references (the store says)."""
-        candidates = [f for f in intake_file.list_files(self.intake_dir) if f < self.writer.active_file_id]
-        in_use = self.store.intake_files_in_use(candidates)
-        for file_id in candidates:
-            if file_id not in in_use:
-                self.files.forget(file_id)
-                intake_file.file_path(self.intake_dir, file_id).unlink(missing_ok=True)
-                log.info("deleted intake file %d: no partition needs it", file_id)
 
 
 def _bucket_key(configs: Mapping[str, str], defaults: Mapping[str, str]) -> str | None:
