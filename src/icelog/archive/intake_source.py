@@ -21,9 +21,10 @@ from icelog.client.properties import ClientProperties, parse
 from icelog.config import Settings
 from icelog.errors import IcelogError
 from icelog.log.backends import open_reader
-from icelog.log.batch import iter_stored_batches
 from icelog.log.intake import IntakeFiles
-from icelog.log.record_format import (
+from icelog.log.storage import IntakeReader
+from icelog.records.batch import iter_stored_batches
+from icelog.records.record_format import (
     ATTR_CONTROL,
     ATTR_TRANSACTIONAL,
     ATTRIBUTES_LOW_BYTE,
@@ -31,7 +32,6 @@ from icelog.log.record_format import (
     INT64,
     PRODUCER_ID,
 )
-from icelog.log.storage import IntakeReader
 
 
 class ChunkSource(Protocol):

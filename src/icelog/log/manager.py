@@ -18,16 +18,8 @@ from icelog.errors import ErrorCode, KafkaApiError, StoreError, TopicExistsError
 from icelog.faults import fault_point, hold_point
 from icelog.log import intake_file, pressure
 from icelog.log.backends import open_storage
-from icelog.log.batch import (
-    BatchHeader,
-    assign_offsets,
-    parse_produced_batches,
-    repair_headers,
-    set_log_append_time,
-)
 from icelog.log.partition import OffsetRangeSource, PartitionLog
 from icelog.log.producers import iter_stored_headers
-from icelog.log.records import MAX_UNCOMPRESSED_BYTES
 from icelog.log.snapshots import decode_state, encode_state
 from icelog.log.storage import Append, IntakeStorage
 from icelog.log.transactions import encode_marker_batch, marker_type
@@ -42,6 +34,14 @@ from icelog.meta.store import (
     TopicCatalog,
     TopicRecord,
 )
+from icelog.records.batch import (
+    BatchHeader,
+    assign_offsets,
+    parse_produced_batches,
+    repair_headers,
+    set_log_append_time,
+)
+from icelog.records.walk import MAX_UNCOMPRESSED_BYTES
 from icelog.table.config import BUCKET_KEY, archive_config, table_config
 from icelog.topics import (
     MAX_PARTITIONS_PER_TOPIC,

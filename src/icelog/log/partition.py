@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.log.batch import batch_max_timestamp, empty_batch, first_record_at_or_after, iter_stored_batches
 from icelog.log.producers import ProducerStateTable
 from icelog.log.storage import ChunkReader
 from icelog.log.transactions import AbortedRange, TxnIndex
 from icelog.meta.store import IntakeChunk, IntakeIndex
+from icelog.records.batch import batch_max_timestamp, empty_batch, first_record_at_or_after, iter_stored_batches
 
 _PAGE_CHUNKS = 256  # chunk rows looked up from the store at a time (fewer when the cache is smaller)
 
