@@ -399,7 +399,7 @@ def test_producer_state_comes_back_from_its_snapshot_plus_the_intake_after_it(
         await logs.storage.close()
         logs.store.close()
 
-    with caplog.at_level(logging.INFO, logger="icelog.log.manager"):
+    with caplog.at_level(logging.INFO, logger="icelog.log.snapshots"):
         asyncio.run(produce_then_crash())
     assert "1 snapshot(s) loaded, 0 intake chunk(s) replayed" in caplog.text
     caplog.clear()
@@ -410,7 +410,7 @@ def test_producer_state_comes_back_from_its_snapshot_plus_the_intake_after_it(
         assert [(r.producer_id, r.first_offset, r.last_offset) for r in part.aborted_ranges(0, 5)] == [(8, 2, 3)]
         assert part.last_stable_offset == part.high_watermark == 5
 
-    with caplog.at_level(logging.INFO, logger="icelog.log.manager"):
+    with caplog.at_level(logging.INFO, logger="icelog.log.snapshots"):
         run(data_dir, check)
     assert "1 snapshot(s) loaded, 1 intake chunk(s) replayed" in caplog.text
 
