@@ -101,6 +101,7 @@ class Broker:
             )
             self.state.wire_metrics = self.metrics.wire
             self.logs.storage.on_commit = self.metrics.intake.observe_commit
+            self.logs.storage.on_request = self.metrics.object_store.observe
 
     def _older_sources(self, record: TopicRecord, config: EffectiveConfig, partition: int) -> list[OffsetRangeSource]:
         source = self.readback.source(record.topic_id, record.name, record.configs, partition, config.log_append_time)

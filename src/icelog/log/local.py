@@ -28,6 +28,7 @@ class LocalStorage:
         self._index = index
         self.files = IntakeFiles(directory)
         self.writer = IntakeWriter(directory, index, settings)
+        self.on_request: Callable[[str, int, float, bool], None] | None = None  # never called: no remote store
 
     # -- the Protocol's state -----------------------------------------------------------------
     @property

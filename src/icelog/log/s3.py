@@ -247,6 +247,14 @@ class ObjectStorage:
         return self._stats
 
     @property
+    def on_request(self) -> OnRequest | None:
+        return self.objects.on_request
+
+    @on_request.setter
+    def on_request(self, hook: OnRequest | None) -> None:
+        self.objects.on_request = hook
+
+    @property
     def failed(self) -> BaseException | None:
         return self._failed
 

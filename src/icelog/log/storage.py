@@ -104,6 +104,9 @@ class IntakeStorage(ChunkReader, Protocol):
     # Called on the committing thread after each group commit with (bytes written, appends, seconds waiting for
     # durability): the broker's metrics (instruments.IntakeMetrics); None when metrics are off.
     on_commit: Callable[[int, int, float], None] | None
+    # Called after each request to a remote store with (kind, bytes, seconds, failed): put, get, delete, list (the
+    # cost a user pays). Local files make none.
+    on_request: Callable[[str, int, float, bool], None] | None
 
     @property
     def stats(self) -> IntakeStats:
