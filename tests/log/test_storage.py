@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 import shutil
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -47,7 +48,8 @@ class Backend:
     def settings(self, **intake: object) -> Settings:
         if self.kind == "s3":
             intake = {"url": f"s3://{BUCKET}/{self.prefix}", "commit_interval_ms": 50, **intake}
-        return Settings(data_dir=self.data_dir, meta_url=f"sqlite:///{self.meta_path}",
+        return Settings(data_dir=self.data_dir, meta_url=f"sqlite:///{self.meta_path}",  # no archive: the intake alone
+                        archive={"enabled": False, "default_kind": "none"},  # type: ignore[arg-type]
                         intake=IntakeSettings(fsync=False, **intake))  # type: ignore[arg-type]
 
     def objects(self) -> list[str]:
@@ -234,3 +236,25 @@ def test_a_store_that_is_down_holds_produce_unacknowledged_then_resumes(tmp_path
         run(backend.settings(), write)
     finally:
         store.stop()
+
+
+def test_retention_releases_objects_once_every_partition_in_them_is_trimmed(backend: Backend) -> None:
+    """An object (or file) shared by partitions is deleted only when none of them needs it any more."""
+    settings = backend.settings(segment_bytes=1)  # local files: a file per group commit, as objects are
+    old = 1_000_000_000_000  # 2001: far past retention.ms
+
+    async def write(logs: LogManager) -> None:
+        logs.create_topic(TOPIC, 2, {"retention.ms": "3600000"})
+        for n in range(3):  # three commits, each holding both partitions' expired records
+            await asyncio.gather(*(logs.append(*logs.partition(TOPIC, p), records([f"old-{n}".encode()], old))[1]
+                                   for p in (0, 1)))
+        state, part = logs.partition(TOPIC, 0)
+        await logs.append(state, part, records([b"new"], int(time.time() * 1000)))[1]
+        before = len(backend.objects()) if backend.kind == "s3" else None
+        assert logs.enforce_retention() == 6, "both partitions' expired chunks are dropped"
+        assert values(read_all(logs, 0)) == [b"new"] and values(read_all(logs, 1)) == []
+        assert {c.file_id for c in logs.store.intake_chunks()} == {part.hot_chunks[-1].file_id}
+        if before is not None:
+            assert before == 4 and len(backend.objects()) == 1, "the three expired objects are deleted"
+
+    run(settings, write)
