@@ -42,7 +42,8 @@ def test_an_intake_on_s3_is_archived_from_the_bucket(tmp_path: Path) -> None:
         catalog = opener()
         assert catalog is not None
         rows = catalog.load_table(f"icelog.{topic}").scan().to_arrow().to_pylist()
-        got = sorted((r["kafka"]["partition"], r["kafka"]["offset"], r["value"] and r["value"]["__raw__"]) for r in rows)
+        got = sorted((r["kafka"]["partition"], r["kafka"]["offset"], r["value"] and r["value"]["__raw__"])
+                     for r in rows)
         assert got == sorted((p, o, v) for p, o, _k, v, _h, _t in produced)
     finally:
         broker.stop()
