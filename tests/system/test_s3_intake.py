@@ -18,6 +18,7 @@ import requests
 from confluent_kafka import KafkaError, Producer
 
 from icelog.errors import is_retriable
+from icelog.faults import FAULT_ENV
 from tests.support.broker import BrokerProcess
 from tests.support.postgres import PostgresCluster
 from tests.support.seaweedfs import BUCKET, SeaweedFS
@@ -126,5 +127,34 @@ def test_the_store_down_for_30s_under_load_refuses_produce_retriably_then_resume
         broker.kill()  # what was acknowledged is stored: it survives a kill -9 right after
         broker.start()
         check_every_acknowledged_record(broker, work)
+    finally:
+        broker.stop()
+
+
+def test_a_kill_between_the_put_and_the_commit_serves_nothing_of_the_object(bucket: SeaweedFS, tmp_path: Path) -> None:
+    """kill -9 right after an object's PUT (ICELOG_TEST_FAULT=intake-object-put): the store never named it, so the
+    producer was not acknowledged, the object is deleted at the next start and its offsets go to the next records."""
+    broker = s3_broker(tmp_path / "data", bucket, f"sqlite:///{tmp_path / 'meta.db'}")
+    broker.env[FAULT_ENV] = "intake-object-put"
+    broker.start()
+    try:
+        create_topic(broker, "events", 1)
+        errors: list[Any] = []
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "message.timeout.ms": 5000})
+        producer.produce("events", b"lost", partition=0, on_delivery=lambda err, _m: errors.append(err))
+        producer.flush(10)
+        assert broker.proc is not None and broker.proc.wait(30) == 137, "killed at the fault point"
+        assert errors and errors[0] is not None, "never acknowledged"
+        assert len(bucket.keys("cluster-a/intake/")) == 1, "the PUT went through"
+
+        del broker.env[FAULT_ENV]
+        broker.start()
+        assert bucket.keys("cluster-a/intake/") == [], "the uncommitted object is deleted at start-up"
+        assert read_partition(broker, "events", 0)[0] == []
+        fresh = Producer({"bootstrap.servers": broker.bootstrap})
+        offsets: list[int] = []
+        fresh.produce("events", b"kept", partition=0, on_delivery=lambda _e, m: offsets.append(m.offset()))
+        assert fresh.flush(30) == 0 and offsets == [0]
+        assert read_partition(broker, "events", 0)[0] == [b"kept"]
     finally:
         broker.stop()
