@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from icelog.config import IntakeSettings, Settings
-from icelog.errors import ErrorCode, KafkaApiError
+from icelog.errors import ConfigError, ErrorCode, KafkaApiError
 from icelog.log.backends import open_reader
 from icelog.log.manager import LogManager
 from icelog.meta.sqlite import SqliteStore
@@ -258,3 +258,22 @@ def test_retention_releases_objects_once_every_partition_in_them_is_trimmed(back
             assert before == 4 and len(backend.objects()) == 1, "the three expired objects are deleted"
 
     run(settings, write)
+
+
+def test_a_prefix_holding_another_clusters_objects_is_refused_untouched(backend: Backend, tmp_path: Path) -> None:
+    if backend.kind != "s3":
+        pytest.skip("a bucket prefix is the object store's")
+
+    async def write(logs: LogManager) -> None:
+        logs.create_topic(TOPIC, 1, {})
+        await append(logs, [b"theirs"])
+
+    run(backend.settings(), write)
+    other = Backend("s3", tmp_path / "other", backend.store)
+    other.prefix = backend.prefix  # a second cluster (its own metadata store) pointed at the same prefix
+    other.root.mkdir()
+    logs = LogManager(other.settings(), SqliteStore(other.meta_path))
+    with pytest.raises(ConfigError, match="has never indexed"):
+        logs.open()
+    logs.store.close()
+    assert len(backend.objects()) == 1, "nothing of the first cluster is deleted"

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from icelog.config import IntakeSettings
-from icelog.errors import ErrorCode, IcelogError, KafkaApiError, first_line
+from icelog.errors import ConfigError, ErrorCode, IcelogError, KafkaApiError, first_line
 from icelog.faults import fault_point
 from icelog.log import intake_file
 from icelog.log.storage import (
@@ -211,6 +211,7 @@ def _retried_get(objects: ObjectStore, object_id: int, position: int, length: in
 class _Pending:
     append: Append
     done: asyncio.Future[None] = field(repr=False)
+    arrived: float = field(default_factory=time.monotonic)  # the commit interval counts from the oldest append
 
 
 class ObjectStorage:
@@ -264,11 +265,23 @@ class ObjectStorage:
 
     # -- start-up -------------------------------------------------------------------------------
     def recover(self) -> list[IntakeChunk]:
-        """Delete objects past the recorded tail: PUT before a crash, never committed, so never acknowledged."""
+        """Delete objects past the recorded tail: PUT before a crash, never committed, so never acknowledged.
+
+        A new store records a tail at once (object 0), so that a later start tells objects it never committed from
+        objects of another cluster under the same prefix, which it refuses to touch.
+        """
         tail = self._index.intake_tail()
-        self._committed_id = 0 if tail is None else tail.file_id
+        found = list(self.objects.object_ids())
+        if tail is None:
+            if found:
+                raise ConfigError(
+                    f"intake.url {self.url} holds {len(found)} intake objects the metadata store has never indexed "
+                    "(another cluster's, or a store that lost its state): give this broker a prefix of its own")
+            self._index.commit_intake([], IntakeTail(0, 0))
+            tail = IntakeTail(0, 0)
+        self._committed_id = tail.file_id
         newest = self._committed_id
-        for object_id in self.objects.object_ids():
+        for object_id in found:
             newest = max(newest, object_id)
             if object_id > self._committed_id:
                 log.warning("deleting intake object %d: written but never committed (never acknowledged)", object_id)
@@ -309,7 +322,8 @@ class ObjectStorage:
                     self._ready.wait()
                 if not self._pending:
                     return
-                deadline = time.monotonic() + interval
+                # From the oldest waiting append: those that came during the last PUT wait no longer than one interval.
+                deadline = self._pending[0].arrived + interval
                 while not self._closing and self._queued() < self.settings.object_max_bytes:
                     left = deadline - time.monotonic()
                     if left <= 0:
