@@ -158,3 +158,42 @@ def test_a_kill_between_the_put_and_the_commit_serves_nothing_of_the_object(buck
         assert read_partition(broker, "events", 0)[0] == [b"kept"]
     finally:
         broker.stop()
+
+
+def test_an_open_transaction_is_resolved_by_a_fresh_broker_from_the_store_and_the_bucket(
+    postgres_cluster: PostgresCluster, bucket: SeaweedFS, tmp_path: Path,
+) -> None:
+    """kill -9 with a transaction open, data dir deleted: the fresh broker knows the transaction (metadata store) and
+    its batches (bucket), aborts it at its timeout, and read_committed consumers see only what was committed."""
+    from tests.coordinator.test_transactions import end_offsets, read_values, wait_for
+
+    broker = s3_broker(tmp_path / "data", bucket, postgres_cluster.new_database()).start()
+    try:
+        bootstrap, topic = broker.bootstrap, "txn"
+        create_topic(broker, topic, 1)
+        producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "s3-crash",
+                             "transaction.timeout.ms": 3000, "message.timeout.ms": 3000})
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.produce(topic, value=b"committed")
+        producer.commit_transaction(30)
+        producer.begin_transaction()
+        producer.produce(topic, value=b"in-flight")
+        producer.flush(30)
+
+        broker.kill()
+        shutil.rmtree(broker.data_dir)
+        broker.start()
+
+        assert read_values(bootstrap, topic, 1, "read_uncommitted") == [b"committed", b"in-flight"]
+        wait_for(lambda: end_offsets(bootstrap, topic, 1, "read_committed")
+                 == end_offsets(bootstrap, topic, 1, "read_uncommitted"), "the open transaction to time out")
+        assert read_values(bootstrap, topic, 1, "read_committed") == [b"committed"]
+        fresh = Producer({"bootstrap.servers": bootstrap, "transactional.id": "s3-crash"})
+        fresh.init_transactions(30)
+        fresh.begin_transaction()
+        fresh.produce(topic, value=b"after")
+        fresh.commit_transaction(30)
+        assert read_values(bootstrap, topic, 1, "read_committed") == [b"committed", b"after"]
+    finally:
+        broker.stop()

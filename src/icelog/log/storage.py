@@ -2,19 +2,19 @@
 
 One Protocol for every backend, as the metadata store has one per slice (meta/store.py); the broker, Fetch, the
 archive tasks and the transaction-marker reader see only it. The backend is picked in one place (log/backends.py:
-`open_storage`, `open_reader`), as tansu picks its `Storage` by URL scheme. Today's backend is local files
-(log/local.py: group commit into fsync'd intake files); an object-storage backend (one object per commit interval)
-plugs in here.
+`open_storage`, `open_reader`), as tansu picks its `Storage` by URL scheme: local files (log/local.py: group commit
+into fsync'd intake files, the default) or object storage (log/s3.py: one object per commit interval).
 
 The write side is a group commit: appends are submitted one at a time, the backend gathers them, stores them
 together and indexes them in the metadata store, then reports where each partition's batches landed (the chunks,
 in commit order) through `on_durable`. Only then are they acknowledged. Two ways to hand out offsets fit it:
-- `assigns_offsets = False` (local files): the log assigns offsets in memory before `submit` (an append carries its
-  base offset, patched into its batches); the chunks come back with those offsets.
-- `assigns_offsets = True` (a sequencer: a store shared by several brokers): `submit` carries no offsets
-  (`base_offset` -1); the metadata store assigns them when the batch coordinates are committed, and the chunks
-  handed to `on_durable` carry them. The stored bytes keep the producer's offsets; `read` patches the base offset
-  of each batch it returns (bytes 0-7, outside the batch CRC), so every reader sees the committed offsets.
+- `assigns_offsets = False` (both backends today): the log assigns offsets in memory before `submit` (an append
+  carries its base offset, patched into its batches); the chunks come back with those offsets.
+- `assigns_offsets = True` (a sequencer: a store shared by several brokers; no backend does yet, and the log's
+  append path still assumes False): `submit` carries no offsets (`base_offset` -1); the metadata store assigns
+  them when the batch coordinates are committed, and the chunks handed to `on_durable` carry them. The stored bytes
+  keep the producer's offsets; `read` patches the base offset of each batch it returns (bytes 0-7, outside the
+  batch CRC), so every reader sees the committed offsets.
 """
 
 from __future__ import annotations
