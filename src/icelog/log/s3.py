@@ -6,6 +6,8 @@ file), PUT under `<prefix>/intake/<id, 20 digits>.intake`, then its chunks and t
 committed to the metadata store in one transaction; only then are the appends acknowledged. So:
 - a crash after the PUT and before the commit leaves an object the index never names: it is never served, and the
   next start-up deletes every object past the recorded tail (`recover`);
+- up to PUTS_IN_FLIGHT objects are PUT at once (the next interval's object does not wait for a slow PUT); their
+  chunks are committed in object order, and nothing after an object that failed is committed;
 - a PUT or a commit that fails is retried with backoff for as long as the broker runs; meanwhile `unavailable` says
   why and the log refuses new appends retriably (NOT_ENOUGH_REPLICAS), and nothing of the group is acknowledged;
 - retention deletes an object once no indexed chunk references it (`release`: reference counting by the index).
@@ -21,6 +23,8 @@ AWS_SECRET_ACCESS_KEY, AWS_REGION, profiles); its own retries are off: this modu
 from __future__ import annotations
 
 import asyncio
+import collections
+import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -51,6 +55,9 @@ log = logging.getLogger(__name__)
 # Retrying a request or a commit while the store does not answer: the first wait, doubling up to the last.
 _RETRY_FIRST_S, _RETRY_MAX_S = 0.1, 2.0
 _READ_ATTEMPTS = 5  # a GET that fails this many times in a row fails the read (KAFKA_STORAGE_ERROR)
+# Objects PUT at once: the next interval's object goes up while an earlier one is still in flight (commits stay in
+# order), so an object that takes longer than the interval to store delays no other's PUT.
+PUTS_IN_FLIGHT = 4
 KINDS = ("put", "get", "delete", "list")
 
 
@@ -208,6 +215,18 @@ def _retried_get(objects: ObjectStore, object_id: int, position: int, length: in
 
 
 @dataclass
+class _Object:
+    """One object on its way: PUT in flight (or done), then committed in id order."""
+
+    object_id: int
+    group: list[_Pending]
+    chunks: list[IntakeChunk]
+    body: bytes
+    put: concurrent.futures.Future[None]
+    started: float
+
+
+@dataclass
 class _Pending:
     append: Append
     done: asyncio.Future[None] = field(repr=False)
@@ -232,9 +251,13 @@ class ObjectStorage:
         self._ready = threading.Condition()
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._task: asyncio.Future[None] | None = None
         self._on_durable: OnDurable | None = None
+        self._puts = concurrent.futures.ThreadPoolExecutor(PUTS_IN_FLIGHT, thread_name_prefix="intake-s3-put")
+        self._in_flight: collections.deque[_Object] = collections.deque()  # guarded by _ready; oldest first
+        self._gathering = True  # the gatherer may still add objects (the committer ends once it stopped and all done)
+        self._broken: BaseException | None = None  # the committer's first failure: nothing after it is committed
         self._next_id = 1
         self._committed_id = 0  # the newest object the index names (ids up to it may be released)
         # The newest objects' bytes, for reads at the tail without a GET (bounded by object_cache_bytes).
@@ -293,8 +316,10 @@ class ObjectStorage:
         self._on_durable = on_durable
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_future()
-        self._thread = threading.Thread(target=self._commit_loop, name="intake-s3", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._gather_loop, name="intake-s3-gather", daemon=True),
+                         threading.Thread(target=self._commit_loop, name="intake-s3-commit", daemon=True)]
+        for thread in self._threads:
+            thread.start()
 
     def failure(self) -> asyncio.Future[None]:
         assert self._task is not None, "start() the storage first"
@@ -309,33 +334,67 @@ class ObjectStorage:
         self._stats.bytes_submitted += len(append.payload) + intake_file.FRAME_HEADER_SIZE
         with self._ready:
             self._pending.append(_Pending(append, done))
-            self._ready.notify()
+            self._ready.notify_all()  # the gatherer (the committer waits on the same condition)
         return done
 
-    def _commit_loop(self) -> None:
-        """The commit thread: wait for the interval (or the size cap), PUT one object, commit it, hand it over."""
-        assert self._loop is not None
+    def _gather_loop(self) -> None:
+        """The gathering thread: wait for the interval (or the size cap), make one object, start its PUT."""
         interval = self.settings.commit_interval_ms / 1000
+        try:
+            while True:
+                with self._ready:
+                    while (not self._pending or len(self._in_flight) >= PUTS_IN_FLIGHT) and not self._closing:
+                        self._ready.wait()
+                    if not self._pending or self._broken is not None:
+                        return
+                    # From the oldest waiting append: those that came during a PUT wait no longer than one interval.
+                    deadline = self._pending[0].arrived + interval
+                    while not self._closing and self._queued() < self.settings.object_max_bytes:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._ready.wait(left)
+                    group = self._take_group()
+                made = self._make_object(group)  # outside the lock: appends keep queueing meanwhile
+                with self._ready:
+                    self._in_flight.append(made)
+                    self._ready.notify_all()
+        finally:
+            with self._ready:
+                self._gathering = False
+                self._ready.notify_all()
+
+    def _commit_loop(self) -> None:
+        """The committing thread: in id order, wait for an object's PUT, commit its chunks, hand it to the loop."""
+        assert self._loop is not None
         while True:
             with self._ready:
-                while not self._pending and not self._closing:
+                while not self._in_flight and self._gathering:
                     self._ready.wait()
-                if not self._pending:
+                if not self._in_flight:
                     return
-                # From the oldest waiting append: those that came during the last PUT wait no longer than one interval.
-                deadline = self._pending[0].arrived + interval
-                while not self._closing and self._queued() < self.settings.object_max_bytes:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._ready.wait(left)
-                group = self._take_group()
+                made = self._in_flight[0]
             try:
-                chunks = self._write_group(group)
-            except BaseException as exc:  # only a shutdown during an outage ends retries: nothing is acknowledged
-                self._loop.call_soon_threadsafe(self._fail, group, exc)
-                return
-            self._loop.call_soon_threadsafe(self._complete, group, chunks)
+                if self._broken is not None:  # nothing after a failed object is committed: its offsets follow
+                    raise self._broken
+                made.put.result()
+                fault_point("intake-object-put")  # crash tests: stored, never committed
+                self._commit(made)
+            except BaseException as exc:  # a shutdown during an outage, or no outage: nothing is acknowledged
+                with contextlib.suppress(BaseException):
+                    made.put.result()  # (let its PUT end: _closing stops its retries)
+                with self._ready:
+                    if self._broken is None:
+                        self._broken = exc
+                    self._closing = True  # stops retries, the gatherer and new objects
+                    self._in_flight.popleft()
+                    self._ready.notify_all()
+                self._loop.call_soon_threadsafe(self._fail, made.group, exc)
+                continue  # the objects behind it are failed in turn
+            with self._ready:
+                self._in_flight.popleft()
+                self._ready.notify_all()
+            self._loop.call_soon_threadsafe(self._complete, made.group, made.chunks)
 
     def _queued(self) -> int:
         return sum(len(p.append.payload) for p in self._pending)
@@ -350,8 +409,8 @@ class ObjectStorage:
         group, self._pending = self._pending[:taken], self._pending[taken:]
         return group
 
-    def _write_group(self, group: list[_Pending]) -> list[IntakeChunk]:
-        """One object of one frame per partition: PUT, then the index commit, each retried until it goes through."""
+    def _make_object(self, group: list[_Pending]) -> _Object:
+        """One object of one frame per partition, its PUT started (retried until it goes through or we stop)."""
         by_partition: dict[tuple[uuid.UUID, int], list[Append]] = {}
         for item in group:
             by_partition.setdefault((item.append.topic_id, item.append.partition), []).append(item.append)
@@ -371,21 +430,24 @@ class ObjectStorage:
             chunks.append(IntakeChunk(topic_id, partition, base, end, object_id, position, length, max_ts))
             position += length
         body = b"".join(parts)
-        started = time.perf_counter()
-        self._retry("the object store", lambda: self.objects.put(object_id, body), _any_failure)
-        fault_point("intake-object-put")  # crash tests: stored, never committed
-        self._retry("the metadata store", lambda: self._index.commit_intake(chunks, IntakeTail(object_id, len(body))),
+        put = self._puts.submit(self._retry, "the object store", lambda: self.objects.put(object_id, body),
+                                _any_failure)
+        return _Object(object_id, group, chunks, body, put, time.perf_counter())
+
+    def _commit(self, made: _Object) -> None:
+        """Index a stored object's chunks (retried while the metadata store is out), then count it."""
+        self._retry("the metadata store",
+                    lambda: self._index.commit_intake(made.chunks, IntakeTail(made.object_id, len(made.body))),
                     _store_outage)
-        seconds = time.perf_counter() - started
-        self._committed_id = object_id
-        self._remember(object_id, body)
+        seconds = time.perf_counter() - made.started
+        self._committed_id = made.object_id
+        self._remember(made.object_id, made.body)
         self._stats.commits += 1
-        self._stats.appends += len(group)
-        self._stats.bytes_written += len(body)
+        self._stats.appends += len(made.group)
+        self._stats.bytes_written += len(made.body)
         self._stats.fsync_seconds += seconds
         if self.on_commit is not None:
-            self.on_commit(len(body), len(group), seconds)
-        return chunks
+            self.on_commit(len(made.body), len(made.group), seconds)
 
     def _retry(self, what: str, call: Callable[[], None], retriable: Callable[[Exception], bool]) -> None:
         """Call until it goes through; meanwhile appends are refused retriably (`unavailable`). A shutdown, or a
@@ -430,7 +492,7 @@ class ObjectStorage:
         with self._ready:
             waiting, self._pending = group + self._pending, []
             self._closing = True
-            self._ready.notify()
+            self._ready.notify_all()
         for item in waiting:
             if not item.done.done():
                 item.done.set_exception(KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, "intake write failed"))
@@ -489,12 +551,14 @@ class ObjectStorage:
 
     async def close(self) -> None:
         """Finish queued commits (a store still down fails them after the current retry), then stop."""
-        if self._thread is not None:
+        if self._threads:
             with self._ready:
                 self._closing = True
-                self._ready.notify()
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
-            self._thread = None
+                self._ready.notify_all()
+            for thread in self._threads:
+                await asyncio.get_running_loop().run_in_executor(None, thread.join)
+            self._threads = []
+        self._puts.shutdown(wait=True)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
