@@ -2,7 +2,7 @@
 and object PUTs per second with 1, 12 and 120 partitions (one PUT per commit interval, whatever the partitions).
 
 Run: .venv/bin/python bench/s3_intake_bench.py [--records 200000] [--mb-per-s 10] [--latency-seconds 15]
-       [--commit-interval-ms 250]
+       [--commit-interval-ms 250] [--in-flight 5]
 The store is a local SeaweedFS (`weed mini`, tests/support/seaweedfs.py) on the same 2 cores: a PUT costs a loopback
 round trip and SeaweedFS's own CPU, not a network's latency, so the S3 figures here are a floor on latency and a
 ceiling on cost per record; the commit interval dominates the ack latency either way.
@@ -57,7 +57,8 @@ def run(kind: str, root: Path, store: SeaweedFS, args: argparse.Namespace) -> di
     try:
         create_topic(broker.bootstrap, "latency", 6)
         print(f"{kind}: ack latency at {args.mb_per_s} MB/s...", file=sys.stderr)
-        latency = ack_latency(broker.bootstrap, "latency", args.mb_per_s, args.latency_seconds)
+        latency = ack_latency(broker.bootstrap, "latency", args.mb_per_s, args.latency_seconds,
+                              {"max.in.flight.requests.per.connection": str(args.in_flight)})
         create_topic(broker.bootstrap, "throughput", 6)
         print(f"{kind}: produce throughput...", file=sys.stderr)
         produced = produce_throughput(broker.bootstrap, "throughput", args.records, reports="errors")
@@ -79,6 +80,9 @@ def main() -> None:
     parser.add_argument("--mb-per-s", type=float, default=10)
     parser.add_argument("--latency-seconds", type=float, default=15)
     parser.add_argument("--commit-interval-ms", type=int, default=250)
+    parser.add_argument("--in-flight", type=int, default=5,
+                        help="the latency producer's max.in.flight.requests.per.connection (librdkafka's default 5: "
+                        "at most 5 Produce requests wait for an ack, so at 10 MB/s records queue behind an interval)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=Path(__file__).parent) as tmp:
         root = Path(tmp)
@@ -90,7 +94,7 @@ def main() -> None:
             store.stop()
     result = {
         "machine": f"{platform.node()} {os.cpu_count()} cores, {platform.python_version()}",
-        "commit_interval_ms": args.commit_interval_ms, "local": local, "s3": s3,
+        "commit_interval_ms": args.commit_interval_ms, "client_in_flight": args.in_flight, "local": local, "s3": s3,
         "s3_produce_vs_local": round(float(s3["produce_mb_per_s"]) / float(local["produce_mb_per_s"]), 2),  # type: ignore[arg-type]
     }
     print(json.dumps(result, indent=2))
