@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import random
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,10 +36,20 @@ def bucket(tmp_path: Path) -> Iterator[SeaweedFS]:
     store.stop()
 
 
-def s3_broker(data_dir: Path, store: SeaweedFS, meta_url: str) -> BrokerProcess:
-    return BrokerProcess(data_dir, env={**BROKER_ENV, **store.env(), "ICELOG_META_URL": meta_url,
-                                        "ICELOG_INTAKE__URL": f"s3://{BUCKET}/cluster-a",
-                                        "ICELOG_INTAKE__COMMIT_INTERVAL_MS": "100"})
+def s3_broker(data_dir: Path, store: SeaweedFS, meta_url: str, flag: bool = False) -> BrokerProcess:
+    """A broker whose intake is s3://BUCKET/cluster-a: named by ICELOG_INTAKE__URL, or by `--intake-url` (`flag`)."""
+    url = f"s3://{BUCKET}/cluster-a"
+    env = {**BROKER_ENV, **store.env(), "ICELOG_META_URL": meta_url, "ICELOG_INTAKE__COMMIT_INTERVAL_MS": "100"}
+    if flag:
+        return BrokerProcess(data_dir, env=env, extra_args=["--intake-url", url])
+    return BrokerProcess(data_dir, env={**env, "ICELOG_INTAKE__URL": url})
+
+
+def test_an_intake_url_that_is_not_s3_stops_start_up_saying_why(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "icelog", "serve", "--intake-url", "http://store/intake",
+                           "--data-dir", str(tmp_path / "data")], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "--intake-url: intake.url must be s3://BUCKET[/PREFIX]" in done.stderr + done.stdout
 
 
 def check_every_acknowledged_record(broker: BrokerProcess, work: Workload) -> None:
@@ -167,7 +179,7 @@ def test_an_open_transaction_is_resolved_by_a_fresh_broker_from_the_store_and_th
     its batches (bucket), aborts it at its timeout, and read_committed consumers see only what was committed."""
     from tests.coordinator.test_transactions import end_offsets, read_values, wait_for
 
-    broker = s3_broker(tmp_path / "data", bucket, postgres_cluster.new_database()).start()
+    broker = s3_broker(tmp_path / "data", bucket, postgres_cluster.new_database(), flag=True).start()
     try:
         bootstrap, topic = broker.bootstrap, "txn"
         create_topic(broker, topic, 1)
@@ -180,6 +192,7 @@ def test_an_open_transaction_is_resolved_by_a_fresh_broker_from_the_store_and_th
         producer.begin_transaction()
         producer.produce(topic, value=b"in-flight")
         producer.flush(30)
+        assert bucket.keys("cluster-a/intake/"), "--intake-url put the intake in the bucket"
 
         broker.kill()
         shutil.rmtree(broker.data_dir)
