@@ -26,6 +26,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -58,6 +59,9 @@ _READ_ATTEMPTS = 5  # a GET that fails this many times in a row fails the read (
 # Objects PUT at once: the next interval's object goes up while an earlier one is still in flight (commits stay in
 # order), so an object that takes longer than the interval to store delays no other's PUT.
 PUTS_IN_FLIGHT = 4
+# A release looks at the oldest live objects only, at most this many (retention trims partitions from the front, so
+# objects are freed roughly oldest first): its cost does not grow with the intake kept.
+RELEASE_WINDOW = 1000
 KINDS = ("put", "get", "delete", "list")
 
 
@@ -260,6 +264,9 @@ class ObjectStorage:
         self._broken: BaseException | None = None  # the committer's first failure: nothing after it is committed
         self._next_id = 1
         self._committed_id = 0  # the newest object the index names (ids up to it may be released)
+        # Committed objects not deleted yet, oldest first (listed once at start-up, then kept: no LIST per release).
+        self._live: collections.deque[int] = collections.deque()
+        self._live_lock = threading.Lock()
         # The newest objects' bytes, for reads at the tail without a GET (bounded by object_cache_bytes).
         self._cache: OrderedDict[int, bytes] = OrderedDict()
         self._cache_bytes = 0
@@ -309,6 +316,8 @@ class ObjectStorage:
             if object_id > self._committed_id:
                 log.warning("deleting intake object %d: written but never committed (never acknowledged)", object_id)
                 self.objects.delete(object_id)
+            else:
+                self._live.append(object_id)
         self._next_id = newest + 1  # never reused: a reader may still hold a deleted object's id
         return []
 
@@ -441,6 +450,8 @@ class ObjectStorage:
                     _store_outage)
         seconds = time.perf_counter() - made.started
         self._committed_id = made.object_id
+        with self._live_lock:
+            self._live.append(made.object_id)
         self._remember(made.object_id, made.body)
         self._stats.commits += 1
         self._stats.appends += len(made.group)
@@ -527,20 +538,27 @@ class ObjectStorage:
         return data
 
     def release(self) -> int:
-        """Delete committed objects no indexed chunk references any more (every partition in them trimmed)."""
-        candidates = [i for i in self.objects.object_ids() if i <= self._committed_id]
+        """Delete committed objects no indexed chunk references any more (every partition in them trimmed): of the
+        oldest RELEASE_WINDOW live objects, those the index no longer names. One that cannot be deleted now stays
+        live, for the next release."""
+        with self._live_lock:
+            candidates = list(itertools.islice(self._live, RELEASE_WINDOW))
         in_use = self._index.intake_files_in_use(candidates)
-        deleted = 0
-        for object_id in candidates:
-            if object_id not in in_use:
+        deleted: set[int] = set()
+        try:
+            for object_id in (i for i in candidates if i not in in_use):
                 with self._cache_lock:
                     body = self._cache.pop(object_id, None)
                     if body is not None:
                         self._cache_bytes -= len(body)
-                self.objects.delete(object_id)
+                self.objects.delete(object_id)  # (S3's DELETE is idempotent: two releases at once are harmless)
+                deleted.add(object_id)
                 log.info("deleted intake object %d: no partition needs it", object_id)
-                deleted += 1
-        return deleted
+        finally:
+            if deleted:
+                with self._live_lock:
+                    self._live = collections.deque(i for i in self._live if i not in deleted)
+        return len(deleted)
 
     def capacity(self) -> Capacity:
         """Object storage has no free space the broker must watch."""
