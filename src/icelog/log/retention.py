@@ -95,7 +95,8 @@ class Retention:
                     on_loop(functools.partial(part.drop_chunks_before, new_start, trimmed))
                     # The intake's start; the log start consumers see can be older (read-back from the table).
                     log.info("retention: %s-%d intake starts at offset %d now", state.name, part.partition, new_start)
-        if dropped:
+        if dropped or self.topics.release_due:
+            self.topics.release_due = False
             self.storage.release()
         return dropped
 

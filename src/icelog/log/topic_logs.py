@@ -71,6 +71,9 @@ class TopicLogs:
         self._by_id: dict[uuid.UUID, TopicState] = {}
         # Plugged into each PartitionLog (None or []: the intake is the whole log).
         self.older_sources: OlderSources | None = None
+        # A topic was deleted: the next retention pass releases what it held (off the event loop: the storage's
+        # deletes are file unlinks or DELETE requests).
+        self.release_due = False
 
     def load(self) -> None:
         """Install every stored topic with the hot tail of each partition's chunk index (start-up)."""
@@ -164,7 +167,7 @@ class TopicLogs:
         del self._by_id[state.record.topic_id]
         for part in state.partitions:
             part.drop_chunks_before(part.high_watermark + 1, part.intake_bytes)
-        self.storage.release()
+        self.release_due = True
         log.info("deleted topic %s", name)
 
     def add_partitions(self, name: str, total: int, validate_only: bool = False) -> None:
