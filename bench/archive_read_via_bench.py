@@ -30,7 +30,7 @@ from _common import write_results  # noqa: E402
 from archive_bench import PARTITIONS, create_topic, produce_bulk  # noqa: E402
 
 from icelog.archive.decode import decode_archive  # noqa: E402
-from icelog.archive.intake_source import ChunkSource, IntakeFiles, KafkaFetch  # noqa: E402
+from icelog.archive.intake_source import ChunkSource, KafkaFetch, source_of  # noqa: E402
 from icelog.archive.plan import PlannedArchive, plan_partition  # noqa: E402
 from icelog.client.properties import parse  # noqa: E402
 from icelog.config import load_settings  # noqa: E402
@@ -135,7 +135,7 @@ def main() -> None:
         settings = load_settings(data_dir=str(broker.data_dir), listen=broker.bootstrap)
         create_topic(broker.bootstrap, "bench-via-decode", PARTITIONS)
         produce_bulk(broker.bootstrap, "bench-via-decode", args.records)
-        files = IntakeFiles(str(broker.data_dir / "intake"))
+        files = source_of(broker.data_dir / "intake")
         archives = planned(settings, "bench-via-decode")
         kafka = KafkaFetch((broker.bootstrap,), parse({}), "bench-via-decode")
         decode_rate(files, archives[:1])  # warm up: imports, first-call costs, the page cache

@@ -109,8 +109,7 @@ def time_startup(data_dir: Path, snapshot_after: bool) -> float:
             logs.start()
             await logs.close()  # a clean stop: the shutdown snapshot
         else:
-            await logs.writer.close()
-            logs.files.close()
+            await logs.storage.close()
             logs.store.close()
         return seconds
 

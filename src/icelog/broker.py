@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import shutil
 import signal
 from collections.abc import Callable
 from typing import Any
@@ -101,7 +100,8 @@ class Broker:
                 lambda: self.archiver.restarts if self.archiver is not None else 0, self.budgets.metrics,
             )
             self.state.wire_metrics = self.metrics.wire
-            self.logs.writer.on_commit = self.metrics.intake.observe_commit
+            self.logs.storage.on_commit = self.metrics.intake.observe_commit
+            self.logs.storage.on_request = self.metrics.object_store.observe
 
     def _older_sources(self, record: TopicRecord, config: EffectiveConfig, partition: int) -> list[OffsetRangeSource]:
         source = self.readback.source(record.topic_id, record.name, record.configs, partition, config.log_append_time)
@@ -181,10 +181,8 @@ class Broker:
                if self.metrics is not None else ""),
             flush=True,
         )
-        writer_task = self.logs.writer._task
-        assert writer_task is not None
         stop_wait = asyncio.create_task(self._stopping.wait())
-        waiters: set[asyncio.Future[Any]] = {stop_wait, writer_task}
+        waiters: set[asyncio.Future[Any]] = {stop_wait, self.logs.storage.failure()}
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         upkeep.cancel()
         if self._retention is not None:  # a retention pass in flight ends first (it uses the store)
@@ -206,7 +204,7 @@ class Broker:
         await self.transactions.stop()
         await self.groups.stop()
         self.state.logins.close()
-        failed = self.logs.writer.failed
+        failed = self.logs.storage.failed
         await self.logs.close()
         if failed is not None:
             raise SystemExit(f"icelog: stopped because the intake could not be written: {failed}")
@@ -255,9 +253,9 @@ class Broker:
             try:
                 states = await asyncio.to_thread(self.store.archive_states)
                 unarchived = await asyncio.to_thread(self.logs.count_unarchived, states)
-                written = self.logs.writer.stats.bytes_written  # what the reading can see, at least
-                free = await asyncio.to_thread(lambda: shutil.disk_usage(self.settings.data_dir).free)
-                self.logs.apply_pressure(unarchived, free, written)
+                written = self.logs.storage.stats.bytes_written  # what the reading can see, at least
+                capacity = await asyncio.to_thread(self.logs.storage.capacity)
+                self.logs.apply_pressure(unarchived, capacity.free_bytes, written)
             except Exception as exc:
                 log_retry(log, "back-pressure refresh", exc)
             else:

@@ -147,6 +147,34 @@ def principal_rules(value: str) -> list[PrincipalRule]:
 class IntakeSettings(BaseModel):
     """How the durable intake log writes."""
 
+    url: str | None = Field(
+        None,
+        description="Where the intake is stored: s3://BUCKET/PREFIX for any S3-compatible store (endpoint and "
+        "credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION or the AWS profile "
+        "chain); default: files in <data_dir>/intake.",
+    )
+    commit_interval_ms: int = Field(
+        250, gt=0, description="Object storage: how long appends gather before one object holding every partition's "
+        "batches is written (the produce latency floor; WarpStream's and inkless's default)."
+    )
+    object_max_bytes: int = Field(
+        8 * 1024 * 1024, gt=0, description="Object storage: an object is written before the interval ends once it "
+        "holds this many bytes."
+    )
+    object_cache_bytes: int = Field(
+        64 * 1024 * 1024, ge=0, description="Object storage: the newest intake objects kept in memory for Fetch at "
+        "the tail (older reads are ranged GETs)."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _intake_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if not re.fullmatch(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?", value):
+            raise ValueError(f"intake.url must be s3://BUCKET[/PREFIX] (or unset: the data dir), got {value!r}")
+        return value.rstrip("/")
+
     segment_bytes: int = Field(256 * 1024 * 1024, gt=0, description="Start a new intake file past this size.")
     flush_max_bytes: int = Field(
         16 * 1024 * 1024, gt=0, description="Upper bound on the bytes one group commit (one fsync) carries."

@@ -8,6 +8,7 @@ no clean-up), so tests can check what survives a crash at the worst moment. Poin
   txn-completed        CompleteCommit/CompleteAbort is stored, EndTxn not yet answered
   schema-stored        a registry write is stored, the HTTP request not yet answered
   trim-committed       an intake trim is stored, the files it released not yet deleted
+  intake-object-put    an intake object is stored in the bucket, its chunks not yet committed (log/s3.py)
 The archive job's points (archive/archiver.py, archive/upsert.py):
   after-write                data files and a staged, never-published snapshot exist
   after-commit               the table has the archive, the metadata store does not know yet

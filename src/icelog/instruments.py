@@ -77,3 +77,25 @@ class IntakeMetrics:
         self.commit_bytes.observe(written_bytes)
         self.commit_appends.observe(appends)
         self.fsync_seconds.observe(fsync_seconds)
+
+
+class ObjectStoreMetrics:
+    """The intake's requests to object storage, per kind (put, get, delete, list): what a user pays for."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter("icelog_object_store_requests", "Requests to the intake's object store.", ["kind"],
+                                registry=registry)
+        self.errors = Counter("icelog_object_store_errors", "Requests to the intake's object store that failed "
+                              "(each retry counts).", ["kind"], registry=registry)
+        self.bytes = Counter("icelog_object_store_bytes", "Bytes sent (put) or received (get) by the intake's "
+                             "object store requests.", ["kind"], registry=registry)
+        self.seconds = Histogram("icelog_object_store_request_seconds", "Duration of one object store request.",
+                                 ["kind"], buckets=REQUEST_SECONDS_BUCKETS, registry=registry)
+
+    def observe(self, kind: str, size: int, seconds: float, failed: bool) -> None:
+        """Called after each request, on the thread that made it."""
+        self.requests.labels(kind).inc()
+        if failed:
+            self.errors.labels(kind).inc()
+        self.bytes.labels(kind).inc(size)
+        self.seconds.labels(kind).observe(seconds)

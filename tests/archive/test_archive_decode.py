@@ -17,10 +17,10 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 from icelog.archive import decode
 from icelog.archive.plan import ChunkRef, PlannedArchive
 from icelog.log import intake_file
-from icelog.log.batch import empty_batch
-from icelog.log.record_format import CRC, UINT32, batch_crc
-from icelog.log.records import CorruptRecordsError
 from icelog.log.transactions import encode_marker_batch
+from icelog.records.batch import empty_batch
+from icelog.records.record_format import CRC, UINT32, batch_crc
+from icelog.records.walk import CorruptRecordsError
 
 INGEST_MS = 1_700_000_123_000
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from icelog.archive.decode import decode_archive
-from icelog.archive.intake_source import IntakeFiles, KafkaFetch
+from icelog.archive.intake_source import KafkaFetch, source_of
 from icelog.archive.plan import PlannedArchive, plan_partition
 from icelog.client.properties import parse
 from icelog.config import ArchiveSettings
@@ -56,7 +56,7 @@ def test_kafka_fetch_gives_the_planned_chunks_of_the_files(broker: BrokerProcess
     produced = produce(broker, topic_name, 3000)
     archives = _plans(broker.data_dir, topic_name, max_bytes=20_000)
     assert len(archives) > 3, "several archives per partition, each of several chunks"
-    files = IntakeFiles(str(broker.data_dir / "intake"))
+    files = source_of(broker.data_dir / "intake")
     kafka = KafkaFetch((broker.bootstrap,), parse({}), topic_name)
     for archive in archives:
         assert [(r, bytes(v)) for r, v in kafka.chunks(archive)] == [(r, bytes(v)) for r, v in files.chunks(archive)]
@@ -168,6 +168,7 @@ def test_kafka_fetch_drops_aborted_transactions_as_the_files_plan_does(broker: B
     from confluent_kafka import Producer
 
     from icelog.archive.transactions import BrokerTransactions, TransactionTracker
+    from icelog.log.intake import IntakeFiles
     from tests.support.archive import create_topic
 
     create_topic(broker, topic_name, partitions=1)
@@ -200,7 +201,7 @@ def test_kafka_fetch_drops_aborted_transactions_as_the_files_plan_does(broker: B
         chunks = store.intake_chunks_after(record.topic_id, 0, 0, 10_000)
     finally:
         store.close()
-    tracker = TransactionTracker(broker.data_dir / "intake")
+    tracker = TransactionTracker(IntakeFiles(broker.data_dir / "intake"))
     tracker.refresh(record, {0: chunks})
     remote = BrokerTransactions((broker.bootstrap,), parse({}))
     try:
@@ -209,7 +210,7 @@ def test_kafka_fetch_drops_aborted_transactions_as_the_files_plan_does(broker: B
     finally:
         remote.close()
 
-    files, kafka = IntakeFiles(str(broker.data_dir / "intake")), KafkaFetch((broker.bootstrap,), parse({}), topic_name)
+    files, kafka = source_of(broker.data_dir / "intake"), KafkaFetch((broker.bootstrap,), parse({}), topic_name)
     for max_bytes in (400, 3000, 1_000_000):  # archives that cut transactions anywhere, and one whole
         config = archive_config(topic_name, {}, {}, ArchiveSettings(max_bytes=max_bytes))
         archives = plan_partition(chunks, 0, part.high_watermark, config, now_ms=0, force=True)

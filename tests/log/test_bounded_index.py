@@ -230,7 +230,7 @@ def test_reading_every_chunk_keeps_the_index_within_its_cache(tmp_path: Path) ->
         assert len(part.hot_chunks) <= CACHE, "the in-memory tail stays bounded while appending"
         assert logs._snapshot_task is not None
         logs._snapshot_task.cancel()  # then "crash": no shutdown snapshot, so start-up replays every chunk
-        await logs.writer.close()
+        await logs.storage.close()
         logs.store.close()
 
     async def read_back() -> None:

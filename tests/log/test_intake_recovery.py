@@ -154,9 +154,8 @@ def test_frame_written_but_not_indexed_is_recovered(tmp_path: Path, caplog: pyte
             await append(logs, batch_values("unacked", 2))
         with pytest.raises(KafkaApiError):  # the writer stops after a failed commit
             await append(logs, [b"refused"])
-        assert logs.writer._task is not None
         with pytest.raises(OSError, match="simulated crash"):  # what the broker waits on to stop
-            await logs.writer._task
+            await logs.storage.failure()
 
     caplog.set_level(logging.INFO, logger="icelog")
     run(data_dir, write, store=store)
@@ -190,7 +189,7 @@ def test_an_unavailable_store_holds_the_group_unacknowledged_refuses_appends_ret
         store.unavailable = True
         state, part = logs.partition(TOPIC, 0)
         _, held = logs.append(state, part, records(batch_values("held", 2)))
-        while not logs.writer.store_unavailable:
+        while not logs.storage.unavailable:
             await asyncio.sleep(0.01)
         with pytest.raises(KafkaApiError) as refused:
             logs.append(state, part, records([b"refused"]))
@@ -201,7 +200,7 @@ def test_an_unavailable_store_holds_the_group_unacknowledged_refuses_appends_ret
 
         store.unavailable = False
         await asyncio.wait_for(held, 10)
-        assert logs.writer.store_unavailable is None and logs.writer.failed is None
+        assert logs.storage.unavailable is None and logs.storage.failed is None
         assert await append(logs, [b"after"]) == 5
         assert values(read_all(logs)) == batch_values("acked", 3) + batch_values("held", 2) + [b"after"]
 
@@ -397,10 +396,10 @@ def test_producer_state_comes_back_from_its_snapshot_plus_the_intake_after_it(
         await logs.append(state, part, second)[1]
         assert logs._snapshot_task is not None
         logs._snapshot_task.cancel()  # then "crash": no shutdown snapshot
-        await logs.writer.close()
+        await logs.storage.close()
         logs.store.close()
 
-    with caplog.at_level(logging.INFO, logger="icelog.log.manager"):
+    with caplog.at_level(logging.INFO, logger="icelog.log.snapshots"):
         asyncio.run(produce_then_crash())
     assert "1 snapshot(s) loaded, 0 intake chunk(s) replayed" in caplog.text
     caplog.clear()
@@ -411,7 +410,7 @@ def test_producer_state_comes_back_from_its_snapshot_plus_the_intake_after_it(
         assert [(r.producer_id, r.first_offset, r.last_offset) for r in part.aborted_ranges(0, 5)] == [(8, 2, 3)]
         assert part.last_stable_offset == part.high_watermark == 5
 
-    with caplog.at_level(logging.INFO, logger="icelog.log.manager"):
+    with caplog.at_level(logging.INFO, logger="icelog.log.snapshots"):
         run(data_dir, check)
     assert "1 snapshot(s) loaded, 1 intake chunk(s) replayed" in caplog.text
 

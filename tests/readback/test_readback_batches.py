@@ -9,9 +9,9 @@ import numpy as np
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.memory_records import MemoryRecords
 
-from icelog.log.batch import empty_batch
 from icelog.readback.batches import encode_batch, header_section
 from icelog.readback.columnar import as_binary, encode_batches
+from icelog.records.batch import empty_batch
 
 
 def test_a_built_batch_parses_with_kafka_python_with_gaps_nulls_and_headers() -> None:

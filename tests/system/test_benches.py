@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ("fuzz_broker.py", ["--seconds", "5"], "tracebacks"),
     ("meta_bench.py", ["--rounds", "1", "--latency-seconds", "1", "--records", "2000"], "ack_p99_ratio"),
     ("archive_read_via_bench.py", ["--no-spark", "--records", "20000", "--out", "none"], "decode_kafka_over_files"),
+    ("s3_intake_bench.py", ["--records", "5000", "--latency-seconds", "2"], "s3_produce_vs_local"),
     ("avro_decode_bench.py", ["--records", "2000", "--repeat", "1"], "compiled_over_fastavro"),
     ("proto_decode_bench.py", ["--records", "2000", "--rounds", "1"], "compiled_over_upb"),
     ("json_decode_bench.py", ["--records", "2000", "--rounds", "1"], "compiled_over_python"),

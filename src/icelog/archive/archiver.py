@@ -52,6 +52,7 @@ from icelog.faults import armed, fault_point
 from icelog.lake import iceberg_java
 from icelog.lake.jvm_errors import WorkerError, jvm_errors
 from icelog.lake.warm_workers import RDD, WorkerKeeper
+from icelog.log.backends import open_reader
 from icelog.meta.registry import RegistryStore
 from icelog.meta.store import (
     ArchiveLedger,
@@ -168,7 +169,7 @@ class Archiver:
         self.transactions: TransactionView = (
             BrokerTransactions(settings.archive_bootstrap, parse(settings.archive.client_properties))
             if settings.archive_reads_via_kafka
-            else TransactionTracker(Path(settings.data_dir).resolve() / "intake")
+            else TransactionTracker(open_reader(settings))
         )
         # Only committed records are archived: nothing at or past a partition's last stable offset.
         self.stable_offset = stable_offset or self.transactions.stable_offset

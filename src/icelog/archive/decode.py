@@ -1,6 +1,6 @@
 """Decoding stored record batches into Arrow rows of the archive layout (runs in Spark's Python workers).
 
-Records are read by icelog's one record-batch reader, `icelog.log.records.read_batch`: compiled
+Records are read by icelog's one record-batch reader, `icelog.records.walk.read_batch`: compiled
 (`_records.c`), with its pure-Python twin as the fallback (bench/archive_bench.py measures both). Both
 handle every codec (gzip, snappy, lz4, zstd).
 """
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 from icelog.archive.intake_source import ChunkSource, source_of
 from icelog.archive.plan import PlannedArchive
 from icelog.errors import IcelogError
-from icelog.log.batch import iter_stored_batches
-from icelog.log.record_format import (
+from icelog.records.batch import iter_stored_batches
+from icelog.records.record_format import (
     ATTR_CONTROL,
     ATTR_TRANSACTIONAL,
     ATTRIBUTES_LOW_BYTE,
@@ -28,7 +28,7 @@ from icelog.log.record_format import (
     UINT32,
     batch_crc,
 )
-from icelog.log.records import COMPILED, Record, read_batch
+from icelog.records.walk import COMPILED, Record, read_batch
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -1,7 +1,7 @@
-"""Where an archive task gets its planned record batches: the broker's intake files, or Fetch requests.
+"""Where an archive task gets its planned record batches: the broker's intake storage, or Fetch requests.
 
 Both sources hand the decoder the same thing, chunk by planned chunk: the stored batches as the broker
-holds them. Files are the fast path of an archiver beside the broker; Kafka lets executors run on any
+holds them. The intake's own reader (log/storage.py) is the fast path; Kafka lets executors run on any
 machine that reaches the broker (`archive.read_via`). A source is pickled into each Spark task with the
 task's closure, never put in the Spark conf, so a SASL password is not shown in Spark's UI.
 """
@@ -9,7 +9,6 @@ task's closure, never put in the Spark conf, so a SASL password is not shown in 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +20,11 @@ from icelog.client.fetch import FETCH_MAX_BYTES, CommittedFilter
 from icelog.client.properties import ClientProperties, parse
 from icelog.config import Settings
 from icelog.errors import IcelogError
-from icelog.log import intake_file
-from icelog.log.batch import iter_stored_batches
-from icelog.log.record_format import (
+from icelog.log.backends import open_reader
+from icelog.log.intake import IntakeFiles
+from icelog.log.storage import IntakeReader
+from icelog.records.batch import iter_stored_batches
+from icelog.records.record_format import (
     ATTR_CONTROL,
     ATTR_TRANSACTIONAL,
     ATTRIBUTES_LOW_BYTE,
@@ -46,21 +47,18 @@ class IncompleteReadError(IcelogError):
 
 
 @dataclass(frozen=True)
-class IntakeFiles:
-    """Reads chunks by path from the broker's intake directory (the archiver shares the broker's disk)."""
+class StoredChunks:
+    """Reads the planned chunks where the broker stored them, through the intake's own reader (log/storage.py),
+    which a task unpickles with it and closes when the archive is read."""
 
-    directory: str
+    reader: IntakeReader
 
     def chunks(self, archive: PlannedArchive) -> Iterator[tuple[ChunkRef, memoryview]]:
-        for ref in archive.chunks:
-            fd = os.open(intake_file.file_path(Path(self.directory), ref.file_id), os.O_RDONLY)
-            try:
-                data = os.pread(fd, ref.length, ref.position)
-            finally:
-                os.close(fd)
-            if len(data) != ref.length:
-                raise OSError(f"intake file {ref.file_id} is short: wanted {ref.length} bytes at {ref.position}")
-            yield ref, memoryview(data)
+        try:
+            for ref in archive.chunks:
+                yield ref, memoryview(self.reader.read(ref))
+        finally:
+            self.reader.close()
 
 
 @dataclass(frozen=True)
@@ -150,12 +148,12 @@ def _split(cluster: SourceCluster, topic: str, archive: PlannedArchive) -> Itera
 
 
 def source_of(where: str | Path | ChunkSource) -> ChunkSource:
-    """A source for a decoder's first argument: an intake directory (files) or a ChunkSource as it is."""
-    return IntakeFiles(str(where)) if isinstance(where, str | Path) else where
+    """A source for a decoder's first argument: a local intake directory (tools and tests) or a ChunkSource."""
+    return StoredChunks(IntakeFiles(Path(where))) if isinstance(where, str | Path) else where
 
 
 def chunk_source(settings: Settings, topic: str) -> ChunkSource:
     """The source archive tasks of `topic` read from, as `archive.read_via` says."""
     if not settings.archive_reads_via_kafka:
-        return IntakeFiles(str(Path(settings.data_dir).resolve() / "intake"))
+        return StoredChunks(open_reader(settings))
     return KafkaFetch(tuple(settings.archive_bootstrap), parse(settings.archive.client_properties), topic)

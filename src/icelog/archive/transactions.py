@@ -13,18 +13,16 @@ still count as archived). Two ways to know, one per `archive.read_via`:
 
 from __future__ import annotations
 
-import os
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 from icelog.client.cluster import SourceCluster
 from icelog.client.properties import ClientProperties
-from icelog.log import intake_file
 from icelog.log.producers import iter_stored_headers
+from icelog.log.storage import ChunkReader
 from icelog.log.transactions import MARKER_COMMIT, AbortedRange, TxnIndex, marker_type
 from icelog.meta.store import IntakeChunk, PartitionRecord, TopicRecord
 
@@ -75,8 +73,8 @@ class BrokerTransactions:
 class TransactionTracker:
     """Per-partition TxnIndex kept up to date from intake chunks (the archiver's stable-offset hook)."""
 
-    def __init__(self, intake_dir: str | Path) -> None:
-        self.intake_dir = Path(intake_dir)
+    def __init__(self, reader: ChunkReader) -> None:
+        self.reader = reader  # the intake's own reader (log/backends.open_reader)
         self._partitions: dict[tuple[uuid.UUID, int], _PartitionTxns] = {}
 
     def refresh(self, topic: TopicRecord, chunks_by_partition: Mapping[int, Sequence[IntakeChunk]]) -> None:
@@ -96,7 +94,7 @@ class TransactionTracker:
         for chunk in chunks:
             if chunk.end_offset <= state.scanned_through:
                 continue
-            data = _read(self.intake_dir, chunk)
+            data = self.reader.read(chunk)
             for batch in iter_stored_headers(data):
                 if batch.base_offset < state.scanned_through:
                     continue
@@ -121,15 +119,3 @@ class TransactionTracker:
         state = self._partitions.get((topic_id, partition))
         return [] if state is None else state.index.aborted_between(start, end)
 
-
-def _read(directory: Path, chunk: IntakeChunk) -> bytes:
-    fd = os.open(intake_file.file_path(directory, chunk.file_id), os.O_RDONLY)
-    try:
-        data = os.pread(fd, chunk.length, chunk.position)
-    finally:
-        os.close(fd)
-    if len(data) != chunk.length:
-        raise OSError(
-            f"intake file {chunk.file_id} is short: wanted {chunk.length} bytes at {chunk.position}"
-        )
-    return data

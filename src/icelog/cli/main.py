@@ -10,15 +10,26 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
-from icelog.config import Settings, load_settings
-from icelog.errors import IcelogError
+from pydantic import ValidationError
+
+from icelog.config import IntakeSettings, Settings, load_settings
+from icelog.errors import ConfigError, IcelogError
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    return load_settings(
+    settings = load_settings(
         args.config, listen=getattr(args, "listen", None), data_dir=getattr(args, "data_dir", None),
         registry_listen=getattr(args, "registry_listen", None), metrics_listen=getattr(args, "metrics_listen", None),
     )
+    intake_url = getattr(args, "intake_url", None)
+    if intake_url is not None:  # over the file and ICELOG_INTAKE__URL, checked as they are
+        intake = settings.intake.model_dump()
+        intake["url"] = intake_url
+        try:
+            settings.intake = IntakeSettings(**intake)
+        except ValidationError as exc:
+            raise ConfigError(f"--intake-url: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+    return settings
 
 
 def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
@@ -56,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the broker")
     serve.add_argument("--listen", help="HOST:PORT of the Kafka listener (default localhost:9092)")
     serve.add_argument("--data-dir", help="where all state lives (default ./icelog-data)")
+    serve.add_argument("--intake-url", help="s3://BUCKET/PREFIX: the intake in object storage (default: the data dir)")
     serve.add_argument(
         "--registry-listen", help="HOST:PORT of the embedded schema registry (default localhost:8081; off: none)"
     )

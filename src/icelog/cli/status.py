@@ -161,6 +161,8 @@ def _cell(value: object) -> str:
 
 def _space_line(settings: Settings) -> str:
     """Whether the data directory's free space lets produce in (log/pressure.py; the broker checks each append)."""
+    if settings.intake.url is not None:
+        return f"intake: objects in {settings.intake.url} (no local space bound)"
     free = shutil.disk_usage(settings.data_dir).free
     floor = settings.intake.min_free_bytes
     if free < floor:

@@ -29,6 +29,7 @@ from icelog.config import IntakeSettings
 from icelog.errors import ErrorCode, IcelogError, KafkaApiError, first_line
 from icelog.faults import armed
 from icelog.log import intake_file
+from icelog.log.storage import Append, ChunkLocation, IntakeStats, OnDurable, OnNotWritten
 from icelog.meta.store import IntakeChunk, IntakeIndex, IntakeTail
 
 log = logging.getLogger(__name__)
@@ -47,29 +48,17 @@ class NoSpaceError(OSError):
 
 @dataclass
 class _PendingAppend:
-    topic_id: uuid.UUID
-    partition: int
-    payload: bytes | bytearray
-    base_offset: int
-    end_offset: int
-    max_timestamp: int
+    append: Append
     done: asyncio.Future[None] = field(repr=False)
-    marker: bool = False  # a transaction marker (its transaction's state already counts it written)
 
-
-@dataclass
-class IntakeStats:
-    """Counters for benchmarks and `icelog status`."""
-
-    commits: int = 0
-    appends: int = 0
-    bytes_written: int = 0
-    fsync_seconds: float = 0.0
-    bytes_submitted: int = 0  # frames queued (header included), written or not: the disk-space estimate's debit
+    @property
+    def size(self) -> int:
+        return len(self.append.payload)
 
 
 class IntakeFiles:
-    """Read access to intake files, one cached descriptor each, safe to use from worker threads.
+    """The one reader of intake files (log/storage.ChunkReader), one cached descriptor each, safe to use from
+    worker threads; pickled, it carries only its directory (archive tasks read with it in Spark's workers).
 
     A descriptor is closed only when no read is using it: a file forgotten (deleted by retention) while a
     Fetch reads it on another thread is closed after that read, never under it (a reused descriptor
@@ -83,10 +72,12 @@ class IntakeFiles:
         self._doomed: set[int] = set()  # descriptors to close when their last read ends
         self._lock = threading.Lock()
 
-    def read_chunk(self, chunk: IntakeChunk) -> bytes:
-        return self.read_range(chunk, 0, chunk.length)
+    def __reduce__(self) -> tuple[type[IntakeFiles], tuple[Path]]:
+        return IntakeFiles, (self.directory,)
 
-    def read_range(self, chunk: IntakeChunk, offset_in_chunk: int, length: int) -> bytes:
+    def read(self, chunk: ChunkLocation, offset_in_chunk: int = 0, length: int = -1) -> bytes:
+        if length < 0:
+            length = chunk.length - offset_in_chunk
         with self._lock:
             fd = self._fds.get(chunk.file_id)
             if fd is None:
@@ -104,7 +95,10 @@ class IntakeFiles:
                         self._doomed.discard(fd)
                         os.close(fd)
         if len(data) != length:
-            raise KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, f"intake file {chunk.file_id} is short")
+            raise KafkaApiError(
+                ErrorCode.KAFKA_STORAGE_ERROR,
+                f"intake file {chunk.file_id} is short: wanted {length} bytes at {chunk.position + offset_in_chunk}",
+            )
         return data
 
     def forget(self, file_id: int) -> None:
@@ -130,8 +124,6 @@ class IntakeWriter:
         directory: Path,
         store: IntakeIndex,
         settings: IntakeSettings,
-        on_durable: Callable[[list[IntakeChunk]], None],
-        on_not_written: Callable[[list[tuple[uuid.UUID, int, int]]], None] | None = None,
     ) -> None:
         self.directory = directory
         self.store = store
@@ -140,9 +132,9 @@ class IntakeWriter:
         # Called on the I/O thread after each group commit with (bytes written, appends, fsync seconds): the
         # broker's metrics (icelog/instruments.py IntakeMetrics); None when metrics are off.
         self.on_commit: Callable[[int, int, float], None] | None = None
-        self._on_durable = on_durable
+        self._on_durable: OnDurable = _nothing
         # Appends a full disk refused, as (topic id, partition, base offset): their offsets are handed out again.
-        self._on_not_written = on_not_written
+        self._on_not_written: OnNotWritten = _nothing
         self._undoing = False  # a full disk refused a group: the I/O thread waits until the loop has undone it
         self._pending: list[_PendingAppend] = []  # guarded by _ready: the loop appends, the I/O thread takes
         self._ready = threading.Condition()
@@ -226,28 +218,30 @@ class IntakeWriter:
             return
         self._allocated = target
 
-    def start(self) -> None:
-        """Start the I/O thread; `_task` ends, raising, should a group commit ever fail."""
+    def start(self, on_durable: OnDurable, on_not_written: OnNotWritten) -> None:
+        """Start the I/O thread; `failure()` ends, raising, should a group commit ever fail."""
+        self._on_durable, self._on_not_written = on_durable, on_not_written
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_future()
         self._thread = threading.Thread(target=self._commit_loop, name="intake-io", daemon=True)
         self._thread.start()
 
+    def failure(self) -> asyncio.Future[None]:
+        """Ends, raising, should a group commit ever fail (after start())."""
+        assert self._task is not None, "start() the writer first"
+        return self._task
+
     # -- appends -------------------------------------------------------------------------------
-    def submit(
-        self, topic_id: uuid.UUID, partition: int, payload: bytes | bytearray, base_offset: int, end_offset: int,
-        max_timestamp: int, marker: bool = False,
-    ) -> asyncio.Future[None]:
+    def submit(self, append: Append) -> asyncio.Future[None]:
         """Queue batches whose offsets are assigned; the future resolves once they are durable."""
         if self.failed is not None:
             raise KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, f"intake writer failed: {self.failed}")
         assert self._loop is not None, "start() the writer first"
+        assert append.base_offset >= 0, "local files store batches whose offsets the log assigned"
         done: asyncio.Future[None] = self._loop.create_future()
-        self.stats.bytes_submitted += len(payload) + intake_file.FRAME_HEADER_SIZE
+        self.stats.bytes_submitted += len(append.payload) + intake_file.FRAME_HEADER_SIZE
         with self._ready:
-            self._pending.append(
-                _PendingAppend(topic_id, partition, payload, base_offset, end_offset, max_timestamp, done, marker)
-            )
+            self._pending.append(_PendingAppend(append, done))
             self._ready.notify()
         return done
 
@@ -294,7 +288,7 @@ class IntakeWriter:
     def _refuse(self, group: list[_PendingAppend], exc: NoSpaceError) -> None:
         """On the event loop: fail a group a full disk refused, and every append queued after it (their
         offsets follow its offsets), retriably; the manager hands those offsets out again. Then resume."""
-        if any(i.marker for i in group + self._pending):
+        if any(i.append.marker for i in group + self._pending):
             # A transaction marker is not undone (the transaction's state counts it written): stop, as any
             # failed commit does; start-up completes the prepared transaction.
             self._fail(group, exc)
@@ -303,9 +297,8 @@ class IntakeWriter:
             refused, self._pending = group + self._pending, []
             self._undoing = False
             self._ready.notify()
-        if self._on_not_written is not None:
-            self._on_not_written([(i.topic_id, i.partition, i.base_offset) for i in refused])
-        self.stats.bytes_submitted -= sum(len(i.payload) + intake_file.FRAME_HEADER_SIZE for i in refused)
+        self._on_not_written([(i.append.topic_id, i.append.partition, i.append.base_offset) for i in refused])
+        self.stats.bytes_submitted -= sum(i.size + intake_file.FRAME_HEADER_SIZE for i in refused)
         for item in refused:
             if not item.done.done():
                 item.done.set_exception(KafkaApiError(
@@ -330,19 +323,19 @@ class IntakeWriter:
         taken = 0
         size = 0
         for item in self._pending:
-            if taken and size + len(item.payload) > self.settings.flush_max_bytes:
+            if taken and size + item.size > self.settings.flush_max_bytes:
                 break
-            size += len(item.payload)
+            size += item.size
             taken += 1
         group, self._pending = self._pending[:taken], self._pending[taken:]
         return group
 
     def _write_group(self, group: list[_PendingAppend]) -> list[IntakeChunk]:
         """On the I/O thread: one frame per partition, one write, one fsync, one index commit."""
-        by_partition: dict[tuple[uuid.UUID, int], list[_PendingAppend]] = {}
+        by_partition: dict[tuple[uuid.UUID, int], list[Append]] = {}
         for item in group:
-            by_partition.setdefault((item.topic_id, item.partition), []).append(item)
-        total = sum(len(i.payload) for i in group) + intake_file.FRAME_HEADER_SIZE * len(by_partition)
+            by_partition.setdefault((item.append.topic_id, item.append.partition), []).append(item.append)
+        total = sum(i.size for i in group) + intake_file.FRAME_HEADER_SIZE * len(by_partition)
         if self._active_size > 0 and self._active_size + total > self.settings.segment_bytes:
             self._roll()
         parts: list[bytes | bytearray] = []
@@ -444,6 +437,10 @@ class IntakeWriter:
 
 
 _IOV_MAX = 512
+
+
+def _nothing(_: object) -> None:
+    """The writer's hooks before start()."""
 
 
 def _write_all(fd: int, parts: list[bytes | bytearray], position: int, total: int) -> None:

@@ -14,20 +14,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.log.batch import batch_max_timestamp, empty_batch, first_record_at_or_after, iter_stored_batches
 from icelog.log.producers import ProducerStateTable
+from icelog.log.storage import ChunkReader
 from icelog.log.transactions import AbortedRange, TxnIndex
 from icelog.meta.store import IntakeChunk, IntakeIndex
+from icelog.records.batch import batch_max_timestamp, empty_batch, first_record_at_or_after, iter_stored_batches
 
 _PAGE_CHUNKS = 256  # chunk rows looked up from the store at a time (fewer when the cache is smaller)
-
-
-class ChunkReader(Protocol):
-    """Reads stored bytes of a chunk (the intake files, or later an archive)."""
-
-    def read_chunk(self, chunk: IntakeChunk) -> bytes: ...
-
-    def read_range(self, chunk: IntakeChunk, offset_in_chunk: int, length: int) -> bytes: ...
 
 
 @dataclass
@@ -80,7 +73,7 @@ class PartitionLog:
         partition: int,
         log_start_offset: int,
         high_watermark: int,
-        reader: ChunkReader,
+        reader: ChunkReader,  # the intake storage
         index: IntakeIndex,  # the durable index older chunks are paged in from
         intake_bytes: int = 0,
         cache_chunks: int = 4096,
@@ -280,7 +273,7 @@ class PartitionLog:
             if chunk.end_offset <= offset:
                 continue
             if chunk.base_offset >= offset and chunk.end_offset <= limit and size + chunk.length <= max_bytes:
-                out.append(self._reader.read_chunk(chunk))
+                out.append(self._reader.read(chunk))
                 size += chunk.length
                 continue
             start = end = -1
@@ -296,7 +289,7 @@ class PartitionLog:
                 end = pos + batch_size
                 size += batch_size
             if start >= 0:
-                out.append(self._reader.read_range(chunk, start, end - start))
+                out.append(self._reader.read(chunk, start, end - start))
             if full:
                 break
         return out
@@ -308,7 +301,7 @@ class PartitionLog:
             if cached is not None:
                 self._batch_cache.move_to_end(chunk.base_offset)
                 return cached
-        cached = iter_stored_batches(self._reader.read_chunk(chunk))
+        cached = iter_stored_batches(self._reader.read(chunk))
         with self._cache_lock:
             self._batch_cache[chunk.base_offset] = cached
             if len(self._batch_cache) > self._batch_cache_chunks:
@@ -334,7 +327,7 @@ class PartitionLog:
             for chunk in page:
                 if chunk.base_offset >= high_watermark:
                     return None
-                data = self._reader.read_chunk(chunk)
+                data = self._reader.read(chunk)
                 view = memoryview(data)
                 for pos, size, _base, last in iter_stored_batches(view):
                     if last < self.log_start_offset or batch_max_timestamp(view, pos) < timestamp_ms:
@@ -362,7 +355,7 @@ class PartitionLog:
         return found
 
     def offset_for_timestamp_in(self, chunk: IntakeChunk, timestamp_ms: int) -> tuple[int, int] | None:
-        view = memoryview(self._reader.read_chunk(chunk))
+        view = memoryview(self._reader.read(chunk))
         for pos, size, _base, _last in iter_stored_batches(view):
             if batch_max_timestamp(view, pos) >= timestamp_ms:
                 return first_record_at_or_after(bytes(view[pos : pos + size]), timestamp_ms)

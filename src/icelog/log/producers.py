@@ -15,8 +15,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.log.batch import BatchAttributes, BatchHeader
-from icelog.log.record_format import HEADER, HEADER_SIZE, LOG_OVERHEAD
+from icelog.records.batch import BatchAttributes, BatchHeader
+from icelog.records.record_format import HEADER, HEADER_SIZE, LOG_OVERHEAD
 
 BATCHES_KEPT = 5  # Kafka's max.in.flight.requests.per.connection limit for idempotence
 _SEQUENCE_MODULUS = 1 << 31

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from icelog.log.producers import StoredBatch
-from icelog.log.record_format import (
+from icelog.records.record_format import (
     ATTR_CONTROL,
     ATTR_TRANSACTIONAL,
     CRC,
@@ -25,8 +25,8 @@ from icelog.log.record_format import (
     UINT32,
     batch_crc,
 )
-from icelog.log.varint import encode_varint as _write_varint
-from icelog.log.varint import read_varint as _read_varint
+from icelog.records.varint import encode_varint as _write_varint
+from icelog.records.varint import read_varint as _read_varint
 
 MARKER_ABORT = 0
 MARKER_COMMIT = 1

@@ -13,7 +13,7 @@ from kafka.protocol.api_key import ApiKey
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, disable_created_metrics
 
 from icelog.config import Settings
-from icelog.instruments import IntakeMetrics, WireMetrics
+from icelog.instruments import IntakeMetrics, ObjectStoreMetrics, WireMetrics
 from icelog.log.manager import LogManager
 from icelog.meta.store import MetadataStore
 from icelog.metrics.collector import BrokerCollector
@@ -44,6 +44,7 @@ class BrokerMetrics:
         names = {key: ApiKey(key).name for key in apis if key in ApiKey._value2member_map_}
         self.wire = WireMetrics(self.registry, names, [spec.name for spec in settings.listener_specs])
         self.intake = IntakeMetrics(self.registry)
+        self.object_store = ObjectStoreMetrics(self.registry)
         self.freshness = FreshnessWatch(self.registry, store)
         self.registry.register(BrokerCollector(settings, store, logs, readback, archiver_restarts))
         self.registry.register(MemoryCollector(settings, logs, readback))

@@ -66,6 +66,8 @@ class Readiness:
         return out
 
     def _produce(self) -> Check:
+        if self.logs.storage.unavailable is not None:
+            return Check(False, f"refusing produce: {self.logs.storage.unavailable}")
         if self.logs.space_refusal is not None:
             return Check(False, f"refusing produce: {self.logs.space_refusal}")
         full = sorted(t.name for t in list(self.logs.topics.values())

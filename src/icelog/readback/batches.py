@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from icelog.log.record_format import ATTR_LOG_APPEND_TIME, CRC, HEADER, LOG_OVERHEAD, UINT32, batch_crc
-from icelog.log.varint import encode_varint
+from icelog.records.record_format import ATTR_LOG_APPEND_TIME, CRC, HEADER, LOG_OVERHEAD, UINT32, batch_crc
+from icelog.records.varint import encode_varint
 
 Header = tuple[str, bytes | None]
 # (offset, timestamp ms, key, value, headers)

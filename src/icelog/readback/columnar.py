@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from icelog.log.record_format import ATTR_LOG_APPEND_TIME, CRC, CRC_START, HEADER, LOG_OVERHEAD, UINT32
-from icelog.log.varint import encode_varint
+from icelog.records.record_format import ATTR_LOG_APPEND_TIME, CRC, CRC_START, HEADER, LOG_OVERHEAD, UINT32
+from icelog.records.varint import encode_varint
 
 BinaryArray: TypeAlias = "pa.Array[pa.LargeBinaryScalar]"  # large_binary: payloads, varints, framed records
 

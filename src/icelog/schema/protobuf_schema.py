@@ -30,7 +30,7 @@ from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import DecodeError
 
 from icelog.errors import IcelogError
-from icelog.log.varint import VARINT_BYTES, VarintError, read_varint, write_varint
+from icelog.records.varint import VARINT_BYTES, VarintError, read_varint, write_varint
 
 MAGIC_BYTE = 0
 MAIN_FILE = "schema.proto"

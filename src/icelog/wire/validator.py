@@ -18,8 +18,8 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.log.batch import BatchHeader, parse_produced_batches
-from icelog.log.records import InflationLimitError
+from icelog.records.batch import BatchHeader, parse_produced_batches
+from icelog.records.walk import InflationLimitError
 
 log = logging.getLogger(__name__)
 

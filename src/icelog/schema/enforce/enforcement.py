@@ -27,9 +27,9 @@ except ImportError:  # pragma: no cover - aiokafka without its extension
     from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.log.batch import BatchHeader
-from icelog.log.record_format import ATTR_COMPRESSION_MASK
-from icelog.log.records import INLINE_INFLATION, RecordBatch, read_batch
+from icelog.records.batch import BatchHeader
+from icelog.records.record_format import ATTR_COMPRESSION_MASK
+from icelog.records.walk import INLINE_INFLATION, RecordBatch, read_batch
 from icelog.schema.avro_schema import AvroSchema
 from icelog.schema.codec import avro_codec, json_codec
 from icelog.schema.codec.record_decode import ENVELOPE_BYTES, split_envelope

@@ -20,9 +20,9 @@ from kafka.protocol.api_key import ApiKey
 from kafka.protocol.producer import ProduceResponse
 
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.log.batch import BatchHeader, check_cost, first_batch_codec
-from icelog.log.record_format import CODEC_ZSTD
-from icelog.log.records import CHECK_COST, MAX_UNCOMPRESSED_BYTES, InflationLimitError
+from icelog.records.batch import BatchHeader, check_cost, first_batch_codec
+from icelog.records.record_format import CODEC_ZSTD
+from icelog.records.walk import CHECK_COST, MAX_UNCOMPRESSED_BYTES, InflationLimitError
 from icelog.security.acl import ACLOperation, ACLResourceType
 from icelog.wire.context import RequestContext, handles
 

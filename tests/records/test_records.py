@@ -1,6 +1,6 @@
 """Unit tests of the record format code the broker validates produced batches with.
 
-* The compiled record walker (icelog.log._records) and its pure-Python twin give the same answer on the
+* The compiled record walker (icelog.records._records) and its pure-Python twin give the same answer on the
   same inputs: valid batches from kafka-python's builder and thousands of corrupted copies of them.
 * The one record-batch reader (records.read_batch, compiled and pure) reads what kafka-python's reader
   reads from generated batches of every codec, and both answer alike on corrupt ones.
@@ -23,10 +23,10 @@ import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from icelog.errors import ErrorCode, KafkaApiError, is_retriable
-from icelog.log import records
-from icelog.log.batch import first_record_at_or_after, set_log_append_time
-from icelog.log.record_format import HEADER, HEADER_SIZE, batch_crc
-from icelog.log.varint import VarintError, encode_varint, read_uvarint, read_varint
+from icelog.records import walk as records
+from icelog.records.batch import first_record_at_or_after, set_log_append_time
+from icelog.records.record_format import HEADER, HEADER_SIZE, batch_crc
+from icelog.records.varint import VarintError, encode_varint, read_uvarint, read_varint
 from tests.support.hand_records import record, zz
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -75,8 +75,8 @@ def mutations(rng: random.Random, data: bytes) -> list[bytes]:
 @pytest.fixture(scope="module")
 def compiled():
     if not records.COMPILED:
-        pytest.fail("icelog.log._records is not built: run `pip install -e .` (needs gcc and Python headers)")
-    from icelog.log._records import validate_records
+        pytest.fail("icelog.records._records is not built: run `pip install -e .` (needs gcc and Python headers)")
+    from icelog.records._records import validate_records
 
     return validate_records
 
@@ -235,8 +235,8 @@ def test_validation_answers_the_records_max_timestamp_whatever_the_header_says(
 @pytest.fixture(scope="module")
 def compiled_reader():
     if not records.COMPILED:
-        pytest.fail("icelog.log._records is not built: run `pip install -e .` (needs gcc and Python headers)")
-    from icelog.log._records import read_records
+        pytest.fail("icelog.records._records is not built: run `pip install -e .` (needs gcc and Python headers)")
+    from icelog.records._records import read_records
 
     return read_records
 
@@ -524,7 +524,7 @@ def test_every_error_code_name_used_in_src_exists() -> None:
 
 
 def test_compiled_walker_codes_are_kafka_codes() -> None:
-    source = (SRC / "icelog/log/_records.c").read_text()
+    source = (SRC / "icelog/records/_records.c").read_text()
     for name in ("CORRUPT_MESSAGE", "INVALID_TIMESTAMP", "INVALID_RECORD"):
         (value,) = re.findall(rf"#define {name} (\d+)", source)
         assert int(value) == ErrorCode[name]

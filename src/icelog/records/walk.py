@@ -4,9 +4,9 @@ This is icelog's one record-batch reader. `validate_records` walks a produced ba
 building Python objects (the broker's checks before an append); `read_batch` returns a stored batch's
 header fields and records (offset, timestamp, key, value, headers) for every caller that reads records:
 the archiver's decode in Spark workers, produce-time enforcement, timestamp look-ups. Both walkers are the
-compiled `icelog.log._records` (built from `_records.c` by `pip install`) when that extension is
+compiled `icelog.records._records` (built from `_records.c` by `pip install`) when that extension is
 importable, and the pure-Python `validate_records_py` / `read_records_py` below otherwise (chosen once,
-below); each pair gives the same answer for every input (tests/log/test_records.py checks it on generated
+below); each pair gives the same answer for every input (tests/records/test_records.py checks it on generated
 and corrupt inputs, every codec).
 """
 
@@ -22,7 +22,7 @@ import snappy
 import zstandard
 
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.log.record_format import (
+from icelog.records.record_format import (
     ATTR_COMPRESSION_MASK,
     ATTR_CONTROL,
     ATTR_LOG_APPEND_TIME,
@@ -37,7 +37,7 @@ from icelog.log.record_format import (
     HEADER_SIZE,
     LOG_OVERHEAD,
 )
-from icelog.log.varint import VARINT_BYTES, VARLONG_BYTES, VarintError, read_uvarint, read_varint
+from icelog.records.varint import VARINT_BYTES, VARLONG_BYTES, VarintError, read_uvarint, read_varint
 
 # A batch whose records decompress to more than this is refused (MESSAGE_TOO_LARGE, Java's
 # RecordTooLargeException) as soon as its decompression passes it, never all in memory: a few kilobytes of
@@ -326,8 +326,8 @@ def read_records_py(
 
 # The one place the compiled walkers or their pure-Python twins are chosen.
 try:
-    from icelog.log._records import read_records as read_records  # exported: the compiled ones
-    from icelog.log._records import validate_records as validate_records
+    from icelog.records._records import read_records as read_records  # exported: the compiled ones
+    from icelog.records._records import validate_records as validate_records
 
     COMPILED = True
 except ImportError:  # not built (a source tree without `pip install -e .`, or no C compiler at install)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.log.record_format import (
+from icelog.records.record_format import (
     ATTR_COMPRESSION_MASK,
     ATTR_CONTROL,
     ATTR_LOG_APPEND_TIME,
@@ -34,8 +34,8 @@ from icelog.log.record_format import (
     UINT32,
     batch_crc,
 )
-from icelog.log.records import CHECK_COST, MAX_UNCOMPRESSED_BYTES, decompress, read_batch, validate_records
-from icelog.log.records import inflation_hint as records_inflation_hint
+from icelog.records.walk import CHECK_COST, MAX_UNCOMPRESSED_BYTES, decompress, read_batch, validate_records
+from icelog.records.walk import inflation_hint as records_inflation_hint
 
 NO_TIMESTAMP = -1
 _LEGACY_RECORD_OVERHEAD = 14  # Kafka's LegacyRecord.RECORD_OVERHEAD_V0: no batch length is smaller

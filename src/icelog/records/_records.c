@@ -1,5 +1,5 @@
 /*
- * icelog.log._records: walk the records of a Kafka v2 record batch without building Python objects.
+ * icelog.records._records: walk the records of a Kafka v2 record batch without building Python objects.
  *
  * validate_records(buffer, count, base_timestamp, require_keys=False, earliest=INT64_MIN,
  * latest=INT64_MAX) checks that `buffer` (the batch's records section, decompressed) holds exactly `count`
@@ -13,8 +13,8 @@
  * compaction, and any timestamp is read, even below -1) and returns the records as
  * (offset, timestamp, key, value, headers) tuples; it raises ValueError(message) for the first problem.
  *
- * icelog/log/records.py holds the pure-Python twins of both functions: every check and message here
- * must match them (tests/log/test_records.py runs both on the same inputs).
+ * icelog/records/walk.py holds the pure-Python twins of both functions: every check and message here
+ * must match them (tests/records/test_records.py runs both on the same inputs).
  *
  * Record layout: length varint | attributes int8 | timestampDelta varlong | offsetDelta varint |
  *   keyLength varint | key | valueLength varint | value | headerCount varint |
@@ -327,7 +327,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_records", "Compiled walker of Kafka v2 records (see icelog.log.records).", -1,
+    PyModuleDef_HEAD_INIT, "_records", "Compiled walker of Kafka v2 records (see icelog.records.walk).", -1,
     methods,
 };
 
