@@ -1,5 +1,5 @@
 # Two entry points: `make serve` and `make test`. Both set up everything on a fresh machine first.
-# `make test` is the full suite (CI runs it); `make test-quick` only the tests that start no JVM (no Spark).
+# `make test` is the full suite (CI runs it); `make test-quick` only the tests that start no JVM (no Spark, no Java client).
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
@@ -14,9 +14,9 @@ serve: setup
 test: setup
 	$(VENV)/bin/pytest -n 2 --dist loadgroup $(ARGS)
 
-# ICELOG_TESTS_NO_JVM: a test that starts Spark without the `spark` marker fails here (tests/conftest.py).
+# ICELOG_TESTS_NO_JVM: a test that starts a JVM without the `spark` or `java` marker fails here (tests/conftest.py).
 test-quick: setup
-	ICELOG_TESTS_NO_JVM=1 $(VENV)/bin/pytest -n 2 -m 'not spark' $(ARGS)
+	ICELOG_TESTS_NO_JVM=1 $(VENV)/bin/pytest -n 2 -m 'not spark and not java' $(ARGS)
 
 setup: $(STAMP)
 

@@ -1,0 +1,17 @@
+"""Kafka's own Java client and tools (tests/support/java.py): the drivers compiled once per session (per xdist worker).
+
+Tests using `kafka_java` are marked `java` (tests/conftest.py): they start JVMs, so `make test-quick` (no JVM)
+deselects them, and under ICELOG_TESTS_NO_JVM the refusing `java` on the PATH fails them, as it fails an unmarked
+Spark test.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.java import KafkaJava
+
+
+@pytest.fixture(scope="session")
+def kafka_java(tmp_path_factory: pytest.TempPathFactory) -> KafkaJava:
+    return KafkaJava(tmp_path_factory.mktemp("java-classes"))

@@ -1,0 +1,158 @@
+"""Kafka's own command-line tools (kafka-tools 4.1, and kafka-configs.sh's class from Kafka's core) against icelog,
+run as `java -cp` runs them behind the shell scripts: what an operator reads in their output, and what a client then
+sees (records, committed offsets).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from tests.support.broker import BrokerProcess
+from tests.support.java import KafkaJava
+
+
+def lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip() and not line.startswith("SLF4J:")]
+
+
+def test_topics_console_clients_offsets_and_groups(kafka_java: KafkaJava, broker: BrokerProcess,
+                                                   topic_name: str) -> None:
+    """kafka-topics creates and describes; the console producer writes keyed records and the console consumer reads
+    them in a group; kafka-get-offsets shows the ends; kafka-consumer-groups describes, resets and deletes."""
+    server = ("--bootstrap-server", broker.bootstrap)
+    group = f"{topic_name}-g"
+    created = kafka_java.tool("kafka-topics", *server, "--create", "--topic", topic_name, "--partitions", "2")
+    assert f"Created topic {topic_name}." in created.stdout
+    described = lines(kafka_java.tool("kafka-topics", *server, "--describe", "--topic", topic_name).stdout)
+    assert re.match(rf"Topic: {re.escape(topic_name)}\s+TopicId: \S+\s+PartitionCount: 2\s+ReplicationFactor: 1",
+                    described[0])
+    assert [re.sub(r"\s+", " ", line.strip()).split(" Elr")[0] for line in described[1:]] == [
+        f"Topic: {topic_name} Partition: {p} Leader: 0 Replicas: 0 Isr: 0" for p in (0, 1)]
+
+    records = [f"k{i}:v{i}" for i in range(10)]
+    kafka_java.tool("kafka-console-producer", *server, "--topic", topic_name, "--property", "parse.key=true",
+                    "--property", "key.separator=:", stdin="\n".join(records) + "\n")
+    ends = kafka_java.tool("kafka-get-offsets", *server, "--topic", topic_name).stdout
+    per_partition = dict(line.rsplit(":", 2)[1:] for line in lines(ends))
+    assert sum(int(end) for end in per_partition.values()) == 10 and set(per_partition) == {"0", "1"}
+
+    consumed = kafka_java.tool("kafka-console-consumer", *server, "--topic", topic_name, "--group", group,
+                               "--from-beginning", "--max-messages", "10", "--property", "print.key=true",
+                               "--property", "key.separator=:")
+    assert sorted(lines(consumed.stdout)) == sorted(records)
+
+    def described_group() -> dict[str, tuple[str, str, str]]:
+        out = kafka_java.tool("kafka-consumer-groups", *server, "--describe", "--group", group).stdout
+        rows = [line.split() for line in lines(out) if line.startswith(group)]
+        return {row[2]: (row[3], row[4], row[5]) for row in rows}  # partition → (current, log end, lag)
+
+    assert described_group() == {p: (end, end, "0") for p, end in per_partition.items()}
+    reset = kafka_java.tool("kafka-consumer-groups", *server, "--reset-offsets", "--group", group, "--topic",
+                            topic_name, "--to-earliest", "--execute").stdout
+    assert sorted(row.split()[2:] for row in lines(reset) if row.startswith(group)) == [["0", "0"], ["1", "0"]]
+    assert described_group() == {p: ("0", end, end) for p, end in per_partition.items()}
+    again = kafka_java.tool("kafka-console-consumer", *server, "--topic", topic_name, "--group", group,
+                            "--max-messages", "10", "--property", "print.key=true", "--property", "key.separator=:")
+    assert sorted(lines(again.stdout)) == sorted(records)  # from the reset offsets, not the auto.offset.reset
+
+    deleted = kafka_java.tool("kafka-consumer-groups", *server, "--delete", "--group", group).stdout
+    assert f"Deletion of requested consumer groups ('{group}') was successful." in deleted
+    listed = kafka_java.tool("kafka-consumer-groups", *server, "--list").stdout
+    assert group not in lines(listed)
+
+    altered = kafka_java.tool("kafka-topics", *server, "--alter", "--topic", topic_name, "--partitions", "3")
+    assert altered.returncode == 0
+    assert "PartitionCount: 3" in kafka_java.tool("kafka-topics", *server, "--describe", "--topic", topic_name).stdout
+    kafka_java.tool("kafka-topics", *server, "--delete", "--topic", topic_name)
+    assert topic_name not in lines(kafka_java.tool("kafka-topics", *server, "--list").stdout)
+
+
+def test_configs(kafka_java: KafkaJava, broker: BrokerProcess, topic_name: str) -> None:
+    """kafka-configs alters a topic's config and describes it back; a value icelog refuses is the tool's error."""
+    server = ("--bootstrap-server", broker.bootstrap)
+    entity = ("--entity-type", "topics", "--entity-name", topic_name)
+    kafka_java.tool("kafka-topics", *server, "--create", "--topic", topic_name, "--partitions", "1")
+    altered = kafka_java.tool("kafka-configs", *server, *entity, "--alter", "--add-config",
+                              "retention.ms=7200000,cleanup.policy=delete").stdout
+    assert f"Completed updating config for topic {topic_name}." in altered
+    described = kafka_java.tool("kafka-configs", *server, *entity, "--describe").stdout
+    assert "retention.ms=7200000" in described and "cleanup.policy=delete" in described
+    kafka_java.tool("kafka-configs", *server, *entity, "--alter", "--delete-config", "retention.ms")
+    assert "retention.ms=" not in kafka_java.tool("kafka-configs", *server, *entity, "--describe").stdout
+    refused = kafka_java.tool("kafka-configs", *server, *entity, "--alter", "--add-config", "retention.ms=soon",
+                              check=False)
+    assert refused.returncode != 0 and "InvalidConfigurationException" in refused.stdout + refused.stderr
+
+
+def test_acls(kafka_java: KafkaJava, tmp_path: Path) -> None:
+    """kafka-acls adds, lists and removes a binding on a broker whose authorizer is on (the anonymous PLAINTEXT
+    principal a super user); with the authorizer off it gets Kafka's SecurityDisabledException."""
+    secured = BrokerProcess(tmp_path / "acl-data", env={"ICELOG_AUTHORIZER_ENABLED": "true",
+                                                        "ICELOG_SUPER_USERS": "User:ANONYMOUS"}).start()
+    try:
+        server = ("--bootstrap-server", secured.bootstrap)
+        binding = ("--allow-principal", "User:alice", "--operation", "Read", "--topic", "orders")
+        kafka_java.tool("kafka-acls", *server, "--add", *binding)
+        listed = kafka_java.tool("kafka-acls", *server, "--list", "--topic", "orders").stdout
+        assert "principal=User:alice, host=*, operation=READ, permissionType=ALLOW" in listed
+        kafka_java.tool("kafka-acls", *server, "--remove", "--force", *binding)
+        assert "User:alice" not in kafka_java.tool("kafka-acls", *server, "--list", "--topic", "orders").stdout
+    finally:
+        secured.stop()
+
+
+def test_verifiable_producer_broker_killed_verifiable_consumer_reads_every_ack(
+        kafka_java: KafkaJava, fresh_broker: BrokerProcess, topic_name: str) -> None:
+    """Kafka's system-test tools: VerifiableProducer (acks=all) runs while the broker is SIGKILLed and restarted;
+    VerifiableConsumer, in a group, then reads every record the producer was told was acknowledged."""
+    broker = fresh_broker.start()
+    kafka_java.tool("kafka-topics", "--bootstrap-server", broker.bootstrap, "--create", "--topic", topic_name,
+                    "--partitions", "3")
+    producer = subprocess.Popen(
+        kafka_java.command("org.apache.kafka.tools.VerifiableProducer", "--bootstrap-server", broker.bootstrap,
+                           "--topic", topic_name, "--max-messages", "3000", "--throughput", "500", "--acks", "-1"),
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert producer.stdout is not None
+    acked: set[str] = set()
+    events: list[dict[str, object]] = []
+    killed = False
+    for line in producer.stdout:
+        if not line.startswith("{"):
+            continue
+        event = json.loads(line)
+        events.append(event)
+        if event["name"] == "producer_send_success":
+            acked.add(str(event["value"]))
+        if len(acked) >= 500 and not killed:
+            broker.kill()  # SIGKILL: what was acked is on disk, the rest the producer retries after the restart
+            broker.start()
+            killed = True
+    assert producer.wait(timeout=300) == 0
+    assert killed
+    summary = [e for e in events if e["name"] == "tool_data"][-1]
+    assert summary["acked"] == len(acked) and len(acked) > 500
+
+    consumer = subprocess.Popen(
+        kafka_java.command("org.apache.kafka.tools.VerifiableConsumer", "--bootstrap-server", broker.bootstrap,
+                           "--topic", topic_name, "--group-id", f"{topic_name}-g", "--verbose",
+                           "--reset-policy", "earliest"),
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert consumer.stdout is not None
+    seen: set[str] = set()
+    deadline = time.monotonic() + 180
+    try:
+        for line in consumer.stdout:
+            if line.startswith("{"):
+                event = json.loads(line)
+                if event["name"] == "record_data":
+                    seen.add(str(event["value"]))
+            if acked <= seen or time.monotonic() > deadline:
+                break
+    finally:
+        consumer.kill()
+        consumer.wait()
+    assert not acked - seen, f"{len(acked - seen)} acked records never read, e.g. {sorted(acked - seen)[:5]}"
