@@ -156,3 +156,87 @@ def test_verifiable_producer_broker_killed_verifiable_consumer_reads_every_ack(
         consumer.kill()
         consumer.wait()
     assert not acked - seen, f"{len(acked - seen)} acked records never read, e.g. {sorted(acked - seen)[:5]}"
+
+
+def last_stable_offset(bootstrap: str, topic: str) -> int:
+    """ListOffsets latest under read_committed: where an open transaction holds read_committed consumers."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
+    try:
+        return int(consumer.end_offsets([TopicPartition(topic, 0)])[TopicPartition(topic, 0)])
+    finally:
+        consumer.close()
+
+
+def test_transactions_tool(kafka_java: KafkaJava, broker: BrokerProcess, topic_name: str) -> None:
+    """kafka-transactions lists and describes an open transaction and its producer, find-hanging finds none (the
+    transaction's coordinator owns it), and abort writes its abort marker: read_committed readers move on."""
+    from confluent_kafka import Producer
+
+    server = ("--bootstrap-server", broker.bootstrap)
+    txn_id = f"{topic_name}-txn"
+    kafka_java.tool("kafka-topics", *server, "--create", "--topic", topic_name, "--partitions", "1")
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": txn_id,
+                         "transaction.timeout.ms": 300000})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for i in range(3):
+        producer.produce(topic_name, key=f"k{i}", value=f"open{i}", partition=0)
+    assert producer.flush(30) == 0
+    assert last_stable_offset(broker.bootstrap, topic_name) == 0
+
+    def table(out: str) -> list[list[str]]:
+        return [line.split() for line in lines(out)]
+
+    listed = table(kafka_java.tool("kafka-transactions", *server, "list").stdout)
+    assert listed[0][:4] == ["TransactionalId", "Coordinator", "ProducerId", "TransactionState"]
+    mine = [row for row in listed if row[0] == txn_id]
+    assert len(mine) == 1 and mine[0][1] == "0" and mine[0][3] == "Ongoing"
+    producer_id = mine[0][2]
+
+    described = table(kafka_java.tool("kafka-transactions", *server, "describe", "--transactional-id",
+                                      txn_id).stdout)
+    header, row = described[0], described[1]
+    fields = dict(zip(header, row, strict=False))
+    assert fields["ProducerId"] == producer_id and fields["TransactionState"] == "Ongoing"
+    assert fields["TopicPartitions"] == f"{topic_name}-0" and fields["TransactionTimeoutMs"] == "300000"
+
+    producers = table(kafka_java.tool("kafka-transactions", *server, "describe-producers", "--topic", topic_name,
+                                      "--partition", "0").stdout)
+    assert producers[0][:2] == ["ProducerId", "ProducerEpoch"]
+    by_pid = {row[0]: dict(zip(producers[0], row, strict=False)) for row in producers[1:]}
+    assert by_pid[producer_id]["LastSequence"] == "2"
+    assert by_pid[producer_id]["CurrentTransactionStartOffset"] == "0"
+
+    # Open for longer than 0 minutes, but its coordinator's Ongoing transaction holds the partition: not hanging
+    # (a transaction nobody owns icelog aborts by itself, at start-up or after its timeout: docs/transactions.md).
+    hanging = table(kafka_java.tool("kafka-transactions", *server, "find-hanging", "--broker-id", "0",
+                                    "--max-transaction-timeout", "0").stdout)
+    assert hanging == [["Topic", "Partition", "ProducerId", "ProducerEpoch", "CoordinatorEpoch", "StartOffset",
+                        "LastTimestamp", "Duration(min)"]]
+
+    kafka_java.tool("kafka-transactions", *server, "abort", "--topic", topic_name, "--partition", "0",
+                    "--start-offset", "0")
+    assert last_stable_offset(broker.bootstrap, topic_name) == 4  # 3 records and the abort marker
+    after = table(kafka_java.tool("kafka-transactions", *server, "describe-producers", "--topic", topic_name,
+                                  "--partition", "0").stdout)
+    assert {row[0]: row for row in after[1:]}[producer_id][-1] != "0"  # no open transaction starts at 0 any more
+    producer.abort_transaction(30)
+
+
+def test_log_dirs(kafka_java: KafkaJava, broker: BrokerProcess, topic_name: str) -> None:
+    """kafka-log-dirs describes the broker's one log directory, the intake, with each partition's size in it."""
+    server = ("--bootstrap-server", broker.bootstrap)
+    kafka_java.tool("kafka-topics", *server, "--create", "--topic", topic_name, "--partitions", "2")
+    kafka_java.tool("kafka-console-producer", *server, "--topic", topic_name,
+                    stdin="".join(f"record {i}\n" for i in range(20)))
+    out = kafka_java.tool("kafka-log-dirs", *server, "--describe", "--broker-list", "0", "--topic-list",
+                          topic_name).stdout
+    described = json.loads(next(line for line in lines(out) if line.startswith("{")))
+    (only,) = described["brokers"]
+    (log_dir,) = only["logDirs"]
+    assert only["broker"] == 0 and log_dir["error"] is None and log_dir["logDir"].endswith("intake")
+    sizes = {p["partition"]: p["size"] for p in log_dir["partitions"]}
+    assert set(sizes) == {f"{topic_name}-0", f"{topic_name}-1"}
+    assert sum(sizes.values()) > 20 * len("record 0")  # 20 records, in batches with their headers

@@ -19,10 +19,13 @@ import org.apache.kafka.clients.admin.AdminClientConfig;
 import org.apache.kafka.clients.admin.AlterConfigOp;
 import org.apache.kafka.clients.admin.ConfigEntry;
 import org.apache.kafka.clients.admin.DescribeClusterResult;
+import org.apache.kafka.clients.admin.DescribeTopicsOptions;
+import org.apache.kafka.clients.admin.LogDirDescription;
 import org.apache.kafka.clients.admin.NewPartitions;
 import org.apache.kafka.clients.admin.NewTopic;
 import org.apache.kafka.clients.admin.OffsetSpec;
 import org.apache.kafka.clients.admin.RecordsToDelete;
+import org.apache.kafka.clients.admin.ReplicaInfo;
 import org.apache.kafka.clients.admin.TopicDescription;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
@@ -331,6 +334,21 @@ public final class ClientChecks {
         }
         return Map.of("partitions", parts, "internal", d.isInternal());
       });
+      call(out, "describeTopicsPaged", () -> {
+        // One partition per DescribeTopicPartitions response: the client follows the broker's cursor.
+        String other = topic + "-b";
+        admin.createTopics(List.of(new NewTopic(other, 3, (short) 1))).all().get();
+        Map<String, TopicDescription> both = admin.describeTopics(
+            List.of(topic, other), new DescribeTopicsOptions().partitionSizeLimitPerResponse(1)).allTopicNames().get();
+        Map<String, Object> r = new LinkedHashMap<>();
+        for (Map.Entry<String, TopicDescription> e : both.entrySet()) {
+          List<Integer> ids = new ArrayList<>();
+          e.getValue().partitions().forEach(p -> ids.add(p.partition()));
+          r.put(e.getKey().equals(topic) ? "a" : "b", ids);
+        }
+        admin.deleteTopics(List.of(other)).all().get();
+        return r;
+      });
       call(out, "incrementalAlterConfigs", () -> {
         ConfigResource resource = new ConfigResource(ConfigResource.Type.TOPIC, topic);
         admin.incrementalAlterConfigs(Map.of(resource, List.of(
@@ -345,9 +363,10 @@ public final class ClientChecks {
         admin.createPartitions(Map.of(topic, NewPartitions.increaseTo(3))).all().get();
         return admin.describeTopics(List.of(topic)).allTopicNames().get().get(topic).partitions().size();
       });
+      long base = System.currentTimeMillis() - 60_000L;
       try (KafkaProducer<String, String> producer = producer(Map.of())) {
-        for (int i = 0; i < 10; i++) {
-          producer.send(new ProducerRecord<>(topic, 0, "k" + i, "v" + i));
+        for (int i = 0; i < 10; i++) {  // timestamps rising: the last record holds the max
+          producer.send(new ProducerRecord<>(topic, 0, base + i, "k" + i, "v" + i));
         }
         producer.flush();
       }
@@ -362,7 +381,16 @@ public final class ClientChecks {
       });
       call(out, "deleteRecords", () -> admin.deleteRecords(Map.of(tp0, RecordsToDelete.beforeOffset(4)))
           .lowWatermarks().get(tp0).get().lowWatermark());
-      call(out, "describeLogDirs", () -> admin.describeLogDirs(List.of(0)).allDescriptions().get().size());
+      call(out, "describeLogDirs", () -> {
+        Map<String, LogDirDescription> dirs = admin.describeLogDirs(List.of(0)).allDescriptions().get().get(0);
+        Map<String, Object> r = new LinkedHashMap<>();
+        r.put("dirs", dirs.size());
+        LogDirDescription dir = dirs.values().iterator().next();
+        ReplicaInfo replica = dir.replicaInfos().get(tp0);
+        r.put("size", replica == null ? null : replica.size());
+        r.put("usable", dir.usableBytes().isPresent() && dir.usableBytes().getAsLong() > 0);
+        return r;
+      });
       call(out, "listTransactions", () -> admin.listTransactions().all().get().size());
       call(out, "describeProducers", () -> admin.describeProducers(List.of(tp0)).all().get().get(tp0)
           .activeProducers().size());
