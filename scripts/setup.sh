@@ -35,5 +35,12 @@ scripts/fetch-jars.sh .venv/jars
 # Kafka's own Java client, tools, Streams and Connect: the tests run them against icelog (tests/support/java.py).
 echo "setup: fetching jars/kafka/pom.xml's jars from Maven Central into .venv/kafka-jars"
 scripts/fetch-jars.sh .venv/kafka-jars jars/kafka/pom.xml
+# The Go clients of tests/go (franz-go, IBM/sarama) into Go's module cache; the tests build them with the proxy off.
+if command -v go >/dev/null 2>&1; then
+  echo "setup: fetching tests/go's Go modules into the module cache"
+  (cd tests/go && go mod download)
+else
+  echo "setup: no Go toolchain: tests/go (franz-go, sarama) will fail until Go 1.26+ is installed" >&2
+fi
 .venv/bin/python -c 'import icelog, kafka, confluent_kafka, aiokafka; from icelog.lake.catalog import iceberg_runtime_jar; iceberg_runtime_jar()'
 echo "setup: done"
