@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from tests.support.broker import BrokerProcess
-from tests.support.java import KafkaJava
+from tests.support.java import TOOLS, KafkaJava
 
 
 def lines(text: str) -> list[str]:
@@ -113,7 +113,7 @@ def test_verifiable_producer_broker_killed_verifiable_consumer_reads_every_ack(
     kafka_java.tool("kafka-topics", "--bootstrap-server", broker.bootstrap, "--create", "--topic", topic_name,
                     "--partitions", "3")
     producer = subprocess.Popen(
-        kafka_java.command("org.apache.kafka.tools.VerifiableProducer", "--bootstrap-server", broker.bootstrap,
+        kafka_java.command(TOOLS["verifiable-producer"], "--bootstrap-server", broker.bootstrap,
                            "--topic", topic_name, "--max-messages", "3000", "--throughput", "500", "--acks", "-1"),
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert producer.stdout is not None
@@ -137,7 +137,7 @@ def test_verifiable_producer_broker_killed_verifiable_consumer_reads_every_ack(
     assert summary["acked"] == len(acked) and len(acked) > 500
 
     consumer = subprocess.Popen(
-        kafka_java.command("org.apache.kafka.tools.VerifiableConsumer", "--bootstrap-server", broker.bootstrap,
+        kafka_java.command(TOOLS["verifiable-consumer"], "--bootstrap-server", broker.bootstrap,
                            "--topic", topic_name, "--group-id", f"{topic_name}-g", "--verbose",
                            "--reset-policy", "earliest"),
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -240,3 +240,22 @@ def test_log_dirs(kafka_java: KafkaJava, broker: BrokerProcess, topic_name: str)
     sizes = {p["partition"]: p["size"] for p in log_dir["partitions"]}
     assert set(sizes) == {f"{topic_name}-0", f"{topic_name}-1"}
     assert sum(sizes.values()) > 20 * len("record 0")  # 20 records, in batches with their headers
+
+
+def test_performance_tools(kafka_java: KafkaJava, broker: BrokerProcess, topic_name: str) -> None:
+    """ProducerPerformance, ConsumerPerformance and EndToEndLatency, as Kafka's system tests drive a broker: every
+    record sent is acknowledged and consumed; no figure is asserted."""
+    server = ("--bootstrap-server", broker.bootstrap)
+    kafka_java.tool("kafka-topics", *server, "--create", "--topic", topic_name, "--partitions", "3")
+    produced = kafka_java.tool("producer-performance", "--topic", topic_name, "--num-records",
+                              "20000", "--record-size", "100", "--throughput", "-1", "--producer-props",
+                              f"bootstrap.servers={broker.bootstrap}", "acks=all", "compression.type=lz4").stdout
+    assert re.search(r"^20000 records sent", produced, re.MULTILINE), produced
+    consumed = kafka_java.tool("consumer-performance", *server, "--topic", topic_name,
+                              "--messages", "20000", "--timeout", "60000").stdout
+    header, row = lines(consumed)[-2:]
+    fields = dict(zip([h.strip() for h in header.split(",")], [v.strip() for v in row.split(",")], strict=False))
+    assert fields["data.consumed.in.nMsg"] == "20000", consumed
+    latency = kafka_java.tool("end-to-end-latency", broker.bootstrap, f"{topic_name}-e2e", "200",
+                             "all", "100").stdout
+    assert "Avg latency:" in latency, latency

@@ -36,6 +36,9 @@ TOOLS = {
     "kafka-acls": "org.apache.kafka.tools.AclCommand",
     "verifiable-producer": "org.apache.kafka.tools.VerifiableProducer",
     "verifiable-consumer": "org.apache.kafka.tools.VerifiableConsumer",
+    "producer-performance": "org.apache.kafka.tools.ProducerPerformance",
+    "consumer-performance": "org.apache.kafka.tools.ConsumerPerformance",
+    "end-to-end-latency": "org.apache.kafka.tools.EndToEndLatency",
 }
 
 
