@@ -112,8 +112,8 @@ def pytest_configure(config: pytest.Config) -> None:
     bin_dir = Path(tempfile.mkdtemp(prefix="icelog-no-jvm-"))
     config.add_cleanup(lambda: shutil.rmtree(bin_dir, ignore_errors=True))
     java = bin_dir / "java"
-    java.write_text(f"#!/bin/sh\necho '{NO_JVM_ENV} is set: this lane starts no JVM (mark the test spark)' >&2\n"
-                    "exit 1\n")
+    java.write_text(f"#!/bin/sh\necho '{NO_JVM_ENV} is set: this lane starts no JVM (mark the test spark, or java "
+                    "for the Kafka Java client and tools)' >&2\nexit 1\n")
     java.chmod(0o755)
     os.environ.pop("JAVA_HOME", None)
     os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
