@@ -21,7 +21,7 @@ test-quick: setup
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml setup.py src/icelog/log/_records.c src/icelog/schema/codec/_avro_columns.c src/icelog/schema/codec/_proto_columns.c src/icelog/schema/codec/_json_columns.c src/icelog/_c/utf8.h src/icelog/_c/column_buffers.h scripts/setup.sh \
-		jars/pom.xml jars/kafka/pom.xml scripts/fetch-jars.sh tests/go/go.mod tests/go/go.sum
+		jars/pom.xml jars/kafka/pom.xml scripts/fetch-jars.sh tests/go/go.mod tests/go/go.sum tests/js/package-lock.json
 	scripts/setup.sh
 	touch $(STAMP)
 

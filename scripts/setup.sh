@@ -42,5 +42,12 @@ if command -v go >/dev/null 2>&1; then
 else
   echo "setup: no Go toolchain: tests/go (franz-go, sarama) will fail until Go 1.26+ is installed" >&2
 fi
+# KafkaJS (tests/js) into tests/js/node_modules, at package-lock.json's versions.
+if command -v npm >/dev/null 2>&1; then
+  echo "setup: installing tests/js's npm packages (KafkaJS)"
+  npm ci --prefix tests/js --no-audit --no-fund --loglevel=error >/dev/null
+else
+  echo "setup: no Node.js: tests/js (KafkaJS) will fail until node and npm are installed" >&2
+fi
 .venv/bin/python -c 'import icelog, kafka, confluent_kafka, aiokafka; from icelog.lake.catalog import iceberg_runtime_jar; iceberg_runtime_jar()'
 echo "setup: done"

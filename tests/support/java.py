@@ -19,7 +19,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 KAFKA_JARS_ENV = "ICELOG_KAFKA_JARS_DIR"
 DRIVER_SOURCES = ROOT / "tests" / "java" / "drivers"
-JVM_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xss1m")
+JVM_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xmx512m")  # kafka-run-class.sh gives tools 256 MB
 KAFKA_VERSION = "4.1.1"  # jars/kafka/pom.xml's kafka.version
 
 # Kafka 4.1's tool classes (kafka-tools, or Kafka's core for kafka-configs.sh), by the script name users know.
