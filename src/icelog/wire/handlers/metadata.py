@@ -123,8 +123,9 @@ async def describe_topic_partitions(ctx: RequestContext, request: ApiMessage) ->
     after = cursor.topic_name if cursor is not None else ""
     names = sorted({n for n in (logs.topics if everything else (t.name for t in request.topics)) if n >= after})
     if cursor is not None and (cursor.partition_index < 0 or (not everything and cursor.topic_name not in names)):
-        bad = [topic_cls(error_code=int(ErrorCode.INVALID_REQUEST), name=n, topic_id=_NO_TOPIC_ID,
-                         is_internal=False, partitions=[]) for n in names]
+        # Kafka's error response: every requested topic, in request order, with the error and nothing else.
+        bad = [topic_cls(error_code=int(ErrorCode.INVALID_REQUEST), name=t.name, topic_id=_NO_TOPIC_ID,
+                         is_internal=False, partitions=[]) for t in request.topics]
         return cls(throttle_time_ms=0, topics=bad, next_cursor=None)
 
     def answer(name: str, error: ErrorCode, topic_id: uuid.UUID = _NO_TOPIC_ID) -> Any:
