@@ -1,5 +1,5 @@
 # Two entry points: `make serve` and `make test`. Both set up everything on a fresh machine first.
-# `make test` is the full suite (CI runs it); `make test-quick` only the tests that start no JVM (no Spark).
+# `make test` is the full suite (CI runs it); `make test-quick` only the tests that start no JVM (no Spark, no Java client).
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
@@ -14,14 +14,14 @@ serve: setup
 test: setup
 	$(VENV)/bin/pytest -n 2 --dist loadgroup $(ARGS)
 
-# ICELOG_TESTS_NO_JVM: a test that starts Spark without the `spark` marker fails here (tests/conftest.py).
+# ICELOG_TESTS_NO_JVM: a test that starts a JVM without the `spark` or `java` marker fails here (tests/conftest.py).
 test-quick: setup
-	ICELOG_TESTS_NO_JVM=1 $(VENV)/bin/pytest -n 2 -m 'not spark' $(ARGS)
+	ICELOG_TESTS_NO_JVM=1 $(VENV)/bin/pytest -n 2 -m 'not spark and not java' $(ARGS)
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml setup.py src/icelog/records/_records.c src/icelog/schema/codec/_avro_columns.c src/icelog/schema/codec/_proto_columns.c src/icelog/schema/codec/_json_columns.c src/icelog/_c/utf8.h src/icelog/_c/column_buffers.h scripts/setup.sh \
-		jars/pom.xml scripts/fetch-jars.sh
+		jars/pom.xml jars/kafka/pom.xml scripts/fetch-jars.sh tests/go/go.mod tests/go/go.sum tests/js/package-lock.json
 	scripts/setup.sh
 	touch $(STAMP)
 

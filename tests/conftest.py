@@ -2,9 +2,11 @@
 of the Spark tests. Helpers that are not fixtures live in tests/support/.
 
 Tests that need Spark are marked `spark` here, from the fixtures they use (`lake_spark`, or one that depends on
-it); a test that starts Spark in a child process only is marked by hand. `make test-quick` runs `-m 'not spark'`
-with ICELOG_TESTS_NO_JVM=1, which puts a `java` that refuses to start first on the PATH: an unmarked Spark test
-fails there instead of making the quick lane slow.
+it); a test that starts Spark in a child process only is marked by hand. Tests of Kafka's own Java client and tools
+are marked `java` (from the `kafka_java` fixture): JVMs, but short ones and no Spark, so they run on the JVM-free
+worker of `make test`. `make test-quick` runs `-m 'not spark and not java'` with ICELOG_TESTS_NO_JVM=1, which puts a
+`java` that refuses to start first on the PATH: an unmarked Spark or Java test fails there instead of making the
+quick lane slow.
 
 `make test` runs two pytest-xdist workers (`--dist loadgroup`): the Spark tests are in two groups (`spark_lane`), each
 run by one worker one after another with one Spark session, and the JVM-free tests fill the gaps (they mostly wait
@@ -34,6 +36,7 @@ from tests.support.jvm import class_archive, driver_conf
 from tests.support.postgres import postgres_cluster  # noqa: F401 (a session fixture: the throwaway PostgreSQL)
 
 SPARK_FIXTURES = {"lake_spark"}
+JAVA_FIXTURES = {"kafka_java"}  # Kafka's own Java client and tools (tests/java/conftest.py): JVMs, but no Spark
 NO_JVM_ENV = "ICELOG_TESTS_NO_JVM"
 SPARK_CONF_ENV = "ICELOG_ARCHIVE__SPARK_CONF"
 WORKER_LINE = "icelog_line"  # an xdist worker's line for the terminal, in its workeroutput
@@ -49,6 +52,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # fixturenames is the closure: it holds lake_spark also when the test asks for lake_archiver only.
         if SPARK_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.spark)
+        if JAVA_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.java)
         if item.get_closest_marker("spark"):
             item.add_marker(pytest.mark.xdist_group(spark_lane(item.nodeid)))
 
@@ -119,8 +124,8 @@ def pytest_configure(config: pytest.Config) -> None:
     bin_dir = Path(tempfile.mkdtemp(prefix="icelog-no-jvm-"))
     config.add_cleanup(lambda: shutil.rmtree(bin_dir, ignore_errors=True))
     java = bin_dir / "java"
-    java.write_text(f"#!/bin/sh\necho '{NO_JVM_ENV} is set: this lane starts no JVM (mark the test spark)' >&2\n"
-                    "exit 1\n")
+    java.write_text(f"#!/bin/sh\necho '{NO_JVM_ENV} is set: this lane starts no JVM (mark the test spark, or java "
+                    "for the Kafka Java client and tools)' >&2\nexit 1\n")
     java.chmod(0o755)
     os.environ.pop("JAVA_HOME", None)
     os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"

@@ -107,3 +107,16 @@ def test_benchmarks_md_holds_short_current_figures() -> None:
         if len(cell) > BENCHMARK_CELL_MAX
     ]
     assert not long_cells, f"BENCHMARKS.md cells over {BENCHMARK_CELL_MAX} characters:\n" + "\n".join(long_cells)
+
+
+def test_compatibility_page_lists_every_advertised_api_version() -> None:
+    """docs/compatibility.md's "APIs served" table is what ApiVersions advertises, API by API, range by range."""
+    from kafka.protocol.api_key import ApiKey
+
+    from icelog.wire.versions import SUPPORTED_VERSIONS
+
+    section = (ROOT / "docs" / "compatibility.md").read_text().split("## APIs served", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (\w+) \| (\d+) \| (\d+)–(\d+) \|", section, re.MULTILINE)
+    documented = {int(key): (name, int(low), int(high)) for name, key, low, high in rows}
+    advertised = {int(key): (ApiKey(key).name, low, high) for key, (low, high) in SUPPORTED_VERSIONS.items()}
+    assert documented == advertised

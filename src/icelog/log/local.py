@@ -81,7 +81,8 @@ class LocalStorage:
 
     def capacity(self) -> Capacity:
         """Free space of the file system holding the intake directory."""
-        return Capacity(shutil.disk_usage(self.directory).free)
+        usage = shutil.disk_usage(self.directory)
+        return Capacity(usage.free, usage.total, str(self.directory))
 
     # -- reads ----------------------------------------------------------------------------------
     def read(self, chunk: ChunkLocation, offset_in_chunk: int = 0, length: int = -1) -> bytes:

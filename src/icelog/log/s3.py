@@ -561,8 +561,8 @@ class ObjectStorage:
         return len(deleted)
 
     def capacity(self) -> Capacity:
-        """Object storage has no free space the broker must watch."""
-        return Capacity(None)
+        """Object storage has no free space the broker must watch, and no size."""
+        return Capacity(None, None, self.url)
 
     def reader(self) -> IntakeReader:
         return ObjectReader(self.url)

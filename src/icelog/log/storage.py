@@ -92,9 +92,12 @@ class IntakeStats:
 
 @dataclass(frozen=True)
 class Capacity:
-    """What the backend can still take: `free_bytes` None means no bound the broker must watch (object storage)."""
+    """What the backend can still take: `free_bytes` None means no bound the broker must watch (object storage).
+    `location` names where the intake is (a directory, or the s3:// URL); `total_bytes` None: no size known."""
 
     free_bytes: int | None
+    total_bytes: int | None = None
+    location: str = ""
 
 
 class IntakeStorage(ChunkReader, Protocol):

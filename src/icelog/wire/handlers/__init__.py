@@ -5,9 +5,11 @@ from icelog.wire.handlers import (  # noqa: F401
     admin,
     fetch,
     groups,
+    log_dirs,
     metadata,
     produce,
     sasl,
     transactions,
+    txn_admin,
     users,
 )

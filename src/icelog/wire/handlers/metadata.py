@@ -1,15 +1,17 @@
-"""ApiVersions and Metadata (with Kafka's auto.create.topics.enable)."""
+"""ApiVersions, Metadata (with Kafka's auto.create.topics.enable), DescribeCluster and DescribeTopicPartitions."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+import uuid
+from typing import TYPE_CHECKING, Any
 
 from kafka.protocol.api_key import ApiKey
 from kafka.protocol.metadata import MetadataResponse
 
 from icelog.errors import ErrorCode, KafkaApiError
 from icelog.security.acl import ACLOperation, ACLResourceType
+from icelog.wire import codec
 from icelog.wire.authz import may_create_topic
 from icelog.wire.context import RequestContext, handles
 from icelog.wire.versions import build_api_versions_response
@@ -78,3 +80,85 @@ async def metadata(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
         throttle_time_ms=0, brokers=brokers, cluster_id=broker.settings.cluster_id, controller_id=node,
         topics=topics,
     )
+
+
+_ENDPOINT_BROKERS, _ENDPOINT_CONTROLLERS = 1, 2
+_MAX_PARTITIONS_PER_RESPONSE = 2000  # Kafka's max.request.partition.size.limit default
+_NO_TOPIC_ID = uuid.UUID(int=0)  # what Kafka answers for a topic it does not name (unknown, unauthorized)
+
+
+@handles(ApiKey.DescribeCluster)
+async def describe_cluster(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
+    """The one broker, which is also the controller (as Metadata says); as Kafka's broker, a request for the
+    controllers' endpoints answers MISMATCHED_ENDPOINT_TYPE, an unknown type UNSUPPORTED_ENDPOINT_TYPE (v1+; v0
+    INVALID_REQUEST). Authorized operations are not computed (the schema's default, "not provided")."""
+    cls: Any = codec.response_class(ApiKey.DescribeCluster)
+    broker = ctx.broker
+    endpoint = request.endpoint_type if ctx.api_version >= 1 else _ENDPOINT_BROKERS
+    if endpoint != _ENDPOINT_BROKERS:
+        error = ErrorCode.INVALID_REQUEST if ctx.api_version == 0 else (
+            ErrorCode.MISMATCHED_ENDPOINT_TYPE if endpoint == _ENDPOINT_CONTROLLERS
+            else ErrorCode.UNSUPPORTED_ENDPOINT_TYPE)
+        return cls(throttle_time_ms=0, error_code=int(error), error_message=f"endpoint type {endpoint}",
+                   endpoint_type=endpoint, cluster_id="", controller_id=-1, brokers=[])
+    node = broker.settings.node_id
+    host, port = ctx.connection.advertised
+    brokers = [cls.DescribeClusterBroker(broker_id=node, host=host, port=port, rack=None, is_fenced=False)]
+    return cls(throttle_time_ms=0, error_code=0, error_message=None, endpoint_type=_ENDPOINT_BROKERS,
+               cluster_id=broker.settings.cluster_id, controller_id=node, brokers=brokers)
+
+
+@handles(ApiKey.DescribeTopicPartitions)
+async def describe_topic_partitions(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
+    """KIP-966's paged topic description (the Java AdminClient's describeTopics), as Kafka's
+    DescribeTopicPartitionsRequestHandler: topics in name order from the cursor, at most the request's limit of
+    partitions (and Kafka's 2000), the next cursor where it stopped; unauthorized topics are left out of a listing
+    of all topics and answer TOPIC_AUTHORIZATION_FAILED when named."""
+    cls: Any = codec.response_class(ApiKey.DescribeTopicPartitions)
+    topic_cls, partition_cls = cls.DescribeTopicPartitionsResponseTopic, (
+        cls.DescribeTopicPartitionsResponseTopic.DescribeTopicPartitionsResponsePartition)
+    logs, node = ctx.broker.logs, ctx.broker.settings.node_id
+    everything = not request.topics
+    cursor = request.cursor
+    after = cursor.topic_name if cursor is not None else ""
+    names = sorted({n for n in (logs.topics if everything else (t.name for t in request.topics)) if n >= after})
+    if cursor is not None and (cursor.partition_index < 0 or (not everything and cursor.topic_name not in names)):
+        # Kafka's error response: every requested topic, in request order, with the error and nothing else.
+        bad = [topic_cls(error_code=int(ErrorCode.INVALID_REQUEST), name=t.name, topic_id=_NO_TOPIC_ID,
+                         is_internal=False, partitions=[]) for t in request.topics]
+        return cls(throttle_time_ms=0, topics=bad, next_cursor=None)
+
+    def answer(name: str, error: ErrorCode, topic_id: uuid.UUID = _NO_TOPIC_ID) -> Any:
+        return topic_cls(error_code=int(error), name=name, topic_id=topic_id, is_internal=False, partitions=[])
+
+    denied = []
+    topics = []
+    next_cursor = None
+    remaining = max(min(_MAX_PARTITIONS_PER_RESPONSE, request.response_partition_limit), 1)
+    for name in names:
+        if not ctx.authorize(ACLOperation.DESCRIBE, ACLResourceType.TOPIC, name):
+            if not everything:
+                denied.append(answer(name, ErrorCode.TOPIC_AUTHORIZATION_FAILED))
+            continue
+        if remaining == 0:
+            next_cursor = cls.Cursor(topic_name=name, partition_index=0)
+            break
+        state = logs.get(name)
+        if state is None:
+            if not everything:
+                topics.append(answer(name, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+            continue
+        start = cursor.partition_index if cursor is not None and name == cursor.topic_name else 0
+        end = min(len(state.partitions), start + remaining)
+        out = answer(name, ErrorCode.NONE, state.record.topic_id)
+        # Empty, never null, ELR lists: Kafka's broker sends empty ones and the Java client dereferences them.
+        out.partitions = [
+            partition_cls(error_code=0, partition_index=p, leader_id=node, leader_epoch=-1, replica_nodes=[node],
+                          isr_nodes=[node], eligible_leader_replicas=[], last_known_elr=[], offline_replicas=[])
+            for p in range(start, end)]
+        topics.append(out)
+        if end < len(state.partitions):
+            next_cursor = cls.Cursor(topic_name=name, partition_index=end)
+            break
+        remaining -= end - start
+    return cls(throttle_time_ms=0, topics=topics + denied, next_cursor=next_cursor)
