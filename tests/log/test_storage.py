@@ -174,6 +174,29 @@ class CrashBeforeIndex(SqliteStore):
             raise OSError("simulated crash between the PUT and the index commit")
         super().commit_intake(chunks, tail)
 
+    def commit_sequenced(self, chunks: Iterable[IntakeChunk], tail: IntakeTail) -> list[IntakeChunk]:
+        if self.crash:
+            raise OSError("simulated crash between the PUT and the index commit")
+        return super().commit_sequenced(chunks, tail)
+
+
+class CrashAfterIndex(SqliteStore):
+    """The index commit (the sequencer's, for object storage) goes through, then the process dies before the
+    producer is answered."""
+
+    crash = False
+
+    def commit_intake(self, chunks: Iterable[IntakeChunk], tail: IntakeTail) -> None:
+        super().commit_intake(chunks, tail)
+        if self.crash:
+            raise OSError("simulated crash after the index commit, before the answer")
+
+    def commit_sequenced(self, chunks: Iterable[IntakeChunk], tail: IntakeTail) -> list[IntakeChunk]:
+        assigned = super().commit_sequenced(chunks, tail)
+        if self.crash:
+            raise OSError("simulated crash after the index commit, before the answer")
+        return assigned
+
 
 def test_a_crash_between_store_and_commit_loses_nothing_acknowledged(backend: Backend) -> None:
     settings = backend.settings()
@@ -279,3 +302,77 @@ def test_a_prefix_holding_another_clusters_objects_is_refused_untouched(backend:
         logs.open()
     logs.store.close()
     assert len(backend.objects()) == 1, "nothing of the first cluster is deleted"
+
+
+def test_a_crash_after_the_commit_serves_the_records_and_dedups_the_producers_retry(backend: Backend) -> None:
+    """Committed, never answered: the records are served after the restart (their offsets are taken), and the
+    idempotent producer's retry of the unanswered batch is answered with the offsets it got, not written again."""
+    from tests.support.wire_client import build_batch
+
+    settings = backend.settings()
+    store = CrashAfterIndex(backend.meta_path)
+    first = build_batch([b"a0", b"a1"], producer_id=7, epoch=0, base_sequence=0)
+    unanswered = build_batch([b"b0", b"b1", b"b2"], producer_id=7, epoch=0, base_sequence=2)
+
+    async def write(logs: LogManager) -> None:
+        logs.create_topic(TOPIC, 1, {})
+        state, part = logs.partition(TOPIC, 0)
+        result, done = logs.append(state, part, first)
+        await done
+        assert result.base_offset == 0
+        store.crash = True
+        with pytest.raises(KafkaApiError) as failed:
+            await logs.append(state, part, unanswered)[1]
+        assert failed.value.code == ErrorCode.KAFKA_STORAGE_ERROR
+        with pytest.raises(OSError, match="simulated crash"):
+            await logs.storage.failure()
+        assert logs._snapshot_task is not None
+        logs._snapshot_task.cancel()  # a crash: no shutdown snapshot, producer state comes from the intake
+
+    run(settings, write, store)
+
+    async def again(logs: LogManager) -> None:
+        assert read_all(logs) == [(0, b"a0"), (1, b"a1"), (2, b"b0"), (3, b"b1"), (4, b"b2")]
+        state, part = logs.partition(TOPIC, 0)
+        result, done = logs.append(state, part, unanswered)  # the producer's retry
+        await done
+        assert result.acked_offset == 2, "answered with the offsets the commit assigned"
+        assert await append(logs, [b"after"]) == 5
+        assert values(read_all(logs)) == [b"a0", b"a1", b"b0", b"b1", b"b2", b"after"]
+
+    run(settings, again)
+
+
+def test_transactions_keep_the_last_stable_offset_below_open_ones_and_skip_aborted_records(backend: Backend) -> None:
+    """Transactional appends learn their offsets when they are committed (the sequencer's) or handed out: the LSO
+    stops at an open transaction, an aborted one is listed for read_committed readers, after a restart too."""
+    from tests.support.wire_client import build_batch
+
+    settings = backend.settings()
+
+    async def write(logs: LogManager) -> None:
+        logs.create_topic(TOPIC, 1, {})
+        state, part = logs.partition(TOPIC, 0)
+        assert await append(logs, [b"plain"]) == 0
+        aborted = build_batch([b"x0", b"x1"], producer_id=8, epoch=0, base_sequence=0, transactional=True)
+        result, done = logs.append(state, part, aborted)
+        await done
+        assert result.base_offset == 1 and part.high_watermark == 3
+        assert part.last_stable_offset == 1, "an open transaction holds read_committed readers at its first offset"
+        await logs.append_marker(part, 8, 0, commit=False)
+        opened = build_batch([b"y"], producer_id=9, epoch=0, base_sequence=0, transactional=True)
+        await logs.append(state, part, opened)[1]
+        assert part.high_watermark == 5 and part.last_stable_offset == 4
+        await logs.append_marker(part, 9, 0, commit=True)
+        assert part.last_stable_offset == part.high_watermark == 6
+        assert [(r.producer_id, r.first_offset, r.last_offset) for r in part.aborted_ranges(0, 6)] == [(8, 1, 3)]
+
+    run(settings, write)
+
+    async def again(logs: LogManager) -> None:
+        _, part = logs.partition(TOPIC, 0)
+        assert part.last_stable_offset == part.high_watermark == 6
+        assert [(r.producer_id, r.first_offset, r.last_offset) for r in part.aborted_ranges(0, 6)] == [(8, 1, 3)]
+        assert [offset for offset, _ in read_all(logs)] == [0, 1, 2, 3, 4, 5]  # each served at its offset
+
+    run(settings, again)

@@ -154,6 +154,54 @@ def test_commit_intake_is_idempotent(store: MetadataStore) -> None:
     assert offsets(store, tid) == [(0, 9)]
 
 
+def test_commit_sequenced_assigns_offsets_from_each_partitions_committed_end(store: MetadataStore) -> None:
+    """The sequencer: chunks come numbered from 0; the commit gives each its partition's high watermark."""
+    topic = store.create_topic("orders", 2, {})
+    tid = topic.topic_id
+    first = store.commit_sequenced([chunk(tid, 0, 0, 5, file_id=1, position=56),
+                                    chunk(tid, 1, 0, 3, file_id=1, position=212)], IntakeTail(1, 312))
+    second = store.commit_sequenced([chunk(tid, 0, 0, 4, file_id=2, position=56)], IntakeTail(2, 156))
+
+    assert [(c.partition, c.base_offset, c.end_offset, c.file_id, c.position) for c in first + second] == [
+        (0, 0, 5, 1, 56), (1, 0, 3, 1, 212), (0, 5, 9, 2, 56)]
+    assert offsets(store, tid) == [(0, 9), (0, 3)]
+    assert store.intake_chunks(tid) == [first[0], second[0], first[1]]
+    assert store.intake_tail() == IntakeTail(2, 156)
+    assert store.intake_range_summary(tid, 0, 0).chunks == 2 and store.intake_range_summary(tid, 0, 0).bytes == 200
+
+
+def test_commit_sequenced_retried_for_a_committed_object_assigns_nothing_again(store: MetadataStore) -> None:
+    """A commit whose answer was lost is retried: the store returns the object's chunks as committed."""
+    topic = store.create_topic("orders", 1, {})
+    tid = topic.topic_id
+    sent = [chunk(tid, 0, 0, 5, file_id=1)]
+    first = store.commit_sequenced(sent, IntakeTail(1, 156))
+    assert store.commit_sequenced(sent, IntakeTail(1, 156)) == first
+    assert offsets(store, tid) == [(0, 5)] and store.intake_chunks(tid) == first
+
+
+def test_commit_sequenced_skips_deleted_partitions(store: MetadataStore) -> None:
+    gone = store.create_topic("gone", 1, {})
+    kept = store.create_topic("kept", 1, {})
+    store.delete_topic("gone")
+    assigned = store.commit_sequenced([chunk(gone.topic_id, 0, 0, 2, position=56),
+                                       chunk(kept.topic_id, 0, 0, 3, position=212)], IntakeTail(1, 312))
+    assert [(c.topic_id, c.base_offset, c.end_offset) for c in assigned] == [(kept.topic_id, 0, 3)]
+    assert store.intake_chunks() == assigned
+
+
+def test_two_writers_sequencing_one_partition_get_one_order(open_same_store: OpenStore) -> None:
+    """Two brokers' stores over one database (issue 46): their commits to one partition take consecutive offsets."""
+    a, b = open_same_store(), open_same_store()
+    tid = a.create_topic("orders", 1, {}).topic_id
+    got = []
+    for object_id in range(1, 7):
+        writer = a if object_id % 2 else b
+        got += writer.commit_sequenced([chunk(tid, 0, 0, object_id, file_id=object_id)], IntakeTail(object_id, 156))
+    assert [(c.base_offset, c.end_offset) for c in got] == [(0, 1), (1, 3), (3, 6), (6, 10), (10, 15), (15, 21)]
+    assert a.intake_chunks(tid) == b.intake_chunks(tid) == got
+
+
 def test_commit_intake_ignores_chunks_of_deleted_topics(store: MetadataStore) -> None:
     gone = store.create_topic("gone", 1, {})
     kept = store.create_topic("kept", 1, {})

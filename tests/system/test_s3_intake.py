@@ -172,6 +172,45 @@ def test_a_kill_between_the_put_and_the_commit_serves_nothing_of_the_object(buck
         broker.stop()
 
 
+def test_a_kill_after_the_commit_before_the_answer_keeps_the_offsets_and_dedups_the_retry(
+    bucket: SeaweedFS, tmp_path: Path,
+) -> None:
+    """kill -9 right after the sequencer's commit (ICELOG_TEST_FAULT=intake-object-committed), before the answer: the
+    records are stored at the offsets the commit assigned; the idempotent producer's retry to the restarted broker is
+    answered with those offsets, not written again, and the next records follow them."""
+    broker = s3_broker(tmp_path / "data", bucket, f"sqlite:///{tmp_path / 'meta.db'}")
+    broker.env[FAULT_ENV] = "intake-object-committed"
+    broker.start()
+    try:
+        create_topic(broker, "events", 1)
+        delivered: dict[bytes, int] = {}
+        errors: list[Any] = []
+
+        def report(err: Any, msg: Any) -> None:
+            if err is not None:
+                errors.append(err)
+            else:
+                delivered[msg.value()] = msg.offset()
+
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True, "acks": "all",
+                             "message.timeout.ms": 120000, "reconnect.backoff.max.ms": 500})
+        producer.produce("events", b"committed-0", partition=0, on_delivery=report)
+        producer.produce("events", b"committed-1", partition=0, on_delivery=report)
+        producer.flush(1)
+        assert broker.proc is not None and broker.proc.wait(30) == 137, "killed at the fault point"
+        assert not delivered, "never answered"
+
+        del broker.env[FAULT_ENV]
+        broker.start()
+        assert producer.flush(90) == 0 and not errors, errors
+        assert delivered == {b"committed-0": 0, b"committed-1": 1}, "the retry answered with the assigned offsets"
+        producer.produce("events", b"after", partition=0, on_delivery=report)
+        assert producer.flush(30) == 0 and delivered[b"after"] == 2
+        assert read_partition(broker, "events", 0)[0] == [b"committed-0", b"committed-1", b"after"], "nothing twice"
+    finally:
+        broker.stop()
+
+
 def test_an_open_transaction_is_resolved_by_a_fresh_broker_from_the_store_and_the_bucket(
     postgres_cluster: PostgresCluster, bucket: SeaweedFS, tmp_path: Path,
 ) -> None:

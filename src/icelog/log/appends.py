@@ -14,6 +14,7 @@ from icelog.errors import ErrorCode, KafkaApiError
 from icelog.log import intake_file
 from icelog.log.partition import PartitionLog
 from icelog.log.pressure import Pressure
+from icelog.log.producers import SequencedBatch
 from icelog.log.storage import Append, IntakeStorage
 from icelog.log.topic_logs import TopicLogs, TopicState
 from icelog.log.transactions import encode_marker_batch
@@ -28,10 +29,17 @@ from icelog.records.batch import (
 from icelog.records.walk import MAX_UNCOMPRESSED_BYTES
 
 
-@dataclass(frozen=True)
+@dataclass
 class AppendResult:
+    # -1 until a sequencing store assigns it: set before the append's durability future resolves.
     base_offset: int
     log_append_time: int  # -1 unless the topic uses LogAppendTime
+    retry_of: SequencedBatch | None = None  # an idempotent retry: answered with its original's offsets
+
+    @property
+    def acked_offset(self) -> int:
+        """The base offset to answer with once the append is durable."""
+        return self.retry_of.base_offset if self.retry_of is not None else self.base_offset
 
 
 class Appender:
@@ -64,7 +72,7 @@ class Appender:
             batches = self.validate(topic, records)
         retry = partition.producers.check(batches)
         if retry is not None:  # an idempotent producer resent a batch we have: answer with its offsets
-            return AppendResult(retry.base_offset, -1), _when_durable(retry.done)
+            return AppendResult(retry.base_offset, -1, retry), _when_durable(retry.done)
         if self.txn_verifier is not None:
             # A transactional batch outside a transaction the coordinator opened would pin the LSO.
             for batch in batches:
@@ -85,21 +93,53 @@ class Appender:
             raise KafkaApiError(ErrorCode.NOT_ENOUGH_REPLICAS,
                                 f"{self.storage.unavailable}; retry later")
         record_count = sum(b.last_offset_delta + 1 for b in batches)
+        max_ts = append_time if append_time >= 0 else max(b.max_timestamp for b in batches)
+        if topic.max_lag_bytes is not None:
+            topic.unarchived_bytes += len(buffer)  # until the next refresh recounts from durable chunks
+        if self.storage.assigns_offsets:
+            return self._append_sequenced(partition, buffer, batches, record_count, max_ts, append_time)
         base = partition.reserve(record_count)
         assign_offsets(buffer, batches, base)
-        max_ts = append_time if append_time >= 0 else max(b.max_timestamp for b in batches)
         # The bytearray goes to the storage as is: nothing touches it after offsets are assigned.
         done = self.storage.submit(
             Append(partition.topic_id, partition.partition, buffer, base, base + record_count, max_ts)
         )
-        if topic.max_lag_bytes is not None:
-            topic.unarchived_bytes += len(buffer)  # until the next refresh recounts from durable chunks
         partition.producers.record(batches, base, done)
         offset = base
         for batch in batches:
             partition.txn_index.on_data(batch.producer_id, offset, batch.is_transactional)
             offset += batch.last_offset_delta + 1
         return AppendResult(base, append_time), done
+
+    def _append_sequenced(
+        self, partition: PartitionLog, buffer: bytearray, batches: list[BatchHeader], record_count: int,
+        max_ts: int, append_time: int,
+    ) -> tuple[AppendResult, asyncio.Future[None]]:
+        """Queue batches for a store that assigns offsets at commit: they are numbered from 0; producer and
+        transaction state learn their offsets when the store assigns them (on the event loop, in commit order,
+        before the high watermark moves past them, so the LSO never lets an open transaction's records through).
+
+        The sequence check stays in memory (`check`, on the event loop, before the submit): one broker writes a
+        partition, its producer state covers every append submitted, and appends are committed in submit order.
+        """
+        assign_offsets(buffer, batches, 0)
+        result = AppendResult(-1, append_time)
+        sequenced: list[SequencedBatch] = []
+
+        def assigned(base: int) -> None:
+            result.base_offset = base
+            for entry in sequenced:
+                entry.base_offset += base
+            offset = base
+            for batch in batches:
+                partition.txn_index.on_data(batch.producer_id, offset, batch.is_transactional)
+                offset += batch.last_offset_delta + 1
+
+        done = self.storage.submit(
+            Append(partition.topic_id, partition.partition, buffer, -1, record_count, max_ts, on_assigned=assigned)
+        )
+        sequenced.extend(partition.producers.record(batches, 0, done))
+        return result, done
 
     def append_marker(
         self, partition: PartitionLog, producer_id: int, producer_epoch: int, commit: bool,
@@ -108,6 +148,15 @@ class Appender:
         """Write a transaction commit/abort marker (a control batch) through the intake."""
         now = int(time.time() * 1000)
         buffer = bytearray(encode_marker_batch(producer_id, producer_epoch, commit, coordinator_epoch, now))
+        if self.storage.assigns_offsets:  # the marker's offset is known once the store assigns it
+            def assigned(base: int) -> None:
+                partition.txn_index.on_marker(producer_id, base, commit)
+
+            marker = self.storage.submit(
+                Append(partition.topic_id, partition.partition, buffer, -1, 1, now, True, on_assigned=assigned)
+            )
+            partition.producers.observe_epoch(producer_id, producer_epoch)
+            return marker
         base = partition.reserve(1)
         struct.pack_into(">q", buffer, 0, base)
         done = self.storage.submit(Append(partition.topic_id, partition.partition, buffer, base, base + 1, now, True))

@@ -128,20 +128,25 @@ class ProducerStateTable:
             expected[pid] = (batch.producer_epoch, (last + 1) % _SEQUENCE_MODULUS)
         return None
 
-    def record(self, batches: list[BatchHeader], base_offset: int, done: asyncio.Future[None] | None) -> None:
-        """Remember the sequences of batches just given offsets (after `check` passed)."""
+    def record(
+        self, batches: list[BatchHeader], base_offset: int, done: asyncio.Future[None] | None
+    ) -> list[SequencedBatch]:
+        """Remember the sequences of batches just given offsets (after `check` passed); what was remembered
+        (with a sequencing store, `base_offset` is 0 and the caller adds the assigned base once it is known)."""
         offset = base_offset
+        remembered: list[SequencedBatch] = []
         for batch in batches:
             if batch.producer_id >= 0 and not batch.is_control:
-                self._remember(
+                remembered.append(self._remember(
                     batch.producer_id,
                     batch.producer_epoch,
                     batch.base_sequence,
                     last_sequence(batch.base_sequence, batch.last_offset_delta),
                     offset,
                     done,
-                )
+                ))
             offset += batch.last_offset_delta + 1
+        return remembered
 
     def forget_from(self, offset: int) -> None:
         """Forget batches given offsets from `offset` on (never written: a full disk refused them)."""
@@ -188,9 +193,11 @@ class ProducerStateTable:
 
     def _remember(
         self, pid: int, epoch: int, first: int, last: int, base_offset: int, done: asyncio.Future[None] | None
-    ) -> None:
+    ) -> SequencedBatch:
         entry = self.entries.get(pid)
         if entry is None or epoch > entry.epoch:
             entry = self.entries[pid] = ProducerEntry(epoch)
-        entry.batches.append(SequencedBatch(first, last, base_offset, done))
+        sequenced = SequencedBatch(first, last, base_offset, done)
+        entry.batches.append(sequenced)
         entry.last_seen = time.monotonic()
+        return sequenced

@@ -12,9 +12,14 @@ committed to the metadata store in one transaction; only then are the appends ac
   why and the log refuses new appends retriably (NOT_ENOUGH_REPLICAS), and nothing of the group is acknowledged;
 - retention deletes an object once no indexed chunk references it (`release`: reference counting by the index).
 
-Offsets are still assigned by the log in memory before the PUT (`assigns_offsets = False`): safe for one broker,
-since the commit that makes them visible is one transaction and offsets restart from the stored high watermark.
-Several brokers over one bucket need the store to assign them at commit (log/storage.py describes that mode).
+The store is the sequencer (`assigns_offsets = True`): appends come without offsets, each partition's frame holds
+its batches numbered from 0 (offsets relative to the chunk), and the commit (IntakeIndex.commit_sequenced, one
+transaction) gives each chunk its partition's committed end as base offset. Offsets are handed out only by that
+commit, so a crash before it hands out nothing (the object is deleted at the next start), and a crash after it
+leaves them taken (the records are served; a producer that retries is deduplicated from the rebuilt producer
+state). Reads add the chunk's base offset to each batch's stored offset (log/storage.py); the stored bytes are never
+rewritten. A commit whose answer was lost is retried: the store finds the tail already at the object and returns
+its chunks as committed (no offset is assigned twice).
 
 boto3 reads the endpoint and credentials the way every AWS tool does (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
 AWS_SECRET_ACCESS_KEY, AWS_REGION, profiles); its own retries are off: this module retries, so it can say why.
@@ -50,6 +55,7 @@ from icelog.log.storage import (
     OnNotWritten,
 )
 from icelog.meta.store import IntakeChunk, IntakeIndex, IntakeTail
+from icelog.records.batch import rebase_offsets, shift_offsets
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +194,7 @@ class ObjectReader:
         if len(data) != length:
             raise KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR,
                                 f"intake object {chunk.file_id} is short: wanted {length} bytes")
-        return data
+        return shift_offsets(data, chunk.base_offset)  # stored relative to the chunk
 
     def close(self) -> None:
         """Nothing to release (boto3's connection pool goes with the reader)."""
@@ -240,7 +246,7 @@ class _Pending:
 class ObjectStorage:
     """The intake in an S3 bucket: one object per commit interval, committed to the metadata store, then acked."""
 
-    assigns_offsets = False
+    assigns_offsets = True
 
     def __init__(self, url: str, index: IntakeIndex, settings: IntakeSettings) -> None:
         self.url = url
@@ -431,12 +437,15 @@ class ObjectStorage:
         for (topic_id, partition), items in by_partition.items():
             payloads = [i.payload for i in items]
             length = sum(len(p) for p in payloads)
-            base, end = items[0].base_offset, items[-1].end_offset
+            end = 0  # offsets relative to the chunk: the commit assigns its base
+            for payload in payloads:
+                assert isinstance(payload, bytearray), "the log hands its own buffers to the storage"
+                end = rebase_offsets(payload, end)
             max_ts = max(i.max_timestamp for i in items)
-            parts.append(intake_file.encode_frame(topic_id, partition, base, end, max_ts, payloads))
+            parts.append(intake_file.encode_frame(topic_id, partition, 0, end, max_ts, payloads))
             parts.extend(payloads)
             position += intake_file.FRAME_HEADER_SIZE
-            chunks.append(IntakeChunk(topic_id, partition, base, end, object_id, position, length, max_ts))
+            chunks.append(IntakeChunk(topic_id, partition, 0, end, object_id, position, length, max_ts))
             position += length
         body = b"".join(parts)
         put = self._puts.submit(self._retry, "the object store", lambda: self.objects.put(object_id, body),
@@ -445,9 +454,15 @@ class ObjectStorage:
 
     def _commit(self, made: _Object) -> None:
         """Index a stored object's chunks (retried while the metadata store is out), then count it."""
-        self._retry("the metadata store",
-                    lambda: self._index.commit_intake(made.chunks, IntakeTail(made.object_id, len(made.body))),
-                    _store_outage)
+        tail = IntakeTail(made.object_id, len(made.body))
+        assigned: list[IntakeChunk] = []
+
+        def sequence() -> None:
+            assigned[:] = self._index.commit_sequenced(made.chunks, tail)
+
+        self._retry("the metadata store", sequence, _store_outage)
+        fault_point("intake-object-committed")  # crash tests: committed, never answered
+        made.chunks = assigned
         seconds = time.perf_counter() - made.started
         self._committed_id = made.object_id
         with self._live_lock:
@@ -488,6 +503,16 @@ class ObjectStorage:
             return
         assert self._on_durable is not None
         try:
+            # Each append's base offset: its chunk's, plus the records of the appends before it in the chunk.
+            next_offset = {(c.topic_id, c.partition): c.base_offset for c in chunks}
+            for item in group:
+                key = (item.append.topic_id, item.append.partition)
+                base = next_offset.get(key)
+                if base is None:  # a partition deleted since the append: not indexed
+                    continue
+                next_offset[key] = base + item.append.end_offset
+                if item.append.on_assigned is not None:
+                    item.append.on_assigned(base)
             self._on_durable(chunks)
         except Exception as exc:
             self._fail(group, exc)
@@ -535,7 +560,7 @@ class ObjectStorage:
         if len(data) != length:
             raise KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR,
                                 f"intake object {chunk.file_id} is short: wanted {length} bytes at {start}")
-        return data
+        return shift_offsets(data, chunk.base_offset)  # stored relative to the chunk
 
     def release(self) -> int:
         """Delete committed objects no indexed chunk references any more (every partition in them trimmed): of the

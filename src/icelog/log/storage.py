@@ -8,13 +8,15 @@ into fsync'd intake files, the default) or object storage (log/s3.py: one object
 The write side is a group commit: appends are submitted one at a time, the backend gathers them, stores them
 together and indexes them in the metadata store, then reports where each partition's batches landed (the chunks,
 in commit order) through `on_durable`. Only then are they acknowledged. Two ways to hand out offsets fit it:
-- `assigns_offsets = False` (both backends today): the log assigns offsets in memory before `submit` (an append
-  carries its base offset, patched into its batches); the chunks come back with those offsets.
-- `assigns_offsets = True` (a sequencer: a store shared by several brokers; no backend does yet, and the log's
-  append path still assumes False): `submit` carries no offsets (`base_offset` -1); the metadata store assigns
-  them when the batch coordinates are committed, and the chunks handed to `on_durable` carry them. The stored bytes
-  keep the producer's offsets; `read` patches the base offset of each batch it returns (bytes 0-7, outside the
-  batch CRC), so every reader sees the committed offsets.
+- `assigns_offsets = False` (local files): the log assigns offsets in memory before `submit` (an append carries
+  its base offset, patched into its batches); the chunks come back with those offsets.
+- `assigns_offsets = True` (object storage: the sequencer): `submit` carries no offsets (`base_offset` -1, the
+  batches numbered from 0 and `end_offset` their record count); the metadata store assigns them in the
+  transaction that commits the object's batch coordinates (IntakeIndex.commit_sequenced: from each partition's
+  committed end), and the backend calls each append's `on_assigned` with its base offset, in commit order, before
+  `on_durable` sees the chunks. The stored bytes keep offsets relative to their chunk (0 for its first batch);
+  `read` adds the chunk's base offset to the base offset of each batch it returns (bytes 0-7, outside the batch
+  CRC), so every reader sees the committed offsets and nothing stored is rewritten.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from icelog.meta.store import IntakeChunk
@@ -35,7 +37,8 @@ OnNotWritten = Callable[[list[tuple[uuid.UUID, int, int]]], None]
 
 
 class ChunkLocation(Protocol):
-    """Where a chunk's batches lie in the backend: an intake file or object (`file_id`), a position and a length.
+    """Where a chunk's batches lie in the backend: an intake file or object (`file_id`), a position and a length,
+    and the offset of its first batch (what a sequencing backend adds to the offsets it stored).
     An indexed `IntakeChunk` and an archive plan's `ChunkRef` are both one."""
 
     @property
@@ -46,6 +49,9 @@ class ChunkLocation(Protocol):
 
     @property
     def length(self) -> int: ...
+
+    @property
+    def base_offset(self) -> int: ...
 
 
 class ChunkReader(Protocol):
@@ -73,10 +79,12 @@ class Append:
     topic_id: uuid.UUID
     partition: int
     payload: bytes | bytearray
-    base_offset: int  # -1 when the backend assigns offsets at commit
-    end_offset: int  # exclusive; -1 likewise
+    base_offset: int  # -1 when the backend assigns offsets at commit (the batches are numbered from 0)
+    end_offset: int  # exclusive; the record count when base_offset is -1
     max_timestamp: int
     marker: bool = False  # a transaction marker (its transaction's state already counts it written)
+    # A sequencing backend calls it on the event loop with the base offset the store assigned, before `on_durable`.
+    on_assigned: Callable[[int], None] | None = field(default=None, compare=False)
 
 
 @dataclass

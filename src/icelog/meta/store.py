@@ -231,6 +231,20 @@ class IntakeIndex(IntakeReader, Protocol):
         """
 
     @abstractmethod
+    def commit_sequenced(self, chunks: Iterable[IntakeChunk], tail: IntakeTail) -> list[IntakeChunk]:
+        """The sequencer: index one stored object's chunks, assigning offsets, and record the tail, in one
+        transaction.
+
+        Each chunk comes with offsets relative to itself (base 0, end = its record count), at most one per
+        partition; it is given its partition's committed end (high watermark) as base offset, and the high
+        watermark moves past it, so offsets are handed out once whatever crashes, and writers of one partition
+        are put in one order. Returns the chunks as indexed (chunks of deleted partitions are left out).
+
+        Idempotent per object: when the tail already names `tail.file_id` or a later object (a retry of a commit
+        whose answer was lost), nothing changes and the object's indexed chunks are returned.
+        """
+
+    @abstractmethod
     def intake_tail(self) -> IntakeTail | None:
         """The tail recorded by the last commit_intake, or None on a new store."""
 

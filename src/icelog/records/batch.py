@@ -246,6 +246,32 @@ def assign_offsets(buffer: bytearray, batches: list[BatchHeader], base_offset: i
     return offset
 
 
+def shift_offsets(data: bytes | memoryview, delta: int) -> bytes:
+    """Stored batches with `delta` added to each base offset (bytes 0-7, outside the CRC): what a sequencing
+    store serves, its batches stored with offsets relative to their chunk. `data` itself is never changed."""
+    if delta == 0:
+        return bytes(data)
+    out = bytearray(data)
+    pos = 0
+    total = len(out)
+    while pos + HEADER_SIZE <= total:
+        INT64.pack_into(out, pos + BASE_OFFSET, INT64.unpack_from(out, pos + BASE_OFFSET)[0] + delta)
+        pos += LOG_OVERHEAD + INT32.unpack_from(out, pos + BATCH_LENGTH)[0]
+    return bytes(out)
+
+
+def rebase_offsets(buffer: bytearray, base_offset: int) -> int:
+    """Write consecutive base offsets from `base_offset` into stored batches in place; return the next offset."""
+    offset = base_offset
+    pos = 0
+    total = len(buffer)
+    while pos + HEADER_SIZE <= total:
+        INT64.pack_into(buffer, pos + BASE_OFFSET, offset)
+        offset += INT32.unpack_from(buffer, pos + LAST_OFFSET_DELTA)[0] + 1
+        pos += LOG_OVERHEAD + INT32.unpack_from(buffer, pos + BATCH_LENGTH)[0]
+    return offset
+
+
 def set_log_append_time(buffer: bytearray, batches: list[BatchHeader], timestamp_ms: int) -> None:
     """Stamp LogAppendTime on every batch (this changes the CRC, so recompute it)."""
     for batch in batches:

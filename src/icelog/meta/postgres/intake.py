@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Iterable
 
-from icelog.meta.postgres.database import Args, PostgresDatabase
+from icelog.meta.postgres.database import Args, Connection, PostgresDatabase
 from icelog.meta.store import IntakeChunk, IntakeIndex, IntakeRangeSummary, IntakeTail
 
 _CHUNK_COLUMNS = (
@@ -53,6 +53,28 @@ WITH rows AS (
 INSERT INTO intake_tail VALUES (0, %(tail_file)s, %(tail_pos)s)
 ON CONFLICT (id) DO UPDATE SET file_id = excluded.file_id, position = excluded.position
 """
+# The sequencer (commit_sequenced), after the tail row is locked: each chunk (relative offsets: n records) takes its
+# partition's high watermark as base offset and moves it past, then is indexed; one statement, one round trip. The
+# partition rows are locked by the UPDATE, so two brokers' commits to one partition are put in one order.
+_SEQUENCE_INTAKE = """
+WITH rows AS (
+    SELECT * FROM unnest(%(t)s::uuid[], %(p)s::int[], %(n)s::bigint[], %(file)s::bigint[], %(pos)s::bigint[],
+                         %(len)s::bigint[], %(ts)s::bigint[])
+        AS r(topic_id, partition, n, file_id, position, length, max_timestamp)
+), moved AS (
+    UPDATE partitions p SET high_watermark = p.high_watermark + r.n, intake_chunks = p.intake_chunks + 1,
+        intake_bytes = p.intake_bytes + r.length
+    FROM rows r WHERE p.topic_id = r.topic_id AND p.partition = r.partition
+    RETURNING r.topic_id, r.partition, p.high_watermark - r.n AS base_offset, p.high_watermark AS end_offset,
+        r.file_id, r.position, r.length, r.max_timestamp
+), added AS (
+    INSERT INTO intake_chunks (topic_id, partition, base_offset, end_offset, file_id, position, length,
+                               max_timestamp, ingest_timestamp)
+    SELECT m.*, %(ingest)s::bigint FROM moved m
+)
+SELECT topic_id, partition, base_offset, end_offset, file_id, position, length, max_timestamp, %(ingest)s::bigint
+FROM moved ORDER BY position
+"""
 _TRIM_INTAKE = """
 WITH dropped AS (
     DELETE FROM intake_chunks WHERE topic_id = %(t)s AND partition = %(p)s AND end_offset <= %(o)s RETURNING length
@@ -82,6 +104,31 @@ class PostgresIntake(IntakeIndex):
         }
         # One statement (one round trip, one commit); idempotent, so retried even when its commit went unanswered.
         self._db.statement(_COMMIT_INTAKE, args)
+
+    def commit_sequenced(self, chunks: Iterable[IntakeChunk], tail: IntakeTail) -> list[IntakeChunk]:
+        chunks = list(chunks)
+        args = {
+            "t": [c.topic_id for c in chunks], "p": [c.partition for c in chunks],
+            "n": [c.end_offset - c.base_offset for c in chunks], "file": [c.file_id for c in chunks],
+            "pos": [c.position for c in chunks], "len": [c.length for c in chunks],
+            "ts": [c.max_timestamp for c in chunks], "ingest": int(time.time() * 1000),
+        }
+
+        def work(conn: Connection) -> list[IntakeChunk]:
+            # The tail row, locked: one sequencing commit at a time, and a retry finds its own object committed.
+            row = conn.execute("SELECT file_id FROM intake_tail WHERE id = 0 FOR UPDATE").fetchone()
+            if row is not None and row[0] >= tail.file_id:  # committed before: the answer was lost
+                return [IntakeChunk(*r) for r in conn.execute(
+                    f"SELECT {_CHUNK_COLUMNS} FROM intake_chunks WHERE file_id = %(f)s ORDER BY position",
+                    {"f": tail.file_id}).fetchall()]
+            assigned = [IntakeChunk(*r) for r in conn.execute(_SEQUENCE_INTAKE, args).fetchall()] if chunks else []
+            conn.execute("INSERT INTO intake_tail VALUES (0, %(f)s, %(p)s) ON CONFLICT (id) DO UPDATE "
+                         "SET file_id = excluded.file_id, position = excluded.position",
+                         {"f": tail.file_id, "p": tail.position})
+            return assigned
+
+        # Idempotent: a retry after a commit that went unanswered finds the tail moved and changes nothing.
+        return self._db.run(work, idempotent=True)
 
     def intake_tail(self) -> IntakeTail | None:
         row = self._db.row("SELECT file_id, position FROM intake_tail WHERE id = 0")

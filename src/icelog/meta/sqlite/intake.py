@@ -57,6 +57,39 @@ class SqliteIntake(IntakeIndex):
                 "INSERT OR REPLACE INTO intake_tail VALUES (0, ?, ?)", (tail.file_id, tail.position)
             )
 
+    def commit_sequenced(self, chunks: Iterable[IntakeChunk], tail: IntakeTail) -> list[IntakeChunk]:
+        now_ms = int(time.time() * 1000)
+        assigned: list[IntakeChunk] = []
+        # Durable: the object is acknowledged once this returns, and a lost commit would hand its offsets out again.
+        with self._db.tx(durable=True) as conn:
+            row = conn.execute("SELECT file_id FROM intake_tail").fetchone()
+            if row is not None and row[0] >= tail.file_id:  # committed before: the answer was lost
+                found = conn.execute(
+                    f"SELECT {_CHUNK_COLUMNS} FROM intake_chunks WHERE file_id = ? ORDER BY position", (tail.file_id,)
+                ).fetchall()
+                return _chunk_rows(found)
+            for c in chunks:
+                tid = str(c.topic_id)
+                found = conn.execute(
+                    "SELECT high_watermark FROM partitions WHERE topic_id = ? AND partition = ?", (tid, c.partition)
+                ).fetchone()
+                if found is None:  # deleted since the append: not indexed
+                    continue
+                base = int(found[0])
+                chunk = IntakeChunk(c.topic_id, c.partition, base, base + c.end_offset - c.base_offset, c.file_id,
+                                    c.position, c.length, c.max_timestamp, now_ms)
+                conn.execute(
+                    "INSERT INTO intake_chunks (topic_id, partition, base_offset, end_offset, file_id, position, "
+                    "length, max_timestamp, ingest_timestamp) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (tid, c.partition, chunk.base_offset, chunk.end_offset, c.file_id, c.position, c.length,
+                     c.max_timestamp, now_ms),
+                )
+                conn.execute("UPDATE partitions SET high_watermark = ? WHERE topic_id = ? AND partition = ?",
+                             (chunk.end_offset, tid, c.partition))
+                assigned.append(chunk)
+            conn.execute("INSERT OR REPLACE INTO intake_tail VALUES (0, ?, ?)", (tail.file_id, tail.position))
+        return assigned
+
     def intake_tail(self) -> IntakeTail | None:
         rows = self._db.rows("SELECT file_id, position FROM intake_tail")
         return IntakeTail(*rows[0]) if rows else None

@@ -29,6 +29,7 @@ from icelog.wire.context import RequestContext, handles
 if TYPE_CHECKING:
     from kafka.protocol.api_message import ApiMessage
 
+    from icelog.log.appends import AppendResult
     from icelog.log.manager import LogManager, TopicState
     from icelog.log.partition import PartitionLog
     from icelog.wire.validator import Validator
@@ -204,7 +205,7 @@ async def _produce(
             part.batches = None
     if previous is not None:
         await previous  # the connection's Produce before this one has appended
-    pending: list[tuple[ApiMessage, asyncio.Future[None]]] = []
+    pending: list[tuple[ApiMessage, AppendResult, asyncio.Future[None]]] = []
     for part in parts:
         if part.batches is None:
             continue
@@ -215,13 +216,14 @@ async def _produce(
             continue
         part.result.base_offset = appended.base_offset
         part.result.log_append_time_ms = appended.log_append_time
-        pending.append((part.result, done))
+        pending.append((part.result, appended, done))
     ctx.connection.pass_turn(mine)
     if acks == 0:
         return None
-    for result, done in pending:
+    for result, appended, done in pending:
         try:
             await done
+            result.base_offset = appended.acked_offset  # a sequencing store assigns it at commit
         except KafkaApiError as exc:
             result.error_code = int(exc.code)
             result.base_offset = -1
