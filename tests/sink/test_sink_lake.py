@@ -199,9 +199,9 @@ def test_a_sink_with_the_sources_registry_writes_typed_tables_and_an_undecodable
     assert [json.loads(r["v"]) for r in got if r["t"] == "proto"] == [reading(i) for i in range(10)]
 
 
-# -- 2. the catalog taken away for a minute ----------------------------------------------------------------------
+# -- 2. the catalog taken away for half a minute ----------------------------------------------------------------------
 
-OUTAGE_S = 60
+OUTAGE_S = 30  # long enough for several retries at the 2 s backoff cap below
 FETCH_ALLOWANCE = 2  # Fetch requests the sink may still send once it has failed (one in flight, say)
 FAILURE = re.compile(r"archiving lake-away failed \(intake kept; retry in \d+ ms\): (.*)$")
 
@@ -221,7 +221,7 @@ def fetches(source: BrokerProcess) -> float:
 def test_a_sink_waits_out_a_catalog_outage_without_fetching_then_catches_up_exactly_once(
     tmp_path: Path, source: BrokerProcess, own_cluster: PostgresCluster,
 ) -> None:
-    """The catalog (Iceberg's JDBC catalog on PostgreSQL) is stopped for 60 s under a running `icelog sink`.
+    """The catalog (Iceberg's JDBC catalog on PostgreSQL) is stopped for 30 s under a running `icelog sink`.
 
     The metadata store stays SQLite in the sink's data dir: what goes away is the lake alone, the case the sink
     must ride out per topic (backoff, no reading of the source); the store's own outage is another path (the
@@ -232,7 +232,7 @@ def test_a_sink_waits_out_a_catalog_outage_without_fetching_then_catches_up_exac
     lake = Lake(tmp_path, source, env={
         "ICELOG_ARCHIVE__CATALOG_URI": f"jdbc:postgresql://127.0.0.1:{own_cluster.port}{catalog_db}",
         "ICELOG_ARCHIVE__CATALOG_PROPERTIES": json.dumps({"jdbc.user": ROLE, "jdbc.password": PASSWORD}),
-        "ICELOG_ARCHIVE__RETRY_BACKOFF_MAX_MS": "4000",  # retries every few seconds: many chances to fetch
+        "ICELOG_ARCHIVE__RETRY_BACKOFF_MAX_MS": "2000",  # retries every other second: many chances to fetch
     })
     lake.topics = [topic]
     lake.write_config()
