@@ -1,8 +1,9 @@
 """The object-storage backend of the intake (log/storage.IntakeStorage): one object per commit interval.
 
-Appends gather for `intake.commit_interval_ms` (or until `intake.object_max_bytes`); the group becomes one object
-holding a frame per partition (the intake file format, log/intake_file.py: an operator can read an object as a
-file), PUT under `<prefix>/intake/<id, 20 digits>.intake`, then its chunks and the new tail (the object's id) are
+Appends gather until `intake.commit_interval_ms` has passed since the last object was cut (or until
+`intake.object_max_bytes`): at most one object per interval, and an append after a quiet spell goes at once. The
+group becomes one object holding a frame per partition (the intake file format, log/intake_file.py: an operator can
+read an object as a file), PUT under `<prefix>/intake/<id, 20 digits>.intake`, then its chunks and the new tail (the object's id) are
 committed to the metadata store in one transaction; only then are the appends acknowledged. So:
 - a crash after the PUT and before the commit leaves an object the index never names: it is never served, and the
   next start-up deletes every object past the recorded tail (`recover`);
@@ -33,6 +34,7 @@ import concurrent.futures
 import contextlib
 import itertools
 import logging
+import math
 import threading
 import time
 import uuid
@@ -240,7 +242,7 @@ class _Object:
 class _Pending:
     append: Append
     done: asyncio.Future[None] = field(repr=False)
-    arrived: float = field(default_factory=time.monotonic)  # the commit interval counts from the oldest append
+    arrived: float = field(default_factory=time.monotonic)
 
 
 class ObjectStorage:
@@ -355,6 +357,7 @@ class ObjectStorage:
     def _gather_loop(self) -> None:
         """The gathering thread: wait for the interval (or the size cap), make one object, start its PUT."""
         interval = self.settings.commit_interval_ms / 1000
+        last_cut = -math.inf
         try:
             while True:
                 with self._ready:
@@ -362,14 +365,19 @@ class ObjectStorage:
                         self._ready.wait()
                     if not self._pending or self._broken is not None:
                         return
-                    # From the oldest waiting append: those that came during a PUT wait no longer than one interval.
-                    deadline = self._pending[0].arrived + interval
+                    # At most one object per interval, counted from the last one cut (the cost bound), and no
+                    # wait beyond it: an append after a quiet interval goes at once (its latency is the PUT and the
+                    # commit), and under load objects are cut at the interval's cadence, whatever the client's
+                    # pipelining (a producer's 5 requests in flight are answered together, and what it queued
+                    # meanwhile must not wait a whole interval more after it arrives).
+                    deadline = max(self._pending[0].arrived, last_cut + interval)
                     while not self._closing and self._queued() < self.settings.object_max_bytes:
                         left = deadline - time.monotonic()
                         if left <= 0:
                             break
                         self._ready.wait(left)
                     group = self._take_group()
+                    last_cut = time.monotonic()
                 made = self._make_object(group)  # outside the lock: appends keep queueing meanwhile
                 with self._ready:
                     self._in_flight.append(made)
