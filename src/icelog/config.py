@@ -154,8 +154,9 @@ class IntakeSettings(BaseModel):
         "chain); default: files in <data_dir>/intake.",
     )
     commit_interval_ms: int = Field(
-        250, gt=0, description="Object storage: how long appends gather before one object holding every partition's "
-        "batches is written (the produce latency floor; WarpStream's and inkless's default)."
+        250, gt=0, description="Object storage: at most one object (holding every partition's batches) per "
+        "interval; appends wait until the interval since the last object has passed, at once after a quiet spell "
+        "(WarpStream's and inkless's default)."
     )
     object_max_bytes: int = Field(
         8 * 1024 * 1024, gt=0, description="Object storage: an object is written before the interval ends once it "
