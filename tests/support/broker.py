@@ -18,6 +18,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class _PortTaken(RuntimeError):
+    """The broker exited because one of its ports was taken meanwhile."""
+
+
 class BrokerProcess:
     """`icelog serve` in a child process, so tests can SIGKILL and restart it."""
 
@@ -28,6 +32,8 @@ class BrokerProcess:
         self.preexec_fn = preexec_fn  # run in the child before icelog starts (e.g. a lower descriptor limit)
         self.config = config  # an icelog.yaml, passed as a user does: `icelog --config F serve`
         self.port = port or free_port()
+        self._port_given = port is not None
+        self._started_once = False
         self.registry_port = free_port()  # the embedded schema registry; 8081 would clash between brokers
         self.metrics_port = free_port()  # /metrics, /healthz, /readyz; 9644 would clash too
         self.env = env or {}
@@ -49,7 +55,25 @@ class BrokerProcess:
 
     def start(self, timeout: float = 60.0) -> BrokerProcess:
         """Start `icelog serve` and wait until it listens (a start takes ~2 s of CPU: its imports; far longer on a
-        machine whose two cores are busy with other tests). A broker that does not listen in time is killed."""
+        machine whose two cores are busy with other tests). A broker that does not listen in time is killed.
+
+        A free port can be taken by another process between free_port() and the broker's bind (tests and benches
+        side by side): a broker that exits because an address is in use gets new ports (the registry's and the
+        metrics' always, the Kafka port only before its first start) and one more try, twice at most."""
+        for attempt in range(3):
+            try:
+                self._start(timeout)
+                self._started_once = True
+                return self
+            except _PortTaken:
+                if attempt == 2:
+                    raise
+                self.registry_port, self.metrics_port = free_port(), free_port()
+                if not self._port_given and not self._started_once:
+                    self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> None:
         # Test brokers keep plain Kafka retention and run no Spark archiver unless a test asks for them
         # (the Spark tests pass ICELOG_ARCHIVE__* in `env`: tests/support/archive.py ARCHIVE_ENV).
         quiet = {"ICELOG_ARCHIVE__DEFAULT_KIND": "none", "ICELOG_ARCHIVE__ENABLED": "false",
@@ -66,10 +90,14 @@ class BrokerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log()}")
+                text = self.log()
+                lines = text.strip().splitlines()
+                if lines and "Address already in use" in lines[-1]:
+                    raise _PortTaken(text)
+                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{text}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
+                    return
             except OSError:
                 time.sleep(0.05)
         self.kill()  # (no test holds it yet: it would outlive the run)

@@ -39,9 +39,9 @@ ROOT = Path(__file__).resolve().parents[2]
     # (the passes' and the steady produce's) are enough to run every part. "freshness" comes last, after all ran.
     ("sink_bench.py", ["--records", "2000", "--rounds", "1", "--seconds", "1", "--rate-mb", "0.5", "--out", "none"],
      "freshness"),
-    # A broker with its archiver (Spark) and a tail consumer and a table reader, sampled every 20 s for a minute.
-    ("soak_bench.py", ["--minutes", "1", "--sample-seconds", "20", "--rate-mb", "0.5", "--consumers",
-                       "--retention-minutes", "0.5", "--out", "none"], "growth_last_half"),
+    # A broker with its archiver (Spark) and a tail consumer and a table reader, sampled every 10 s for 30 s.
+    ("soak_bench.py", ["--minutes", "0.5", "--sample-seconds", "10", "--rate-mb", "0.5", "--consumers",
+                       "--retention-minutes", "0.25", "--out", "none"], "growth_last_half"),
     ("security_bench.py", ["--records", "5000", "--rounds", "1", "--latency-seconds", "1", "--connections", "10"],
      "throughput_ratio"),
 ])
