@@ -12,11 +12,11 @@ serve: setup
 
 # Two xdist workers: the Spark tests (one group, tests/conftest.py) on one, the JVM-free tests on the other.
 test: setup
-	$(VENV)/bin/pytest -n 2 --dist loadgroup $(ARGS)
+	$(VENV)/bin/pytest -n 3 --dist loadgroup $(ARGS)
 
 # ICELOG_TESTS_NO_JVM: a test that starts a JVM without the `spark` or `java` marker fails here (tests/conftest.py).
 test-quick: setup
-	ICELOG_TESTS_NO_JVM=1 $(VENV)/bin/pytest -n 2 -m 'not spark and not java' $(ARGS)
+	ICELOG_TESTS_NO_JVM=1 $(VENV)/bin/pytest -n 3 -m 'not spark and not java' $(ARGS)
 
 setup: $(STAMP)
 
