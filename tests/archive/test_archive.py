@@ -407,3 +407,49 @@ def test_serve_runs_the_archiver_and_status_shows_it(tmp_path: Path) -> None:
         warehouse=(broker.data_dir / "warehouse").as_uri(),
     )
     assert catalog.load_table(("icelog", topic)).scan().to_arrow().num_rows == 200
+
+
+def _alter_topic(broker: BrokerProcess, topic: str, configs: dict[str, str]) -> None:
+    """IncrementalAlterConfigs SET, as `kafka-configs --alter` and the AdminClient send it."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+        ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET) for name, value in configs.items()])
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+
+
+def test_switching_archiving_on_backfills_the_retained_history_exactly_once(
+    lake_broker: BrokerProcess, lake_spark: Any, lake_archiver: Archiver, lake_store: MetadataStore
+) -> None:
+    """A topic created with icelog.archive.kind=none, later set to iceberg: its table holds every record from the
+    log start offset (its whole history when nothing was deleted; from where Kafka retention had moved the log
+    start otherwise), and later passes add only what is new."""
+    whole, trimmed = "backfill-whole", "backfill-trimmed"
+    create_topic(lake_broker, whole, partitions=2, configs={"icelog.archive.kind": "none"})
+    create_topic(lake_broker, trimmed, partitions=1, configs={"icelog.archive.kind": "none", "retention.ms": "1"})
+    history = produce(lake_broker, whole, 120, partitions=2)
+    produce(lake_broker, trimmed, 40, partitions=1)
+
+    def log_start(name: str) -> int:
+        return lake_store.partitions(lake_store.get_topic(name).topic_id)[0].log_start_offset
+
+    wait_for(lambda: log_start(trimmed) == 40)  # plain Kafka retention removed the first 40
+    results = lake_archiver.run_pass(force=True, topics=[whole, trimmed])
+    assert all(r.records == 0 for r in results), "kind=none: nothing is archived"
+
+    _alter_topic(lake_broker, whole, {"icelog.archive.kind": "iceberg"})
+    _alter_topic(lake_broker, trimmed, {"icelog.archive.kind": "iceberg", "retention.ms": "604800000"})
+    later = produce(lake_broker, trimmed, 25, partitions=1, tag="later-")
+    [first] = lake_archiver.run_pass(force=True, topics=[whole])
+    assert not first.error and first.records == 120
+    assert as_produced(spark_rows(lake_spark, whole)) == history
+    [cut] = lake_archiver.run_pass(force=True, topics=[trimmed])
+    assert not cut.error and cut.records == 25
+    assert as_produced(spark_rows(lake_spark, trimmed)) == later, "from the log start offset (40) on"
+
+    more = produce(lake_broker, whole, 30, partitions=2, tag="more-")
+    [second] = lake_archiver.run_pass(force=True, topics=[whole])
+    assert not second.error and second.records == 30
+    assert as_produced(spark_rows(lake_spark, whole)) == sorted(history + more)
