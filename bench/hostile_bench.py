@@ -3,7 +3,7 @@
 One broker with a SASL_SSL listener (SCRAM users, ACLs), a PLAINTEXT one and its registry over HTTPS with basic
 auth; an innocent confluent-kafka producer, logged in with SCRAM-SHA-512 on SASL_SSL (acks=all, one record at a
 time), runs throughout and its ack latencies are split by phase, each `--seconds` long:
-  baseline   nothing else
+  baseline   nothing else: a window of it right before each attack's window
   bomb       one connection keeps five Produce requests in flight, each three gzip batches that decompress
              past 100 MB (refused with MESSAGE_TOO_LARGE)
   polls      rounds of 1,000 connections that each send a long-polling Fetch (max_wait 60 s) and disconnect
@@ -21,14 +21,14 @@ time), runs throughout and its ack latencies are split by phase, each `--seconds
   scram      6 connections sending SCRAM-SHA-512 client-firsts with a 500 KB user name again and again (closed
              unread)
   registry   20 threads asking the registry with a wrong password: half 6 KB, half 1,000 non-ASCII characters
-  baseline2  nothing else again (the machine's drift over the run)
-Reported: p50 / p99 per phase and each phase's p99 over the baseline's (the mean of both baselines); the CPU
+Reported: p50 / p99 per phase (pooled over rounds) and each attack's p99 over the p99 of the quiet window just
+before it, the median over `--rounds` rounds (neighbouring windows, so the shared machine's drift cancels); the CPU
 seconds the broker used during each phase and the attacker over its whole run (`--attacker-nice` lowers the
 attackers' priority: on a 2-core machine their own TLS and sending compete with the broker and the innocent client,
 which an attacker elsewhere would not).
 Target (issues 29 and 42): every attack's ratio <= 2.
 
-    .venv/bin/python bench/hostile_bench.py [--seconds 10] [--attacks bomb,polls,...] [--attacker-nice 10]
+    .venv/bin/python bench/hostile_bench.py [--seconds 10] [--rounds 3] [--attacks bomb,polls,...] [--attacker-nice 10]
 """
 
 from __future__ import annotations
@@ -283,15 +283,17 @@ def percentiles(latencies: list[float]) -> dict[str, float | None]:
     return {"acks": len(latencies), "p50_ms": round(q[49], 2), "p99_ms": round(q[98], 2)}
 
 
-def ratio(phase: dict[str, float | None], base: float) -> float | None:
-    p99 = phase["p99_ms"]
-    return None if p99 is None else round(p99 / base, 2)
+def median_ratio(ratios: list[float | None]) -> float | None:
+    """The median over rounds; None if any round's innocent was stalled (fewer than two acks)."""
+    return None if None in ratios or not ratios else round(statistics.median(r for r in ratios if r is not None), 2)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--attacks", default=",".join(ATTACKS), help="which phases, comma-separated")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of (quiet window, attack window) per attack; the ratio is the rounds' median")
     parser.add_argument("--attacker-nice", type=int, default=0,
                         help="niceness of the attacking processes: on a small machine their own CPU (TLS, sending "
                         "500 KB frames) competes with the broker's and the innocent's, as it would not from elsewhere")
@@ -309,15 +311,17 @@ def main() -> None:
             target = Target(secure.ports["PLAINTEXT"], secure.ports["SASL_SSL"], broker.registry_port,
                             str(secure.pki.ca_pem))
             auth = Auth("SASL_SSL", ca=secure.pki.ca_pem, mechanism="SCRAM-SHA-512", user=USER, password=PASSWORD)
-            phases: dict[str, dict[str, float | None]] = {}
+            pooled: dict[str, list[float]] = {}  # the innocent's latencies per phase, over every round
+            pairs: dict[str, list[float | None]] = {}  # per attack: its p99 over the quiet window before it
             work: dict[str, int] = {}
             cpu: dict[str, dict[str, float]] = {}  # CPU seconds of the broker (the measured part) and the attacker
             assert broker.proc is not None
             broker_pid = broker.proc.pid
             attackers_cpu = children_cpu()
             with InnocentProducer(secure.bootstrap("SASL_SSL"), "innocent", auth.librdkafka()) as innocent:
-                for phase in ("baseline", *args.attacks.split(","), "baseline2"):
-                    print(f"{phase}...", file=sys.stderr)
+
+                def window(phase: str) -> list[float]:
+                    """The innocent's ack latencies over one window of `phase` (an attack, or nothing)."""
                     stop = multiprocessing.Event()
                     result = multiprocessing.Value("q", -1)
                     attacker = None
@@ -329,21 +333,35 @@ def main() -> None:
                     start = time.monotonic()
                     broker_cpu = cpu_seconds(broker_pid)
                     time.sleep(args.seconds)
-                    phases[phase] = percentiles(innocent.latencies_ms(start, time.monotonic()))
-                    cpu[phase] = {"broker": round(cpu_seconds(broker_pid) - broker_cpu, 2)}
+                    latencies = innocent.latencies_ms(start, time.monotonic())
+                    spent = cpu.setdefault(phase, {"broker": 0.0})
+                    spent["broker"] = round(spent["broker"] + cpu_seconds(broker_pid) - broker_cpu, 2)
                     stop.set()
                     if attacker is not None:
+                        nonlocal attackers_cpu
                         attacker.join(120)
-                        work[phase] = int(result.value)
-                        cpu[phase]["attacker"] = round(children_cpu() - attackers_cpu, 2)  # its whole run
+                        work[phase] = work.get(phase, 0) + int(result.value)
+                        spent["attacker"] = round(spent.get("attacker", 0) + children_cpu() - attackers_cpu, 2)
                         attackers_cpu = children_cpu()
-                    time.sleep(2)  # let the broker settle between phases
+                    time.sleep(2)  # let the broker settle between windows
+                    return latencies
+
+                # Each attack's window right after a quiet window of its own: the ratio compares neighbours, so
+                # the machine's drift over the run (other work, thermal, the store) cancels out; over --rounds
+                # rounds, the median ratio.
+                for round_ in range(args.rounds):
+                    for attack in args.attacks.split(","):
+                        print(f"round {round_ + 1}: baseline, then {attack}...", file=sys.stderr)
+                        quiet, attacked = window("baseline"), window(attack)
+                        pooled.setdefault("baseline", []).extend(quiet)
+                        pooled.setdefault(attack, []).extend(attacked)
+                        base, hit = percentiles(quiet)["p99_ms"], percentiles(attacked)["p99_ms"]
+                        pairs.setdefault(attack, []).append(None if base is None or hit is None else hit / base)
             innocent_errors = [str(error) for error in innocent.errors]
             tracebacks = broker.log().count("Traceback")
         finally:
             broker.stop()
-    baselines = [phases[name]["p99_ms"] for name in ("baseline", "baseline2")]
-    base = sum(p99 for p99 in baselines if p99 is not None) / 2
+    phases = {phase: percentiles(latencies) for phase, latencies in pooled.items()}
     print(json.dumps({
         "machine": f"{platform.node()} {platform.machine()}",
         "load_average": os.getloadavg(),
@@ -352,7 +370,9 @@ def main() -> None:
         "attack_work": work,
         "cpu_seconds": cpu,
         "broker_log_tracebacks": tracebacks,
-        "p99_vs_baseline": {k: ratio(phases[k], base) for k in ATTACKS if k in phases},
+        "rounds": args.rounds,
+        "p99_vs_baseline": {k: median_ratio(v) for k, v in pairs.items()},
+        "p99_vs_baseline_each_round": {k: [None if r is None else round(r, 2) for r in v] for k, v in pairs.items()},
         "innocent_errors": innocent_errors[:5],
     }, indent=2))
     if innocent_errors:  # the figures are printed, but a failed delivery fails the run

@@ -19,16 +19,15 @@ import platform
 import sys
 import tempfile
 import time
-from pathlib import Path
-
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support, bench
 from bench.broker_bench import ack_latency, create_topic, produce_throughput  # noqa: E402
-from tests.support.broker import BrokerProcess  # noqa: E402
 from icelog.log.s3 import PUTS_IN_FLIGHT, ObjectStore  # noqa: E402
+from tests.support.broker import BrokerProcess  # noqa: E402
 from tests.support.seaweedfs import BUCKET, SeaweedFS  # noqa: E402
 
 

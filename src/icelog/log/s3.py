@@ -3,8 +3,9 @@
 Appends gather until `intake.commit_interval_ms` has passed since the last object was cut (or until
 `intake.object_max_bytes`): at most one object per interval, and an append after a quiet spell goes at once. The
 group becomes one object holding a frame per partition (the intake file format, log/intake_file.py: an operator can
-read an object as a file), PUT under `<prefix>/intake/<id, 20 digits>.intake`, then its chunks and the new tail (the object's id) are
-committed to the metadata store in one transaction; only then are the appends acknowledged. So:
+read an object as a file), PUT under `<prefix>/intake/<id, 20 digits>.intake`, then its chunks and the new tail
+(the object's id) are committed to the metadata store in one transaction; only then are the appends acknowledged.
+So:
 - a crash after the PUT and before the commit leaves an object the index never names: it is never served, and the
   next start-up deletes every object past the recorded tail (`recover`);
 - up to PUTS_IN_FLIGHT objects are PUT at once (the next interval's object does not wait for a slow PUT); their
