@@ -11,7 +11,7 @@ import struct
 import time
 from collections import Counter
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, cast
 
 from kafka.protocol.api_key import ApiKey
 from kafka.protocol.api_message import ApiMessage
@@ -78,6 +78,17 @@ class _Reader(asyncio.StreamReader):
     def __init__(self, limit: int) -> None:
         super().__init__(limit)
         self.gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._socket: asyncio.ReadTransport | None = None
+
+    def set_transport(self, transport: asyncio.BaseTransport) -> None:
+        super().set_transport(transport)
+        self._socket = cast(asyncio.ReadTransport, transport)
+
+    def stop_reading(self) -> None:
+        """Read (and, on TLS, decrypt) nothing more from the socket: for bytes the connection will never use (a
+        read would resume it, and none comes)."""
+        if self._socket is not None and not self._socket.is_closing():
+            self._socket.pause_reading()
 
     def feed_eof(self) -> None:
         super().feed_eof()
@@ -386,6 +397,7 @@ class KafkaServer:
         if not connection.authenticated and size > self._before_login_cap(connection):
             # Kafka's SaslServerAuthenticator (InvalidReceiveException): closed before a byte more is read
             self._oversized.event(f"{size} bytes from {connection.peer}")
+            reader.stop_reading()  # the token's bytes are never read: neither received nor decrypted meanwhile
             if size <= settings.sasl_server_max_receive_size:
                 # A token Kafka would read and refuse (SASL_AUTHENTICATION_FAILED), closing after its failed-login
                 # delay: so here, unread. A client logging in again and again then pays a delay per attempt
