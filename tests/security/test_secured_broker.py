@@ -166,6 +166,8 @@ def test_acl_granted_while_the_client_is_connected(secure: SecureBroker, orders:
 def test_password_changed_online(secure: SecureBroker, orders: str) -> None:
     """The admin changes alice's password with AdminClient.alter_user_scram_credentials: the old one stops
     working at the next login, the new one works, and no restart happens."""
+    # (its own grant: under xdist the test that grants alice her ACLs may run in another worker)
+    allow(secure, "User:alice", AclOperation.DESCRIBE, ResourceType.TOPIC, orders)
     upsert = UserScramCredentialUpsertion(
         "alice", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), b"alice-new-pw"
     )
