@@ -24,6 +24,7 @@ from pathlib import Path
 
 from tests.support.broker import free_port
 from tests.support.java import kafka_jars_dir
+from tests.support.security import Pki
 
 
 def java_command() -> str:
@@ -34,10 +35,16 @@ def java_command() -> str:
 class KafkaBroker:
     """One Apache Kafka node (KRaft, combined broker+controller) in `root`."""
 
-    def __init__(self, root: Path, extra: dict[str, str] | None = None, heap: str = "-Xmx512m") -> None:
+    def __init__(self, root: Path, extra: dict[str, str] | None = None, heap: str = "-Xmx512m",
+                 pki: Pki | None = None, scram_users: dict[str, str] | None = None) -> None:
+        """`pki` adds a SASL_SSL listener (its broker certificate as a PEM keystore) whose SCRAM-SHA-512 users are
+        `scram_users` (name: password), written into the metadata log by the storage format (`--add-scram`)."""
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
+        self.pki = pki
+        self.scram_users = scram_users or {}
+        self.sasl_ssl_port = free_port() if pki else None
         self.controller_port = free_port()
         self.extra = extra or {}
         self.heap = heap
@@ -51,6 +58,11 @@ class KafkaBroker:
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_ssl_bootstrap(self) -> str:
+        assert self.sasl_ssl_port, "no SASL_SSL listener"
+        return f"localhost:{self.sasl_ssl_port}"
 
     @property
     def pid(self) -> int:
@@ -81,8 +93,23 @@ class KafkaBroker:
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
             "auto.create.topics.enable": "false",
-            **self.extra,
         }
+        if self.pki:
+            keystore = self.root / "keystore.pem"  # Kafka's PEM keystore: the private key, then the chain
+            keystore.write_text(_pkcs8(self.pki.key) + self.pki.cert.read_text())
+            props["listeners"] += f",SASL_SSL://127.0.0.1:{self.sasl_ssl_port}"
+            props["advertised.listeners"] += f",SASL_SSL://localhost:{self.sasl_ssl_port}"
+            props["listener.security.protocol.map"] += ",SASL_SSL:SASL_SSL"
+            props.update({
+                "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+                "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config":
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+                "ssl.keystore.type": "PEM",
+                "ssl.keystore.location": str(keystore),
+                "ssl.truststore.type": "PEM",
+                "ssl.truststore.location": str(self.pki.ca_pem),
+            })
+        props.update(self.extra)
         self.properties.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
 
     def _java(self, main: str, *args: str) -> list[str]:
@@ -99,7 +126,9 @@ class KafkaBroker:
 
     def _format(self) -> None:
         done = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c",
-                                         str(self.properties), "--standalone", "--ignore-formatted"),
+                                         str(self.properties), "--standalone", "--ignore-formatted",
+                                         *[arg for name, password in self.scram_users.items() for arg in (
+                                             "--add-scram", f"SCRAM-SHA-512=[name={name},password={password}]")]),
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
 
@@ -174,3 +203,13 @@ def _kafka_uuid() -> str:
     import base64
 
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _pkcs8(key: Path) -> str:
+    """The key as unencrypted PKCS#8 (BEGIN PRIVATE KEY): Kafka's PEM keystore reads no other form (trustme writes
+    SEC1, BEGIN EC PRIVATE KEY)."""
+    from cryptography.hazmat.primitives import serialization
+
+    loaded = serialization.load_pem_private_key(key.read_bytes(), password=None)
+    return loaded.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption()).decode()
