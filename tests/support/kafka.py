@@ -35,7 +35,13 @@ def java_command() -> str:
 class KafkaBroker:
     """One Apache Kafka node (KRaft, combined broker+controller) in `root`."""
 
-    def __init__(self, root: Path, extra: dict[str, str] | None = None, heap: str = "-Xmx512m",
+    # Quick to start, small (tests): C1 only, the serial collector. A benchmark passes Kafka's own
+    # (kafka-server-start.sh's) options instead: SERVER_JVM.
+    TEST_JVM = ("-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+    SERVER_JVM = ("-Xmx1G", "-Xms1G", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
+                  "-XX:+ExplicitGCInvokesConcurrent")
+
+    def __init__(self, root: Path, extra: dict[str, str] | None = None, jvm: tuple[str, ...] = TEST_JVM,
                  pki: Pki | None = None, scram_users: dict[str, str] | None = None) -> None:
         """`pki` adds a SASL_SSL listener (its broker certificate as a PEM keystore) whose SCRAM-SHA-512 users are
         `scram_users` (name: password), written into the metadata log by the storage format (`--add-scram`)."""
@@ -47,7 +53,7 @@ class KafkaBroker:
         self.sasl_ssl_port = free_port() if pki else None
         self.controller_port = free_port()
         self.extra = extra or {}
-        self.heap = heap
+        self.jvm = jvm
         self.properties = root / "server.properties"
         self.logs = root / "logs"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -120,8 +126,7 @@ class KafkaBroker:
                              "appender.stderr.target=SYSTEM_ERR\nappender.stderr.layout.type=PatternLayout\n"
                              "appender.stderr.layout.pattern=[%d] %p %m (%c)%n\n"
                              "logger.kafka.name=kafka\nlogger.kafka.level=INFO\n")
-        return [java_command(), self.heap, "-Xss1m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-                "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={self.logs}",
+        return [java_command(), *self.jvm, "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={self.logs}",
                 "-cp", self.classpath(), main, *args]
 
     def _format(self) -> None:
