@@ -6,7 +6,8 @@ here.
 Start: a generated `server.properties` (free ports for the PLAINTEXT listener and the controller, log.dirs in the
 test's tmp dir, replication factors of the internal topics 1), the storage formatted by `kafka.tools.StorageTool
 format --standalone` (what `kafka-storage.sh format` runs), then `java -Xmx512m -cp <jars> kafka.Kafka
-server.properties`; ready when a Metadata request answers. `stop` is SIGTERM (a controlled shutdown), `kill` is
+server.properties`; ready when a Metadata request answers. Kafka logs through SLF4J with no binding in
+`.venv/kafka-jars`, so its log (kafka.log in `root`) holds only what the JVM itself prints. `stop` is SIGTERM (a controlled shutdown), `kill` is
 SIGKILL, `restart` starts the same node again on the same ports and log dirs.
 
 The object has the `bootstrap` attribute tests/support/broker.BrokerProcess has, so helpers written for an icelog
@@ -119,14 +120,7 @@ class KafkaBroker:
         self.properties.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
 
     def _java(self, main: str, *args: str) -> list[str]:
-        log4j = self.root / "log4j2.properties"
-        if not log4j.exists():
-            log4j.write_text("rootLogger.level=WARN\nrootLogger.appenderRef.stderr.ref=STDERR\n"
-                             "appender.stderr.type=Console\nappender.stderr.name=STDERR\n"
-                             "appender.stderr.target=SYSTEM_ERR\nappender.stderr.layout.type=PatternLayout\n"
-                             "appender.stderr.layout.pattern=[%d] %p %m (%c)%n\n"
-                             "logger.kafka.name=kafka\nlogger.kafka.level=INFO\n")
-        return [java_command(), *self.jvm, "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={self.logs}",
+        return [java_command(), *self.jvm, "-Djava.awt.headless=true", f"-Dkafka.logs.dir={self.logs}",
                 "-cp", self.classpath(), main, *args]
 
     def _format(self) -> None:
