@@ -97,12 +97,10 @@ def producer_perf(bootstrap: str, topic: str, records: int) -> dict[str, float]:
     out = tool("org.apache.kafka.tools.ProducerPerformance", "--topic", topic, "--num-records", str(records),
                "--record-size", str(RECORD_SIZE), "--throughput", "-1",
                "--producer-props", f"bootstrap.servers={bootstrap}", *PRODUCER_PROPS)
-    match = None
-    for match in PERF_LINE.finditer(out):
-        pass
-    if match is None:
+    matches = list(PERF_LINE.finditer(out))  # the last line is the whole run's summary
+    if not matches:
         raise RuntimeError(f"no summary line from ProducerPerformance:\n{out[-2000:]}")
-    sent, _rps, mbs, avg, _max, p50, _p95, p99, p999 = match.groups()
+    sent, _rps, mbs, avg, _max, p50, _p95, p99, p999 = matches[-1].groups()
     if int(sent) != records:
         raise RuntimeError(f"ProducerPerformance sent {sent} of {records}")
     # ProducerPerformance's MB is 2^20 bytes; reported here in 10^6 like the other benches.

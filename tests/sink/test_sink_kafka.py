@@ -44,7 +44,7 @@ def source(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Kafka
 
 @pytest.fixture
 def lake(tmp_path: Path, source: KafkaBroker) -> Lake:
-    return Lake(tmp_path, source)  # type: ignore[arg-type]  (a Lake needs only the source's bootstrap)
+    return Lake(tmp_path, source)  # a Lake needs only the source's bootstrap
 
 
 def test_a_sink_archives_plain_compacted_and_transactional_kafka_topics_exactly_once(
@@ -52,19 +52,19 @@ def test_a_sink_archives_plain_compacted_and_transactional_kafka_topics_exactly_
 ) -> None:
     """Two passes; the group's offsets on Kafka equal its end offsets once the tables hold the records (for the
     transactional topic the end offset is past the commit markers, which the sink steps over)."""
-    create_topic(source, "orders", 3)  # type: ignore[arg-type]
-    create_topic(source, "users", 2, {"cleanup.policy": "compact"})  # type: ignore[arg-type]
-    create_topic(source, "payments", 2)  # type: ignore[arg-type]
-    orders = produce(source, "orders", 600)  # type: ignore[arg-type]
+    create_topic(source, "orders", 3)
+    create_topic(source, "users", 2, {"cleanup.policy": "compact"})
+    create_topic(source, "payments", 2)
+    orders = produce(source, "orders", 600)
     users = send(source, "users", [(f"u{i}".encode(), f"v0-{i}".encode()) for i in range(40)], partitions=2)
-    payments = transactional(source, "payments", "one")  # type: ignore[arg-type]
+    payments = transactional(source, "payments", "one")
 
     for tag in ("one", "two"):
         if tag == "two":
-            orders += produce(source, "orders", 300, tag="two-")  # type: ignore[arg-type]
+            orders += produce(source, "orders", 300, tag="two-")
             changes = [(f"u{i}".encode(), None if i % 3 == 0 else f"v1-{i}".encode()) for i in range(0, 40, 2)]
             users += send(source, "users", changes, partitions=2)
-            payments += transactional(source, "payments", "two")  # type: ignore[arg-type]
+            payments += transactional(source, "payments", "two")
         done = lake.sink_once()
         assert done.returncode == 0, done.stdout + done.stderr[-3000:]
         assert record_rows(lake.rows("orders")) == sorted(orders), tag
@@ -73,7 +73,7 @@ def test_a_sink_archives_plain_compacted_and_transactional_kafka_topics_exactly_
         got_payments = sorted(r["value"]["__raw__"] for r in lake.rows("payments"))
         assert got_payments == sorted(payments), tag  # no aborted record, none twice
         for topic, partitions in (("orders", 3), ("users", 2), ("payments", 2)):
-            assert group_offsets(source, topic, partitions) == end_offsets(source, topic, partitions), (tag, topic)  # type: ignore[arg-type]
+            assert group_offsets(source, topic, partitions) == end_offsets(source, topic, partitions), (tag, topic)
 
 
 def test_a_sink_reads_a_sasl_ssl_kafka_source(lake: Lake, source: KafkaBroker, pki: Pki) -> None:
@@ -82,12 +82,12 @@ def test_a_sink_reads_a_sasl_ssl_kafka_source(lake: Lake, source: KafkaBroker, p
     lake.write_config(bootstrap_servers=source.sasl_ssl_bootstrap, client={
         "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": USER,
         "sasl.password": PASSWORD, "ssl.ca.location": str(pki.ca_pem)})
-    create_topic(source, topic, 2)  # type: ignore[arg-type]
-    produced = produce(source, topic, 200, partitions=2)  # type: ignore[arg-type]
+    create_topic(source, topic, 2)
+    produced = produce(source, topic, 200, partitions=2)
     done = lake.sink_once()
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert record_rows(lake.rows(topic)) == produced
-    assert group_offsets(source, topic, 2) == end_offsets(source, topic, 2)  # type: ignore[arg-type]
+    assert group_offsets(source, topic, 2) == end_offsets(source, topic, 2)
 
     lake.write_config(bootstrap_servers=source.sasl_ssl_bootstrap, client={
         "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": USER,
@@ -103,8 +103,8 @@ def test_kafka_restarted_mid_pass_loses_and_repeats_nothing(lake: Lake, source: 
     topic = "restarted"
     lake.topics = [topic]
     lake.write_config()
-    create_topic(source, topic, 3)  # type: ignore[arg-type]
-    produced = produce(source, topic, 3000, partitions=3)  # type: ignore[arg-type]
+    create_topic(source, topic, 3)
+    produced = produce(source, topic, 3000, partitions=3)
 
     running = subprocess.Popen(lake.command("sink", "--once"), env=lake.environ(), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
@@ -114,8 +114,8 @@ def test_kafka_restarted_mid_pass_loses_and_repeats_nothing(lake: Lake, source: 
     source.start()
     first_out, first_err = running.communicate(timeout=300)
 
-    produced += produce(source, topic, 300, partitions=3, tag="after-")  # type: ignore[arg-type]
+    produced += produce(source, topic, 300, partitions=3, tag="after-")
     done = lake.sink_once()
     assert done.returncode == 0, f"first pass: {running.returncode}\n{first_err[-2000:]}\n" + done.stderr[-3000:]
     assert record_rows(lake.rows(topic)) == sorted(produced)
-    assert group_offsets(source, topic, 3) == end_offsets(source, topic, 3)  # type: ignore[arg-type]
+    assert group_offsets(source, topic, 3) == end_offsets(source, topic, 3)

@@ -7,8 +7,8 @@ Start: a generated `server.properties` (free ports for the PLAINTEXT listener an
 test's tmp dir, replication factors of the internal topics 1), the storage formatted by `kafka.tools.StorageTool
 format --standalone` (what `kafka-storage.sh format` runs), then `java -Xmx512m -cp <jars> kafka.Kafka
 server.properties`; ready when a Metadata request answers. Kafka logs through SLF4J with no binding in
-`.venv/kafka-jars`, so its log (kafka.log in `root`) holds only what the JVM itself prints. `stop` is SIGTERM (a controlled shutdown), `kill` is
-SIGKILL, `restart` starts the same node again on the same ports and log dirs.
+`.venv/kafka-jars`, so its log (kafka.log in `root`) holds only what the JVM itself prints. `stop` is SIGTERM (a
+controlled shutdown), `kill` is SIGKILL, `restart` starts the same node again on the same ports and log dirs.
 
 The object has the `bootstrap` attribute tests/support/broker.BrokerProcess has, so helpers written for an icelog
 source (tests/support/archive.produce, tests/support/sink.Lake) take it unchanged.
@@ -39,8 +39,8 @@ class KafkaBroker:
     # Quick to start, small (tests): C1 only, the serial collector. A benchmark passes Kafka's own
     # (kafka-server-start.sh's) options instead: SERVER_JVM.
     TEST_JVM = ("-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
-    SERVER_JVM = ("-Xmx1G", "-Xms1G", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
-                  "-XX:+ExplicitGCInvokesConcurrent")
+    SERVER_JVM = ("-Xmx1G", "-Xms1G", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+                  "-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent")
 
     def __init__(self, root: Path, extra: dict[str, str] | None = None, jvm: tuple[str, ...] = TEST_JVM,
                  pki: Pki | None = None, scram_users: dict[str, str] | None = None) -> None:
