@@ -198,10 +198,14 @@ class KafkaBroker:
 
 def _kafka_uuid() -> str:
     """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (what `kafka-storage random-uuid`
-    prints)."""
+    prints). Like Kafka's Uuid.randomUuid, never one that starts with '-': the storage tool's argument parser
+    would take it for an option (a bench run failed on one)."""
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:
+        made = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not made.startswith("-"):
+            return made
 
 
 def _pkcs8(key: Path) -> str:
