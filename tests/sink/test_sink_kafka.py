@@ -8,6 +8,7 @@ test_sink.py runs here unchanged (imported: its `source` and `lake` are this mod
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -97,6 +98,20 @@ def test_a_sink_reads_a_sasl_ssl_kafka_source(lake: Lake, source: KafkaBroker, p
     assert "Traceback" not in refused.stdout + refused.stderr, refused.stderr[-3000:]
 
 
+def connected_to(pid: int, port: int) -> bool:
+    """Whether process `pid` holds an established TCP connection to 127.0.0.1:`port` (its socket inodes in
+    /proc/PID/fd matched against /proc/net/tcp)."""
+    try:
+        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")}
+    except OSError:
+        return False
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        cells = line.split()
+        if cells[2].endswith(f":{port:04X}") and cells[3] == "01" and cells[9] in inodes:
+            return True
+    return False
+
+
 def test_kafka_restarted_mid_pass_loses_and_repeats_nothing(lake: Lake, source: KafkaBroker) -> None:
     """Kafka is killed (SIGKILL) and started again while a pass runs: that pass may finish or fail, and the next
     one leaves each record in the table exactly once and the group at the end offsets."""
@@ -108,11 +123,16 @@ def test_kafka_restarted_mid_pass_loses_and_repeats_nothing(lake: Lake, source: 
 
     running = subprocess.Popen(lake.command("sink", "--once"), env=lake.environ(), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)  # inside the pass: the source's metadata and fetches
+    deadline = time.monotonic() + 120
+    while not connected_to(running.pid, source.port):  # the pass is talking to Kafka: kill it now
+        assert running.poll() is None, "the pass ended before it reached Kafka"
+        assert time.monotonic() < deadline, "the pass never connected to Kafka"
+        time.sleep(0.05)
     source.kill()
     time.sleep(1.0)
     source.start()
     first_out, first_err = running.communicate(timeout=300)
+    print(f"the pass Kafka died under exited {running.returncode}: {first_out[-500:]} {first_err[-1500:]}")
 
     produced += produce(source, topic, 300, partitions=3, tag="after-")
     done = lake.sink_once()
