@@ -8,9 +8,9 @@ worker of `make test`. `make test-quick` runs `-m 'not spark and not java'` with
 `java` that refuses to start first on the PATH: an unmarked Spark or Java test fails there instead of making the
 quick lane slow.
 
-`make test` runs two pytest-xdist workers (`--dist loadgroup`): the Spark tests are in two groups (`spark_lane`), each
-run by one worker one after another with one Spark session, and the JVM-free tests fill the gaps (they mostly wait
-on the processes they start).
+`make test` runs three pytest-xdist workers (`--dist loadgroup`): the Spark tests are in three groups (`spark_lane`),
+each run by one worker one after another with one Spark session, and the JVM-free tests fill the gaps (they mostly
+wait on the processes they start).
 """
 
 from __future__ import annotations
@@ -59,14 +59,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def spark_lane(nodeid: str) -> str:
-    """The Spark lane a test runs in: the archive path's own tests (archive/test_archive*.py and the catalog's), or
-    the rest (tables, maintenance, read-back, sinks). Each lane is one xdist group, so one worker runs its tests one
-    after another with one Spark session; the JVM-free tests fill both workers' gaps."""
+    """The Spark lane a test runs in: the archive path's own tests (archive/test_archive*.py and the catalog's), the
+    sink against Apache Kafka (its own Kafka broker and Spark session, so it runs beside the other two lanes), or the
+    rest (tables, maintenance, read-back, sinks). Each lane is one xdist group, so one worker runs its tests one
+    after another with one Spark session; the JVM-free tests fill the workers' gaps."""
     path = nodeid.split("::", 1)[0]
     name = path.rsplit("/", 1)[-1]
     if path.startswith("tests/archive/") and name.startswith(("test_archive", "test_errors", "test_metrics_archive",
                                                                "test_postgres_catalog")):
         return "spark-archive"
+    if path == "tests/sink/test_sink_kafka.py":
+        return "spark-kafka"
     return "spark-tables"
 
 

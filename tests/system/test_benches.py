@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[2]
     # A broker with its archiver (Spark) and a tail consumer and a table reader, sampled every 10 s for 30 s.
     ("soak_bench.py", ["--minutes", "0.5", "--sample-seconds", "10", "--rate-mb", "0.5", "--consumers",
                        "--retention-minutes", "0.25", "--out", "none"], "growth_last_half"),
+    # Apache Kafka 4.1.1 (two modes) and icelog, each started once: ~30 s, mostly three JVM tools per broker.
+    ("vs_kafka_bench.py", ["--records", "5000", "--rounds", "1", "--e2e", "100"], "ratios"),
     ("security_bench.py", ["--records", "5000", "--rounds", "1", "--latency-seconds", "1", "--connections", "10"],
      "throughput_ratio"),
 ])
