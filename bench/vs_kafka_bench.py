@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support, b
 from bench.broker_bench import create_topic, produce_throughput  # noqa: E402
 from tests.support.broker import BrokerProcess  # noqa: E402
 from tests.support.java import kafka_jars_dir  # noqa: E402
-from tests.support.kafka import KafkaBroker, java_command  # noqa: E402
+from tests.support.kafka_broker import KafkaBroker, java_command  # noqa: E402
 
 RECORD_SIZE = 1024
 PRODUCER_PROPS = ["acks=all", "compression.type=lz4", "linger.ms=5"]

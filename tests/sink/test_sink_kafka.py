@@ -1,4 +1,4 @@
-"""`icelog sink` with Apache Kafka 4.1 itself as the source (tests/support/kafka.py: one KRaft node per module).
+"""`icelog sink` with Apache Kafka 4.1 itself as the source (tests/support/kafka_broker.py: one KRaft node per module).
 
 The same guarantees as tests/sink/test_sink.py, whose source is a second icelog: plain, compacted and transactional
 topics (read_committed: aborted records never reach a table), the source group committed only after the Iceberg
@@ -22,7 +22,7 @@ from tests.sink.test_sink import (  # noqa: F401 (collected here too, against Ka
     transactional,
 )
 from tests.support.archive import create_topic, produce
-from tests.support.kafka import KafkaBroker
+from tests.support.kafka_broker import KafkaBroker
 from tests.support.security import Pki, make_pki
 from tests.support.sink import Lake, end_offsets, group_offsets, record_rows
 
