@@ -283,7 +283,8 @@ def test_retention_releases_objects_once_every_partition_in_them_is_trimmed(back
         assert values(read_all(logs, 0)) == [b"new"] and values(read_all(logs, 1)) == []
         assert {c.file_id for c in logs.store.intake_chunks()} == {part.hot_chunks[-1].file_id}
         if before is not None:
-            assert before == 4 and len(backend.objects()) == 1, "the three expired objects are deleted"
+            # (a pair may span two objects: after a quiet spell an append leaves at once)
+            assert before >= 4 and len(backend.objects()) == 1, "every expired object is deleted"
 
     run(settings, write)
 
