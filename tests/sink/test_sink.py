@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -55,6 +56,23 @@ def transactional(source: BrokerProcess, topic: str, tag: str) -> list[bytes]:
     producer.commit_transaction(30)
     return kept
 
+def second_pass_records(source: Any, orders: list[Any], users: list[Any], payments: list[bytes]) -> None:
+    """More of each topic for a second pass, added to the lists: records of orders, updates and deletes of the
+    compacted users, a committed and an aborted transaction of payments."""
+    orders += produce(source, "orders", 300, tag="two-")
+    changes = [(f"u{i}".encode(), None if i % 3 == 0 else f"v1-{i}".encode()) for i in range(0, 40, 2)]
+    users += send(source, "users", changes, partitions=2)
+    payments += transactional(source, "payments", "two")
+
+
+def assert_tables_hold(lake: Lake, orders: list[Any], users: list[Any], payments: list[bytes], label: str = "") -> None:
+    """orders row for row, users' latest value per key, payments' committed values only, each once."""
+    assert record_rows(lake.rows("orders")) == sorted(orders), label
+    got_users = {r["key"]["__raw__"]: r["value"]["__raw__"] for r in lake.rows("users")}
+    assert got_users == {k: v for k, (v, _p, _o) in latest(users).items()}, label
+    assert sorted(r["value"]["__raw__"] for r in lake.rows("payments")) == sorted(payments), label
+
+
 
 def set_retention(source: BrokerProcess, topic: str, retention_ms: str | None) -> None:
     from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
@@ -91,10 +109,7 @@ def test_a_sink_archives_raw_compacted_and_transactional_topics_exactly_once(lak
 
     done = lake.sink_once()
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    assert record_rows(lake.rows("orders")) == orders
-    got_users = {r["key"]["__raw__"]: r["value"]["__raw__"] for r in lake.rows("users")}
-    assert got_users == {k: v for k, (v, _p, _o) in latest(users).items()}
-    assert sorted(r["value"]["__raw__"] for r in lake.rows("payments")) == sorted(payments)
+    assert_tables_hold(lake, orders, users, payments)
     # The source's group shows the sink's progress once the tables hold it.
     for topic, partitions in (("orders", 3), ("users", 2), ("payments", 2)):
         assert group_offsets(source, topic, partitions) == end_offsets(source, topic, partitions), topic
@@ -110,16 +125,10 @@ def test_a_sink_archives_raw_compacted_and_transactional_topics_exactly_once(lak
     gappy += [r[3] for r in produce(source, "gappy", 10, partitions=1, tag="after-")]
 
     # A second pass takes only what is new: updates and deletes of the compacted topic, more of the others.
-    orders += produce(source, "orders", 300, tag="two-")
-    changes = [(f"u{i}".encode(), None if i % 3 == 0 else f"v1-{i}".encode()) for i in range(0, 40, 2)]
-    users += send(source, "users", changes, partitions=2)
-    payments += transactional(source, "payments", "two")
+    second_pass_records(source, orders, users, payments)
     done = lake.sink_once()
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    assert record_rows(lake.rows("orders")) == sorted(orders)
-    got_users = {r["key"]["__raw__"]: r["value"]["__raw__"] for r in lake.rows("users")}
-    assert got_users == {k: v for k, (v, _p, _o) in latest(users).items()}
-    assert sorted(r["value"]["__raw__"] for r in lake.rows("payments")) == sorted(payments)
+    assert_tables_hold(lake, orders, users, payments)
     assert sorted(r["kafka"]["offset"] for r in lake.rows("gappy")) == [*range(50), *range(80, 90)]
     assert sorted((r["value"] or {}).get("__raw__") or b"" for r in lake.rows("gappy")) == sorted(
         v or b"" for v in gappy)

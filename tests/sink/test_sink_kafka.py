@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.archive.test_pk_tables import latest, send
+from tests.archive.test_pk_tables import send
 from tests.sink.test_sink import (  # noqa: F401 (collected here too, against Kafka)
+    assert_tables_hold,
+    second_pass_records,
     test_a_sink_killed_before_or_after_its_iceberg_commit_loses_and_repeats_nothing,
     transactional,
 )
@@ -62,17 +64,10 @@ def test_a_sink_archives_plain_compacted_and_transactional_kafka_topics_exactly_
 
     for tag in ("one", "two"):
         if tag == "two":
-            orders += produce(source, "orders", 300, tag="two-")
-            changes = [(f"u{i}".encode(), None if i % 3 == 0 else f"v1-{i}".encode()) for i in range(0, 40, 2)]
-            users += send(source, "users", changes, partitions=2)
-            payments += transactional(source, "payments", "two")
+            second_pass_records(source, orders, users, payments)
         done = lake.sink_once()
         assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-        assert record_rows(lake.rows("orders")) == sorted(orders), tag
-        got_users = {r["key"]["__raw__"]: r["value"]["__raw__"] for r in lake.rows("users")}
-        assert got_users == {k: v for k, (v, _p, _o) in latest(users).items()}, tag
-        got_payments = sorted(r["value"]["__raw__"] for r in lake.rows("payments"))
-        assert got_payments == sorted(payments), tag  # no aborted record, none twice
+        assert_tables_hold(lake, orders, users, payments, tag)  # no aborted payment, nothing twice
         for topic, partitions in (("orders", 3), ("users", 2), ("payments", 2)):
             assert group_offsets(source, topic, partitions) == end_offsets(source, topic, partitions), (tag, topic)
 
