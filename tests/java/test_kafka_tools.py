@@ -259,3 +259,17 @@ def test_performance_tools(kafka_java: KafkaJava, broker: BrokerProcess, topic_n
     latency = kafka_java.tool("end-to-end-latency", broker.bootstrap, f"{topic_name}-e2e", "200",
                              "all", "100").stdout
     assert "Avg latency:" in latency, latency
+
+
+def test_delete_records(kafka_java: KafkaJava, broker: BrokerProcess, topic_name: str, tmp_path: Path) -> None:
+    """kafka-delete-records moves the log start: the tool reports the new low watermark, kafka-get-offsets too."""
+    server = ("--bootstrap-server", broker.bootstrap)
+    kafka_java.tool("kafka-topics", *server, "--create", "--topic", topic_name, "--partitions", "1")
+    kafka_java.tool("kafka-console-producer", *server, "--topic", topic_name,
+                    stdin="".join(f"record {i}\n" for i in range(10)))
+    offsets = tmp_path / "offsets.json"
+    offsets.write_text(json.dumps({"version": 1, "partitions": [{"topic": topic_name, "partition": 0, "offset": 6}]}))
+    out = kafka_java.tool("kafka-delete-records", *server, "--offset-json-file", str(offsets)).stdout
+    assert f"partition: {topic_name}-0\tlow_watermark: 6" in out
+    earliest = kafka_java.tool("kafka-get-offsets", *server, "--topic", topic_name, "--time", "-2").stdout
+    assert lines(earliest) == [f"{topic_name}:0:6"]

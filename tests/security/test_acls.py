@@ -284,3 +284,28 @@ def test_acl_apis_without_an_authorizer_answer_security_disabled(tmp_path: Path)
     finally:
         client.close()
         plain.stop()
+
+
+def test_delete_records_needs_delete_on_the_topic(broker: BrokerProcess) -> None:
+    from kafka.protocol.api_key import ApiKey
+
+    from icelog.wire import codec
+    from tests.support.wire_client import RawClient
+
+    topic = name()
+    make_topic(broker, topic)
+    cls = codec.REQUEST_CLASSES[ApiKey.DeleteRecords]
+
+    def delete_error() -> int:
+        client = RawClient(broker.bootstrap)
+        try:
+            answer: Any = client.request(cls(timeout_ms=5000, topics=[cls.DeleteRecordsTopic(
+                name=topic, partitions=[cls.DeleteRecordsTopic.DeleteRecordsPartition(partition_index=0, offset=0)])]),
+                2, codec.RESPONSE_CLASSES[ApiKey.DeleteRecords])
+        finally:
+            client.close()
+        return int(answer.topics[0].partitions[0].error_code)
+
+    assert delete_error() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    grant(broker, "--operation", "Delete", "--topic", topic)
+    assert delete_error() == 0

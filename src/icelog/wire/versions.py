@@ -30,6 +30,8 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     ApiKey.DescribeCluster: (0, 2),
     ApiKey.DescribeTopicPartitions: (0, 0),
     ApiKey.DescribeLogDirs: (0, 4),  # v5's cordoned log dirs (KIP-1066) not: icelog's one dir is never cordoned
+    ApiKey.DeleteRecords: (0, 2),  # kafka-delete-records.sh: moves the log start (the table keeps its rows)
+    ApiKey.OffsetForLeaderEpoch: (2, 4),  # as Kafka 4 (v0-1 gone; the codec has no schema for them)
     # Consumer groups (OffsetCommit/OffsetFetch start at 2/1: the codec has no older schemas).
     ApiKey.FindCoordinator: (0, 3),
     ApiKey.JoinGroup: (0, 7),

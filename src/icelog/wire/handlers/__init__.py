@@ -8,6 +8,7 @@ from icelog.wire.handlers import (  # noqa: F401
     log_dirs,
     metadata,
     produce,
+    records_admin,
     sasl,
     transactions,
     txn_admin,
