@@ -59,8 +59,9 @@ class Broker:
             settings.group_initial_rebalance_delay_ms, settings.group_min_session_timeout_ms,
             settings.group_max_session_timeout_ms,
         ), ConsumerGroupSettings(
-            settings.group_consumer_session_timeout_ms, settings.group_consumer_heartbeat_interval_ms,
-            tuple(settings.group_consumer_assignors.split(",")),
+            session_timeout_ms=settings.group_consumer_session_timeout_ms,
+            heartbeat_interval_ms=settings.group_consumer_heartbeat_interval_ms,
+            assignors=tuple(settings.group_consumer_assignors.split(",")),
         ), lambda: TopicsView(self.logs.topics))
         self.transactions = TransactionCoordinator(
             self.store, self.logs, self.groups, settings.transaction_max_timeout_ms

@@ -38,6 +38,7 @@ INCONSISTENT_GROUP_PROTOCOL, UNKNOWN_MEMBER_ID, INVALID_REQUEST, UNSUPPORTED_VER
 GROUP_ID_NOT_FOUND, FENCED_MEMBER_EPOCH, UNRELEASED_INSTANCE_ID, UNSUPPORTED_ASSIGNOR = 69, 110, 111, 112
 STALE_MEMBER_EPOCH, INVALID_REGULAR_EXPRESSION = 113, 128
 HEARTBEAT_INTERVAL_MS, SESSION_TIMEOUT_MS = 400, 2500
+SETTLING_INTERVAL_MS = 50  # a tenth of the interval, at least 50 ms: asked of members that join or move
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +123,7 @@ def test_revoke_before_assign_with_epochs(broker: BrokerProcess, client: RawClie
     tid = topic_id(client, topic)
     first = join(client, group, "m1", [topic])
     assert (first.error_code, first.member_id, first.member_epoch) == (0, "m1", 1)
-    assert first.heartbeat_interval_ms == HEARTBEAT_INTERVAL_MS
+    assert first.heartbeat_interval_ms == SETTLING_INTERVAL_MS, "a member that moves heartbeats more often"
     assert assigned(first) == {tid: [0, 1, 2, 3]}
 
     second = join(client, group, "m2", [topic])
@@ -165,6 +166,22 @@ def test_revoke_before_assign_with_epochs(broker: BrokerProcess, client: RawClie
     back = heartbeat(client, group, "m1", 2, owned={tid: kept})
     assert back.member_epoch == 3 and assigned(back) == {tid: [0, 1, 2, 3]}, "m2's partitions, at once (free)"
     assert heartbeat(client, group, "m1", -1).error_code == 0
+
+
+def test_heartbeat_interval_is_short_while_a_member_moves_and_configured_once_settled(broker: BrokerProcess,
+                                                                                     client: RawClient) -> None:
+    topic, group = "kip848-raw-interval", "raw-interval"
+    create_topic(broker.bootstrap, topic, 2)
+    joined = join(client, group, "m1", [topic])
+    assert joined.heartbeat_interval_ms == SETTLING_INTERVAL_MS
+    owned = assigned(joined)
+    assert heartbeat(client, group, "m1", 1, owned=owned).heartbeat_interval_ms == SETTLING_INTERVAL_MS
+    time.sleep(HEARTBEAT_INTERVAL_MS / 1000 + 0.1)
+    assert heartbeat(client, group, "m1", 1).heartbeat_interval_ms == HEARTBEAT_INTERVAL_MS
+    join(client, group, "m2", [topic])  # m1 must give a partition up: it is asked to come back soon
+    assert heartbeat(client, group, "m1", 1).heartbeat_interval_ms == SETTLING_INTERVAL_MS
+    for member in ("m1", "m2"):
+        assert heartbeat(client, group, member, -1).error_code == 0
 
 
 def test_request_errors(broker: BrokerProcess, client: RawClient) -> None:

@@ -67,6 +67,7 @@ class HeartbeatResult:
     member_id: str | None = None
     member_epoch: int = -1
     assignment: Assignment | None = None  # None: not sent (unchanged)
+    interval_ms: int = 0  # the heartbeat interval to ask of the member
 
 
 class _Refused(Exception):
@@ -180,8 +181,25 @@ class ConsumerGroups:
             member.revocation_deadline = None
         full = request.member_epoch == 0 or request.owned is not None
         changed = before != (member.member_epoch, member.assigned)
+        if changed or request.member_epoch == 0:
+            member.settling_until = time.monotonic() + self.settings.heartbeat_interval_ms / 1000
         return HeartbeatResult(ErrorCode.NONE, None, member.member_id, member.member_epoch,
-                               member.assigned if full or changed else None)
+                               member.assigned if full or changed else None, self.interval_ms(consumer, member))
+
+    def interval_ms(self, consumer: ConsumerGroup, member: ConsumerMember) -> int:
+        """The heartbeat interval to ask of a member: the configured one once it is settled; a tenth of it (at least
+        `settling_floor_ms`) while it moves (it must give up partitions, waits for some, is behind the target) and
+        for one full interval after it joined or its assignment changed.
+
+        Kafka always asks the configured interval, so each step of a rebalance waits up to a full interval: the owner
+        learns it must revoke at its next heartbeat, the newcomer gets the freed partitions at its own next one, and
+        a fleet started together settles one interval per wave of joins. A coordinator cannot push, but it may ask
+        for the next heartbeat sooner (the protocol's HeartbeatIntervalMs is per response, and librdkafka and the
+        Java client follow it), so a move costs a few short intervals; settled members heartbeat as configured."""
+        configured = self.settings.heartbeat_interval_ms
+        short = min(configured, max(self.settings.settling_floor_ms, configured // self.settings.settling_speedup))
+        moving = member.state != MemberState.STABLE or member.member_epoch != consumer.assignment_epoch
+        return short if moving or time.monotonic() < member.settling_until else configured
 
     def _member(self, group_id: str, consumer: ConsumerGroup, request: HeartbeatRequest,
                 member_id: str) -> tuple[ConsumerMember, bool]:

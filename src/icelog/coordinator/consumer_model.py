@@ -48,6 +48,10 @@ class ConsumerGroupSettings:
 
     session_timeout_ms: int = 45000
     heartbeat_interval_ms: int = 5000
+    # While a member moves (it joined, its assignment changed, it must give up or wait for partitions) it is asked
+    # to heartbeat this much more often, for one full interval: see ConsumerGroups.interval_ms.
+    settling_speedup: int = 10
+    settling_floor_ms: int = 50
     assignors: tuple[str, ...] = ("uniform", "range")  # the first is the default (group.consumer.assignors)
 
 
@@ -98,6 +102,7 @@ class ConsumerMember:
     pending_revocation: Assignment = field(default_factory=dict)  # what it must give up before it moves on
     last_heartbeat: float = field(default_factory=time.monotonic)
     revocation_deadline: float | None = None  # monotonic time by which its revocation must be acknowledged
+    settling_until: float = 0.0  # monotonic time until which it heartbeats at the short interval (joined, moved)
 
     def heartbeat(self) -> None:
         self.last_heartbeat = time.monotonic()

@@ -60,7 +60,7 @@ async def consumer_group_heartbeat(ctx: RequestContext, request: ApiMessage) -> 
     return cls(
         throttle_time_ms=0, error_code=0, error_message=None, member_id=result.member_id,
         member_epoch=result.member_epoch,
-        heartbeat_interval_ms=groups.consumer_groups.settings.heartbeat_interval_ms, assignment=assignment,
+        heartbeat_interval_ms=result.interval_ms, assignment=assignment,
     )
 
 
