@@ -32,7 +32,7 @@ def kip848_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerPr
 @pytest.fixture(scope="module")
 def answers(kafka_java: KafkaJava, kip848_broker: BrokerProcess) -> dict[str, dict[str, Any]]:
     done = kafka_java.run("ConsumerGroupChecks", kip848_broker.bootstrap, PREFIX, "share", "static", "regex",
-                          "commit", timeout=300)
+                          "commit", "mixed", timeout=300)
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     return {answer.pop("check"): answer for answer in lines}
 
@@ -71,6 +71,13 @@ def test_commit_from_a_member_and_resume(answers: dict[str, dict[str, Any]]) -> 
     assert "error" not in answer, answer["error"]
     assert answer["resumed"] == sorted(f"v{i}" for i in range(12, 24))
     assert answer["committed"] == 1
+
+
+def test_a_classic_consumer_meeting_a_kip848_group_gets_kafkas_error(answers: dict[str, dict[str, Any]]) -> None:
+    answer = answers["mixed"]
+    assert "error" not in answer, answer["error"]
+    assert answer["classic"] == "InconsistentGroupProtocolException"
+    assert answer["kip848_still_owns"] == [f"{PREFIX}-mixed:0", f"{PREFIX}-mixed:1"]
 
 
 def test_a_killed_java_members_partitions_move_after_the_session_timeout(kafka_java: KafkaJava,

@@ -62,6 +62,7 @@ public final class ConsumerGroupChecks {
             case "static" -> checks.staticMember(out);
             case "regex" -> checks.regex(out);
             case "commit" -> checks.commit(out);
+            case "mixed" -> checks.mixed(out);
             case "member" -> checks.member();
             default -> throw new IllegalArgumentException("no check " + args[i]);
           }
@@ -273,7 +274,8 @@ public final class ConsumerGroupChecks {
     produce(topic, 24);
     String group = prefix + "-commit";
     try (Fleet fleet = new Fleet(group)) {
-      KafkaConsumer<String, String> first = fleet.add("first", Map.of(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false"));
+      KafkaConsumer<String, String> first =
+          fleet.add("first", Map.of(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false"));
       first.subscribe(List.of(topic), fleet.listener("first"));
       fleet.settle(every(topic, 12));
       Map<TopicPartition, OffsetAndMetadata> offsets = new HashMap<>();
@@ -297,6 +299,30 @@ public final class ConsumerGroupChecks {
       out.put("resumed", read);
       out.put("committed", second.committed(Set.of(new TopicPartition(topic, 0))).get(new TopicPartition(topic, 0))
           .offset());
+    }
+  }
+
+  /** A classic consumer (group.protocol=classic) subscribing to a group a KIP-848 member holds: what poll raises. */
+  private void mixed(Map<String, Object> out) throws Exception {
+    String topic = prefix + "-mixed";
+    createTopic(topic, 2);
+    try (Fleet fleet = new Fleet(prefix + "-mixed")) {
+      fleet.add("kip848", Map.of()).subscribe(List.of(topic), fleet.listener("kip848"));
+      fleet.settle(every(topic, 2));
+      KafkaConsumer<String, String> classic =
+          fleet.add("classic", Map.of(ConsumerConfig.GROUP_PROTOCOL_CONFIG, "classic"));
+      classic.subscribe(List.of(topic));
+      long deadline = System.currentTimeMillis() + WAIT_MS;
+      try {
+        while (System.currentTimeMillis() < deadline) {
+          classic.poll(Duration.ofMillis(100));
+          fleet.consumers.get("kip848").poll(Duration.ofMillis(10));
+        }
+        out.put("classic", "no error");
+      } catch (Exception e) {
+        out.put("classic", e.getClass().getSimpleName());
+      }
+      out.put("kip848_still_owns", new ArrayList<>(fleet.owned.get("kip848")));
     }
   }
 
