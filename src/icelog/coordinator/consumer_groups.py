@@ -347,13 +347,13 @@ class ConsumerGroups:
         """The topics some member subscribes to (by name or by regex), as they are now."""
         topics = self.topics()
         out: dict[str, TopicMetadata] = {}
-        for member in consumer.members.values():
-            for name in member.subscribed_topic_names:
-                if name in topics:
-                    out[name] = topics[name]
-            pattern = self._pattern(consumer, member.subscribed_topic_regex)
+        names = {name for member in consumer.members.values() for name in member.subscribed_topic_names}
+        out.update((name, topics[name]) for name in names if name in topics)
+        # Each distinct regex walks the topics once, however many members share it.
+        for regex in {m.subscribed_topic_regex for m in consumer.members.values() if m.subscribed_topic_regex}:
+            pattern = self._pattern(consumer, regex)
             if pattern is not None:
-                out.update((name, meta) for name, meta in topics.items() if pattern.fullmatch(name))
+                out.update((name, topics[name]) for name in topics if name not in out and pattern.fullmatch(name))
         return out
 
     @staticmethod
@@ -380,6 +380,9 @@ class ConsumerGroups:
         }
         topics = {meta.topic_id: meta for meta in consumer.subscription.values()}
         consumer.target = ASSIGNORS[name](subscriptions, topics, consumer.target)
+        in_use = {m.subscribed_topic_regex for m in consumer.members.values()}
+        for regex in [r for r in consumer.patterns if r not in in_use]:
+            del consumer.patterns[regex]  # compiled once per regex while some member subscribes with it
         consumer.assignor = name
         consumer.assignment_epoch = consumer.group_epoch
         log.info("group %s: epoch %d, %d member(s), %d topic(s), assignor %s", group_id, consumer.group_epoch,
