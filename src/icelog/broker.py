@@ -12,6 +12,7 @@ from typing import Any
 from icelog import allocator
 from icelog.archive.service import ArchiverProcess
 from icelog.config import Settings
+from icelog.coordinator.consumer_model import ConsumerGroupSettings, TopicsView
 from icelog.coordinator.group_model import GroupSettings
 from icelog.coordinator.groups import GroupCoordinator
 from icelog.coordinator.transactions import TransactionCoordinator
@@ -57,7 +58,11 @@ class Broker:
         self.groups = GroupCoordinator(self.store, GroupSettings(
             settings.group_initial_rebalance_delay_ms, settings.group_min_session_timeout_ms,
             settings.group_max_session_timeout_ms,
-        ))
+        ), ConsumerGroupSettings(
+            session_timeout_ms=settings.group_consumer_session_timeout_ms,
+            heartbeat_interval_ms=settings.group_consumer_heartbeat_interval_ms,
+            assignors=tuple(settings.group_consumer_assignors.split(",")),
+        ), lambda: TopicsView(self.logs.topics))
         self.transactions = TransactionCoordinator(
             self.store, self.logs, self.groups, settings.transaction_max_timeout_ms
         )

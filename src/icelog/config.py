@@ -490,6 +490,18 @@ class Settings(BaseSettings):
     )
     group_min_session_timeout_ms: int = Field(6000, gt=0, description="Kafka's group.min.session.timeout.ms.")
     group_max_session_timeout_ms: int = Field(1800000, gt=0, description="Kafka's group.max.session.timeout.ms.")
+    group_consumer_session_timeout_ms: int = Field(
+        45000, gt=0,
+        description="Kafka's group.consumer.session.timeout.ms: a KIP-848 member silent this long is removed.",
+    )
+    group_consumer_heartbeat_interval_ms: int = Field(
+        5000, gt=0, description="Kafka's group.consumer.heartbeat.interval.ms: how often KIP-848 members heartbeat."
+    )
+    group_consumer_assignors: str = Field(
+        "uniform,range", pattern=r"^(uniform|range)(,(uniform|range))*$",
+        description="Kafka's group.consumer.assignors: the server-side assignors KIP-848 members may name; the first "
+        "is the default.",
+    )
     transaction_max_timeout_ms: int = Field(900000, gt=0, description="Kafka's transaction.max.timeout.ms.")
     registry_listen: str = Field(
         "localhost:8081",

@@ -19,6 +19,8 @@ _KAFKA_NAMES = {
     "MESSAGE_SIZE_TOO_LARGE": "MESSAGE_TOO_LARGE",
     "INVALID_TOPIC": "INVALID_TOPIC_EXCEPTION",
 }
+# Codes of Kafka's Errors.java that kafka-python does not know yet.
+_NEWER_CODES = {"INVALID_REGULAR_EXPRESSION": 128}  # ConsumerGroupHeartbeat v1's SubscribedTopicRegex (KIP-848)
 
 
 def _error_code_members() -> list[tuple[str, int]]:
@@ -30,6 +32,7 @@ def _error_code_members() -> list[tuple[str, int]]:
         members.append((name, code))
         if name != error.message:
             members.append((error.message, code))
+    members.extend((name, code) for name, code in _NEWER_CODES.items() if code not in known)
     return members
 
 

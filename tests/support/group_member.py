@@ -1,7 +1,8 @@
 """A consumer-group member run as a child process by tests/coordinator/test_groups.py (so a test can SIGKILL it).
 
 usage: python group_member.py KIND BOOTSTRAP TOPIC GROUP OUTFILE [INSTANCE_ID]
-KIND is confluent, kafka-python or aiokafka. Every processed record is appended to OUTFILE as
+KIND is confluent, confluent-848 (librdkafka with group.protocol=consumer, KIP-848), kafka-python or aiokafka.
+Every processed record is appended to OUTFILE as
 "partition offset value" *before* its offset is committed (commit after processing). SIGTERM closes
 the consumer cleanly (a clean LeaveGroup).
 """
@@ -22,8 +23,8 @@ def main() -> None:
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("now", True))
     out = open(outfile, "a", buffering=1)  # noqa: SIM115 (outlives this function: the child process writes to it)
-    if kind == "confluent":
-        run_confluent(bootstrap, topic, group, instance_id, out, stop)
+    if kind in ("confluent", "confluent-848"):
+        run_confluent(bootstrap, topic, group, instance_id, out, stop, kip848=kind == "confluent-848")
     elif kind == "kafka-python":
         run_kafka_python(bootstrap, topic, group, instance_id, out, stop)
     elif kind == "aiokafka":
@@ -33,7 +34,8 @@ def main() -> None:
     out.write("# closed\n")
 
 
-def run_confluent(bootstrap: str, topic: str, group: str, instance_id: str | None, out, stop) -> None:
+def run_confluent(bootstrap: str, topic: str, group: str, instance_id: str | None, out, stop,
+                  kip848: bool = False) -> None:
     from confluent_kafka import Consumer, KafkaException
 
     conf = {
@@ -41,10 +43,12 @@ def run_confluent(bootstrap: str, topic: str, group: str, instance_id: str | Non
         "group.id": group,
         "auto.offset.reset": "earliest",
         "enable.auto.commit": False,
-        "session.timeout.ms": SESSION_TIMEOUT_MS,
-        "heartbeat.interval.ms": HEARTBEAT_MS,
         "max.poll.interval.ms": 20000,
     }
+    if kip848:  # the broker sets the session timeout and heartbeat interval (librdkafka refuses them here)
+        conf["group.protocol"] = "consumer"
+    else:
+        conf.update({"session.timeout.ms": SESSION_TIMEOUT_MS, "heartbeat.interval.ms": HEARTBEAT_MS})
     if instance_id:
         conf["group.instance.id"] = instance_id
     consumer = Consumer(conf)

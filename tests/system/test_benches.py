@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ("broker_bench.py", ["--replay-only", "--records", "20000"], "produce_replayed"),
     ("broker_bench.py", ["--metrics-ab", "1", "--records", "20000"], "metrics_on_over_off"),
     ("groups_bench.py", ["--records", "5000", "--txns", "5", "--rounds", "1"], "transactions"),
+    ("groups_bench.py", ["--only-protocols", "--rounds", "1"], "join_to_consuming_3x12"),  # classic vs KIP-848
     ("registry_bench.py", ["--lookups", "50", "--records", "2000", "--out", "none"], "produce_records_per_s"),
     ("hostile_bench.py", ["--seconds", "1", "--attacks", "bomb,sizes,plain,registry"], "p99_vs_baseline"),
     ("fuzz_broker.py", ["--seconds", "5"], "tracebacks"),

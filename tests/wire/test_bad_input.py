@@ -317,8 +317,8 @@ def test_unsupported_api_versions_version_gets_error_35_as_v0(
 
 
 @pytest.mark.parametrize(
-    "api_key,version", [(0, 10), (1, 13), (3, 12), (2, 99)],
-    ids=["produce-v10", "fetch-v13", "metadata-v12", "list-offsets-v99"],
+    "api_key,version", [(0, 10), (1, 13), (3, 13), (2, 99)],
+    ids=["produce-v10", "fetch-v13", "metadata-v13", "list-offsets-v99"],
 )
 def test_unsupported_version_of_another_api_closes_the_connection(
     seeded: BrokerProcess, conn: Connection, api_key: int, version: int

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from icelog.coordinator.consumer_model import ConsumerGroup
 from icelog.errors import ErrorCode
 from icelog.meta.store import GroupOffsets
 
@@ -90,9 +91,26 @@ class Group:
     )  # partitions with uncommitted txn offsets
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     rebalance_task: asyncio.Task[None] | None = None
+    consumer: ConsumerGroup | None = None  # a KIP-848 consumer group: its members and epochs (else a classic group)
+
+    @property
+    def group_type(self) -> str:
+        """Kafka's GroupType, as ListGroups v5 names it."""
+        return "classic" if self.consumer is None else "consumer"
+
+    @property
+    def state_name(self) -> str:
+        """The state as DescribeGroups, ConsumerGroupDescribe and ListGroups spell it (each kind has its own)."""
+        return self.state.value if self.consumer is None else self.consumer.state().value
+
+    @property
+    def has_members(self) -> bool:
+        return bool(self.members) or (self.consumer is not None and bool(self.consumer.members))
 
     def subscribed_topics(self) -> set[str]:
-        """Topics the members subscribe to (consumer protocol metadata), for OffsetDelete."""
+        """Topics the members subscribe to (consumer protocol metadata, or KIP-848 subscriptions), for OffsetDelete."""
+        if self.consumer is not None:
+            return set(self.consumer.subscription)
         topics: set[str] = set()
         if self.protocol_type != "consumer":
             return topics

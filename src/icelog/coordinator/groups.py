@@ -4,7 +4,8 @@ States follow Kafka's GroupCoordinator: Empty -> PreparingRebalance -> Completin
 A rebalance waits until every known member has re-joined (or its rebalance timeout, i.e.
 max.poll.interval.ms, passes); members that miss session.timeout.ms are removed by a sweeper.
 Committed offsets are written to the metadata store before they are acknowledged; groups with
-offsets but no members come back as Empty after a restart.
+offsets but no members come back as Empty after a restart. KIP-848 consumer groups (ConsumerGroupHeartbeat) are
+`consumer_groups.ConsumerGroups`, sharing this coordinator's groups and offsets.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import uuid
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
+from icelog.coordinator.consumer_groups import ConsumerGroups, TopicView
+from icelog.coordinator.consumer_model import ConsumerGroupSettings
 from icelog.coordinator.group_model import Group, GroupSettings, GroupState, JoinResult, Member, SyncResult
 from icelog.errors import ErrorCode
 from icelog.faults import fault_point
@@ -29,10 +32,13 @@ SWEEP_INTERVAL_S = 0.25
 class GroupCoordinator:
     """All consumer groups of this broker (event loop thread only)."""
 
-    def __init__(self, store: ConsumerOffsets, settings: GroupSettings | None = None) -> None:
+    def __init__(self, store: ConsumerOffsets, settings: GroupSettings | None = None,
+                 consumer_settings: ConsumerGroupSettings | None = None, topics: TopicView | None = None) -> None:
         self.store = store
         self.settings = settings or GroupSettings()
         self.groups: dict[str, Group] = {}
+        self.consumer_groups = ConsumerGroups(self.groups, consumer_settings or ConsumerGroupSettings(),
+                                              topics or dict)
         self._sweeper: asyncio.Task[None] | None = None
         # Offset commits fsync: one thread keeps them off the event loop and in request order.
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="offset-commit")
@@ -76,6 +82,13 @@ class GroupCoordinator:
         ):
             return JoinResult(ErrorCode.INVALID_SESSION_TIMEOUT, member_id)
         group = self.groups.setdefault(group_id, Group(group_id))
+        if group.consumer is not None:
+            if group.consumer.members:
+                # A KIP-848 group takes no classic member (Kafka's answer for classic protocols a consumer group
+                # does not support; icelog does not run Kafka's mixed groups).
+                return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id)
+            group.consumer = None  # an empty consumer group (offsets only) becomes a classic one, as in Kafka
+            group.protocol_type = None
         if not protocols or (
             group.members
             and (protocol_type != group.protocol_type or not self._common_protocols(group, protocols))
@@ -409,13 +422,17 @@ class GroupCoordinator:
                     self._remove_member(group, member_id)
                 if expired:
                     self._after_removal(group)
+            self.consumer_groups.sweep(now)
 
     # -- offsets -------------------------------------------------------------------------------
     def check_commit(
-        self, group_id: str, generation: int, member_id: str, instance_id: str | None
+        self, group_id: str, generation: int, member_id: str, instance_id: str | None, api_version: int | None = None
     ) -> ErrorCode:
-        """Whether an OffsetCommit (or TxnOffsetCommit) from this member may commit now."""
+        """Whether an OffsetCommit (at `api_version`) or a TxnOffsetCommit (None) from this member may commit now;
+        a KIP-848 member's generation is its member epoch."""
         group = self.groups.get(group_id)
+        if group is not None and group.consumer is not None:
+            return self.consumer_groups.check_commit(group.consumer, member_id, generation, api_version)
         if generation < 0 and not member_id:
             if group is not None and group.members:
                 return ErrorCode.UNKNOWN_MEMBER_ID
@@ -495,7 +512,7 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         if group is None:
             return ErrorCode.GROUP_ID_NOT_FOUND
-        if group.members or group.state != GroupState.EMPTY:
+        if group.has_members or group.state != GroupState.EMPTY:
             return ErrorCode.NON_EMPTY_GROUP
         self.store.delete_offsets(group_id)
         group.state = GroupState.DEAD
@@ -510,7 +527,7 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         if group is None:
             return ErrorCode.GROUP_ID_NOT_FOUND, {}
-        subscribed = group.subscribed_topics() if group.members else set()
+        subscribed = group.subscribed_topics() if group.has_members else set()
         results = {
             tp: (ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC if tp[0] in subscribed else ErrorCode.NONE)
             for tp in partitions

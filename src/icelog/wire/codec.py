@@ -1,4 +1,5 @@
-"""Request/response classes from kafka-python 3's generated protocol (Kafka's own JSON message specs)."""
+"""Request/response classes from kafka-python 3's generated protocol (Kafka's own JSON message specs), and the few it
+lacks from `wire/messages` (built the same way)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import Any
 
 import kafka.protocol as _protocol
 from kafka.protocol.api_message import ApiMessage
+
+from icelog.wire import messages  # noqa: F401  (KIP-848's APIs: their classes join kafka-python's below)
 
 _REQUEST_PREFIX = struct.Struct(">hhi")
 

@@ -18,7 +18,7 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     ApiKey.Produce: (0, 9),
     ApiKey.Fetch: (0, 12),
     ApiKey.ListOffsets: (0, 7),  # v7: MAX_TIMESTAMP (KIP-734), which the Java AdminClient's maxTimestamp needs
-    ApiKey.Metadata: (0, 11),
+    ApiKey.Metadata: (0, 12),  # v12: topics by id (librdkafka resolves KIP-848 assignments' topic ids so)
     ApiKey.ApiVersions: (0, 3),
     ApiKey.CreateTopics: (0, 7),
     ApiKey.DeleteTopics: (0, 6),
@@ -38,12 +38,15 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     ApiKey.SyncGroup: (0, 5),
     ApiKey.Heartbeat: (0, 4),
     ApiKey.LeaveGroup: (0, 4),
-    ApiKey.OffsetCommit: (2, 8),
+    ApiKey.OffsetCommit: (2, 9),  # v9: the first KIP-848 members commit with (STALE_MEMBER_EPOCH)
     ApiKey.OffsetFetch: (1, 7),
     ApiKey.DescribeGroups: (0, 5),
-    ApiKey.ListGroups: (0, 4),
+    ApiKey.ListGroups: (0, 5),  # v5: group types (classic, consumer) and their filter
     ApiKey.DeleteGroups: (0, 2),
     ApiKey.OffsetDelete: (0, 0),
+    # KIP-848 consumer groups (group.protocol=consumer), at the versions Kafka 4.1's clients use.
+    ApiKey.ConsumerGroupHeartbeat: (0, 1),
+    ApiKey.ConsumerGroupDescribe: (0, 1),
     # Idempotent producers and transactions.
     ApiKey.InitProducerId: (0, 4),
     ApiKey.AddPartitionsToTxn: (0, 3),
@@ -69,6 +72,12 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
 }
 
 
+# Feature levels finalized in ApiVersions v3+ (KIP-584), each only as far as it is implemented: group.version 1 is
+# KIP-848's consumer groups. transaction.version (KIP-890) is not advertised: transactions are v1.
+FINALIZED_FEATURES: dict[str, int] = {"group.version": 1}
+FEATURES_EPOCH = 1  # the features never change while a broker runs
+
+
 def is_supported(api_key: int, api_version: int) -> bool:
     """Whether icelog serves this API at this version."""
     versions = SUPPORTED_VERSIONS.get(api_key)
@@ -82,4 +91,15 @@ def build_api_versions_response(version: int, error: ErrorCode = ErrorCode.NONE)
         cls.ApiVersion(api_key=int(k), min_version=lo, max_version=hi)
         for k, (lo, hi) in sorted(SUPPORTED_VERSIONS.items())
     ]
-    return cls(error_code=int(error), api_keys=keys, throttle_time_ms=0)
+    response = cls(error_code=int(error), api_keys=keys, throttle_time_ms=0)
+    if version >= 3 and not error:
+        response.supported_features = [
+            cls.SupportedFeatureKey(name=name, min_version=0, max_version=level)
+            for name, level in FINALIZED_FEATURES.items()
+        ]
+        response.finalized_features_epoch = FEATURES_EPOCH
+        response.finalized_features = [
+            cls.FinalizedFeatureKey(name=name, max_version_level=level, min_version_level=level)
+            for name, level in FINALIZED_FEATURES.items()
+        ]
+    return response

@@ -3,6 +3,7 @@
 from icelog.wire.handlers import (  # noqa: F401
     acls,
     admin,
+    consumer_groups,
     fetch,
     groups,
     log_dirs,

@@ -187,6 +187,7 @@ async def offset_commit(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
             request.generation_id_or_member_epoch,
             request.member_id,
             request.group_instance_id if v >= 7 else None,
+            api_version=v,
         )
     now = int(time.time() * 1000)
     offsets = {}
@@ -266,7 +267,8 @@ async def describe_groups(ctx: RequestContext, request: ApiMessage) -> ApiMessag
                 )
             )
             continue
-        if group is None:
+        if group is None or group.consumer is not None:
+            # A KIP-848 group is Dead to DescribeGroups < 6, as in Kafka (ConsumerGroupDescribe describes it).
             described.append(
                 DescribeGroupsResponse.DescribedGroup(
                     error_code=0,
@@ -310,13 +312,17 @@ async def describe_groups(ctx: RequestContext, request: ApiMessage) -> ApiMessag
 @handles(ApiKey.ListGroups)
 async def list_groups(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     states = set(request.states_filter or []) if ctx.api_version >= 4 else set()
+    # v5 (KIP-848): classic or consumer, matched without regard to case as Kafka's GroupType.parse does
+    types = {t.lower() for t in request.types_filter or []} if ctx.api_version >= 5 else set()
     every = on_cluster(ctx, ACLOperation.DESCRIBE)  # else only the groups the principal may DESCRIBE
     listed = [
         ListGroupsResponse.ListedGroup(
-            group_id=g.group_id, protocol_type=g.protocol_type or "consumer", group_state=g.state.value
+            group_id=g.group_id, protocol_type=g.protocol_type or "consumer", group_state=g.state_name,
+            group_type=g.group_type,
         )
         for g in coordinator(ctx).list_groups()
-        if (not states or g.state.value in states) and (every or _may(ctx, ACLOperation.DESCRIBE, g.group_id))
+        if (not states or g.state_name in states) and (not types or g.group_type in types)
+        and (every or _may(ctx, ACLOperation.DESCRIBE, g.group_id))
     ]
     return ListGroupsResponse(throttle_time_ms=0, error_code=0, groups=listed)
 

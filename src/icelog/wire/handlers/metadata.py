@@ -36,9 +36,18 @@ async def metadata(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     if request.topics is None:
         names = [n for n in sorted(logs.topics) if ctx.authorize(ACLOperation.DESCRIBE, ACLResourceType.TOPIC, n)]
     else:
-        names = [t.name for t in request.topics]
-    allow_create = ctx.api_version < 4 or request.allow_auto_topic_creation
+        names = [t.name for t in request.topics if not _by_id(t)]
     topics = []
+    # v12: topics asked for by id (the clients resolve a KIP-848 assignment's topic ids so); an id not known, or of a
+    # topic the principal may not DESCRIBE, is UNKNOWN_TOPIC_ID, as in Kafka.
+    for topic_id in [t.topic_id for t in request.topics or [] if _by_id(t)]:
+        known = logs.catalog.topic_by_id(topic_id)
+        if known is not None and ctx.authorize(ACLOperation.DESCRIBE, ACLResourceType.TOPIC, known.name):
+            names.append(known.name)
+        else:
+            topics.append(MetadataResponse.MetadataResponseTopic(
+                error_code=int(ErrorCode.UNKNOWN_TOPIC_ID), name=None, topic_id=topic_id, partitions=[]))
+    allow_create = ctx.api_version < 4 or request.allow_auto_topic_creation
     for name in names:
         state = logs.get(name)
         error = ErrorCode.NONE
@@ -80,6 +89,11 @@ async def metadata(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
         throttle_time_ms=0, brokers=brokers, cluster_id=broker.settings.cluster_id, controller_id=node,
         topics=topics,
     )
+
+
+def _by_id(topic: Any) -> bool:
+    """Whether a Metadata topic names its topic by id: a null name (librdkafka) or an empty one (the Java client)."""
+    return not topic.name and getattr(topic, "topic_id", None) not in (None, _NO_TOPIC_ID)
 
 
 _ENDPOINT_BROKERS, _ENDPOINT_CONTROLLERS = 1, 2
