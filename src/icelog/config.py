@@ -245,7 +245,10 @@ class ArchiveSettings(BaseModel):
     catalog_properties: dict[str, str] = Field(
         default_factory=dict, description="Extra Iceberg catalog properties, e.g. jdbc.user, jdbc.password."
     )
-    warehouse: str | None = Field(None, description="Warehouse location; default file://<data_dir>/warehouse.")
+    warehouse: str | None = Field(
+        None, description="Where the tables' files live: file:///PATH, or s3://BUCKET/PATH in any S3-compatible "
+        "store (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY); default "
+        "file://<data_dir>/warehouse.")
     namespace: str = Field("icelog", description="Namespace of archive tables (a topic's table config wins).")
     spark_master: str = Field(
         default_factory=lambda: f"local[{max(1, (os.cpu_count() or 2) // 2)}]",

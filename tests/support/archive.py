@@ -156,15 +156,27 @@ def partition_counts(rows: list[Row]) -> dict[int, int]:
     return counts
 
 
-def duckdb_counts(metadata_location: str) -> list[tuple[int, int]]:
+def duckdb_counts(metadata_location: str, s3: dict[str, str] | None = None) -> list[tuple[int, int]]:
+    """Rows per partition of the table, read by DuckDB's iceberg extension from its metadata file (on a bucket:
+    through httpfs, with an S3 secret made of `s3`, the AWS_* settings of tests.support.seaweedfs)."""
     import duckdb
     import duckdb_extension_avro
+    import duckdb_extension_httpfs
     import duckdb_extension_iceberg
 
     con = duckdb.connect(config={"autoinstall_known_extensions": False})
-    for module, name in ((duckdb_extension_avro, "avro"), (duckdb_extension_iceberg, "iceberg")):
+    modules = [(duckdb_extension_avro, "avro"), (duckdb_extension_iceberg, "iceberg")]
+    if s3 is not None:
+        modules.append((duckdb_extension_httpfs, "httpfs"))
+    for module, name in modules:
         [path] = Path(module.__file__).parent.glob(f"extensions/*/{name}.duckdb_extension")
         con.execute(f"LOAD '{path}'")
+    if s3 is not None:
+        endpoint = s3["AWS_ENDPOINT_URL"].split("://", 1)
+        con.execute(
+            f"CREATE SECRET (TYPE s3, KEY_ID '{s3['AWS_ACCESS_KEY_ID']}', SECRET '{s3['AWS_SECRET_ACCESS_KEY']}', "
+            f"REGION '{s3['AWS_REGION']}', ENDPOINT '{endpoint[1]}', URL_STYLE 'path', "
+            f"USE_SSL {str(endpoint[0] == 'https').lower()})")
     query = f"SELECT kafka.partition, count(*) FROM iceberg_scan('{metadata_location}') GROUP BY 1 ORDER BY 1"
     return [(int(p), int(n)) for p, n in con.execute(query).fetchall()]
 

@@ -49,7 +49,7 @@ from icelog.client.properties import parse
 from icelog.config import Settings
 from icelog.errors import IcelogError, TableChangedError, TableMismatchError, first_line
 from icelog.faults import armed, fault_point
-from icelog.lake import iceberg_java
+from icelog.lake import iceberg_java, warehouse
 from icelog.lake.jvm_errors import WorkerError, jvm_errors
 from icelog.lake.warm_workers import RDD, WorkerKeeper
 from icelog.log.backends import open_reader
@@ -635,7 +635,7 @@ class Archiver:
             TOPIC_ID_PROPERTY: str(topic.topic_id),
             COMMIT_USER_PROPERTY: COMMIT_USER,
         }
-        rows = PassRows(len(groups), decode, self.settings.archive.catalog_properties,
+        rows = PassRows(len(groups), decode, warehouse.io_properties(self.settings),
                         key_decoded=schema is not None and schema.key is not None)
         if spec.primary_key:  # an upsert table: data files + deletion vectors in one row delta
             write_upserts(self.spark, self.table_name(config), rows, spec, summary, str(self.settings.data_dir),

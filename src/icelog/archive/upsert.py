@@ -46,6 +46,7 @@ from icelog.errors import ConfigError, TableChangedError, TableMismatchError
 from icelog.lake import iceberg_java
 from icelog.lake.data_files import WrittenFile
 from icelog.lake.data_files import write_data_files as write_files
+from icelog.lake.warehouse import open_file
 from icelog.table.arrow import struct_array
 from icelog.table.config import (
     BUCKET,
@@ -59,7 +60,6 @@ from icelog.table.layout import PRIMARY_KEY_PROPERTY, TableSpec
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    import pyarrow.fs
     import pyarrow.parquet as pq
     from pyspark.sql import SparkSession
 
@@ -408,15 +408,6 @@ def write_data_files(spark: SparkSession, table: iceberg_java.JavaTable, rows: P
     return write_files(spark, iceberg_java.metadata_location(table), rows.tasks, rows.decode, rows.io_properties)
 
 
-def _open(location: str) -> tuple[pyarrow.fs.FileSystem, str]:
-    import pyarrow.fs
-
-    if location.startswith("file:"):
-        return pyarrow.fs.LocalFileSystem(), "/" + location.removeprefix("file:").lstrip("/")
-    filesystem, path = pyarrow.fs.FileSystem.from_uri(location)
-    return filesystem, path
-
-
 def _read_columns(location: str, spec: TableSpec) -> pa.Table:
     """A data file's k0.. (primary key), o (offset), b (bucket), t (tombstone) and has_key columns, in file order."""
     import pyarrow as pa
@@ -425,8 +416,7 @@ def _read_columns(location: str, spec: TableSpec) -> pa.Table:
 
     paths = [*spec.primary_key, offset_column(spec), partition_column(spec)]
     values = [VALUE_BYTES, VALUE_PREFIX, VALUE_ERR] if spec.layout == LAYOUT_TABLE else ["value"]
-    filesystem, path = _open(location)
-    with filesystem.open_input_file(path) as handle:
+    with open_file(location) as handle:
         parquet = pq.ParquetFile(handle)
         present = [v for v in values if v in parquet.schema_arrow.names]
         # No tombstone in the file when a value column is never null: then the value bytes are not read.
@@ -486,8 +476,7 @@ def _puffin_vectors(puffin: str) -> dict[str, ArrowChunkedArray]:
     file; Iceberg never changes a file in place, so a file's vectors are read once."""
     from pyiceberg.table.puffin import PuffinFile
 
-    filesystem, path = _open(puffin)
-    with filesystem.open_input_file(path) as handle:
+    with open_file(puffin) as handle:
         vectors: dict[str, ArrowChunkedArray] = PuffinFile(handle.read()).to_vector()
         return vectors
 
@@ -527,7 +516,6 @@ def _read_blob(dv: iceberg_java.JavaDeleteFile) -> bytes:
     offset, size = dv.contentOffset(), dv.contentSizeInBytes()
     if offset is None or size is None:
         raise TableMismatchError(f"delete file {dv.location()} is not a deletion vector (upsert tables hold only DVs)")
-    filesystem, path = _open(str(dv.location()))
-    with filesystem.open_input_file(path) as handle:
+    with open_file(str(dv.location())) as handle:
         handle.seek(int(offset))
         return bytes(handle.read(int(size)))

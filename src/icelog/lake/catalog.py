@@ -13,6 +13,7 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from icelog.config import Settings
 from icelog.errors import ConfigError
+from icelog.lake import warehouse
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -61,8 +62,12 @@ def iceberg_runtime_jar() -> Path:
 
 
 def catalog_jars(settings: Settings) -> list[Path]:
-    """Jars Spark needs for the configured catalog: the Iceberg runtime plus a JDBC driver if any."""
+    """Jars Spark needs for the configured catalog: the Iceberg runtime, a JDBC driver if any, S3A for a warehouse
+    on object storage."""
     jars = [iceberg_runtime_jar()]
+    warehouse.check_warehouse(settings.warehouse)
+    if warehouse.on_object_storage(settings.warehouse):
+        jars.extend(warehouse.s3a_jars(jars_dir()))
     if settings.archive.catalog_type == "jdbc":
         uri = settings.catalog_uri
         for prefix, jar in JDBC_DRIVER_JARS.items():
@@ -177,6 +182,7 @@ def pyiceberg_catalog_opener(settings: Settings) -> Callable[[], Catalog | None]
     REST qualify. Used by the broker's read-back and by `icelog status --tables`.
     """
     archive = settings.archive
+    io = warehouse.io_properties(settings)  # how its FileIO reaches the tables' files (a bucket's endpoint)
     path = sqlite_catalog_path(settings)
     if path is not None:
 
@@ -187,7 +193,7 @@ def pyiceberg_catalog_opener(settings: Settings) -> Callable[[], Catalog | None]
                 return None
             from pyiceberg.catalog.sql import SqlCatalog
 
-            return SqlCatalog(archive.catalog_name, uri=f"sqlite:///{path}", warehouse=settings.warehouse)
+            return SqlCatalog(archive.catalog_name, uri=f"sqlite:///{path}", warehouse=settings.warehouse, **io)
 
         return open_sqlite
     postgres = postgres_catalog_url(settings)
@@ -197,7 +203,7 @@ def pyiceberg_catalog_opener(settings: Settings) -> Callable[[], Catalog | None]
             from pyiceberg.catalog.sql import SqlCatalog
 
             # pyiceberg's SQL catalog keeps the same `iceberg_tables` rows as Iceberg's JDBC catalog (schema V1)
-            return SqlCatalog(archive.catalog_name, uri=postgres, warehouse=settings.warehouse)
+            return SqlCatalog(archive.catalog_name, uri=postgres, warehouse=settings.warehouse, **io)
 
         return open_postgres
     if archive.catalog_type == "rest" and archive.catalog_uri:
@@ -206,8 +212,7 @@ def pyiceberg_catalog_opener(settings: Settings) -> Callable[[], Catalog | None]
         def open_rest() -> Catalog | None:
             from pyiceberg.catalog.rest import RestCatalog
 
-            return RestCatalog(archive.catalog_name, uri=uri, warehouse=settings.warehouse,
-                               **archive.catalog_properties)
+            return RestCatalog(archive.catalog_name, uri=uri, warehouse=settings.warehouse, **io)
 
         return open_rest
     return None

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from icelog.config import Settings
 from icelog.errors import IcelogError
+from icelog.lake import warehouse
 from icelog.lake.catalog import catalog_jars, catalog_spark_conf
 
 if TYPE_CHECKING:
@@ -100,6 +101,7 @@ def spark_conf(settings: Settings, app_name: str = "icelog") -> dict[str, str]:
         conf["spark.driver.bindAddress"] = LOOPBACK
         conf["spark.driver.host"] = LOOPBACK
     conf.update(catalog_spark_conf(settings))
+    conf.update(warehouse.spark_conf(settings))
     conf.update(settings.archive.spark_conf)
     return conf
 
