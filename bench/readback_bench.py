@@ -12,6 +12,11 @@ One run, one broker, one partition of `--records` records of 1 KiB (lz4 from con
   4. first-record latency of `--seeks` seeks to random offsets in the table range (a confluent-kafka
      consumer assigned at the offset; time from assign to the first record), p50 / p95.
 Targets (issue 9): table >= 100 MB/s and >= 0.3 x intake; seek p50 <= 50 ms (on 10 M records).
+
+With `--on s3` the intake and the warehouse are in a bucket (SeaweedFS's `weed mini` on the same cores,
+tests/support/seaweedfs.py): the pass archives from the S3 intake and kcat reads the table on S3. `--on both`
+runs the local and the S3 set-ups one after the other and reports S3 / local for the archive pass and the cold
+read (issue 44: archive from the S3 intake >= 0.8 of local, read-back from a table on S3 >= 100 MB/s).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from icelog.archive.archiver import Archiver  # noqa: E402
 from icelog.config import load_settings  # noqa: E402
 from icelog.meta.backends import open_store  # noqa: E402
 from tests.support.broker import BrokerProcess  # noqa: E402
+from tests.support.seaweedfs import BUCKET, SeaweedFS  # noqa: E402
 
 RECORD_SIZE = 1024
 TOPIC = "bench-readback"
@@ -86,22 +92,14 @@ def seek_latencies(bootstrap: str, records: int, seeks: int) -> list[float]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--seeks", type=int, default=50)
-    parser.add_argument("--keep", action="store_true", help="keep the broker's data directory and log")
-    parser.add_argument("--seek-only", action="store_true", help="skip the kcat reads (a large partition's seeks)")
-    args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="icelog-readback-bench-"))
+def measure(args: argparse.Namespace, work: Path, env: dict[str, str]) -> dict[str, Any]:
+    """One broker on `env`: produce, read from the intake, archive, trim, read from the table, seek."""
+    work.mkdir(parents=True, exist_ok=True)
     broker = BrokerProcess(work / "data", env={"ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg",
                                                "ICELOG_ARCHIVE__ENABLED": "false",
-                                               "ICELOG_RETENTION_CHECK_INTERVAL_MS": "200"}).start()
+                                               "ICELOG_RETENTION_CHECK_INTERVAL_MS": "200", **env}).start()
     mb = args.records * RECORD_SIZE / 1e6
-    results: dict[str, Any] = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
-        "records": args.records, "record_bytes": RECORD_SIZE,
-    }
+    results: dict[str, Any] = {}
     try:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
         admin.create_topics([NewTopic(TOPIC, 1, 1, config={
@@ -114,7 +112,12 @@ def main() -> None:
             results["intake_mb_s"] = round(mb / intake_s, 1)
             print("intake", results["intake_mb_s"], "MB/s", flush=True)
 
-        settings = load_settings(data_dir=str(broker.data_dir), registry_listen=f"127.0.0.1:{broker.registry_port}")
+        overrides: dict[str, Any] = {}
+        if env:  # the archiver of this process reads the same bucket
+            overrides = {"archive": {"warehouse": env["ICELOG_ARCHIVE__WAREHOUSE"]},
+                         "intake": {"url": env["ICELOG_INTAKE__URL"]}}
+        settings = load_settings(data_dir=str(broker.data_dir), registry_listen=f"127.0.0.1:{broker.registry_port}",
+                                 **overrides)
         store = open_store(settings.metadata_url)
         from icelog.lake.spark import create_session
 
@@ -122,6 +125,7 @@ def main() -> None:
         start = time.perf_counter()
         assert [r.error for r in Archiver(settings, spark, store).run_pass(force=True, topics={TOPIC})] == [""]
         results["archive_s"] = round(time.perf_counter() - start, 1)
+        results["archive_mb_s"] = round(mb / results["archive_s"], 1)
         files = spark.sql(f"SELECT count(*) AS n FROM lake.icelog.`{TOPIC}`.files").collect()[0].n
         results["table_files"] = files
         spark.stop()
@@ -150,11 +154,51 @@ def main() -> None:
         print("seek", results["seek_first_record_ms"], flush=True)
     finally:
         broker.stop()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--seeks", type=int, default=50)
+    parser.add_argument("--keep", action="store_true", help="keep the broker's data directory and log")
+    parser.add_argument("--seek-only", action="store_true", help="skip the kcat reads (a large partition's seeks)")
+    parser.add_argument("--on", choices=("local", "s3", "both"), default="local",
+                        help="where the intake and the warehouse are: the data dir, a bucket, or each in turn")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="icelog-readback-bench-"))
+    results: dict[str, Any] = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "records": args.records, "record_bytes": RECORD_SIZE,
+    }
+    # S3 first: the JVM outlives a stopped session, and jars it loaded (S3A's) are the ones the next session has.
+    kinds = ["s3", "local"] if args.on == "both" else [args.on]
+    try:
+        for kind in kinds:
+            if kind == "local":
+                results["local" if len(kinds) > 1 else "figures"] = measure(args, work / kind, {})
+                continue
+            store = SeaweedFS(work / "seaweedfs").start()
+            try:
+                os.environ.update(store.env())  # this process's Spark and pyiceberg reach the bucket
+                env = {**store.env(), "ICELOG_INTAKE__URL": f"s3://{BUCKET}/intake",
+                       "ICELOG_ARCHIVE__WAREHOUSE": f"s3://{BUCKET}/warehouse"}
+                results["s3" if len(kinds) > 1 else "figures"] = measure(args, work / kind, env)
+            finally:
+                store.stop()
+        if len(kinds) > 1 and not args.seek_only:
+            local, s3 = results["local"], results["s3"]
+            results["s3_vs_local"] = {"archive": round(local["archive_s"] / s3["archive_s"], 2),
+                                      "table_cold": round(s3["table_cold_mb_s"] / local["table_cold_mb_s"], 2)}
+        else:
+            results.update(results.pop("figures"))
+    finally:
         if args.keep:
             print("kept", work)
         else:
             shutil.rmtree(work, ignore_errors=True)
-    write_results("readback_bench_seek.json" if args.seek_only else "readback_bench.json", results)
+    suffix = "_seek" if args.seek_only else "" if args.on == "local" else f"_{args.on}"
+    write_results(f"readback_bench{suffix}.json", results)
 
 
 if __name__ == "__main__":
