@@ -40,6 +40,7 @@ def test_a_large_unit_is_read_in_windows_with_the_rows_of_a_whole_read(
     lake_spark.sql(f"CALL lake.system.rewrite_data_files(table => 'icelog.{topic}', "
                    "options => map('min-input-files', '2'))").collect()
     monkeypatch.setattr(readback_source, "UNIT_MAX_ROWS", 7)  # every row group is "large": read in windows
+    monkeypatch.setattr(readback_source, "WINDOW_READ_ROWS", 3)  # ... of several batches, so a window stops early
     record = lake_store.get_topic(topic)
     assert record is not None
     readback = ReadBack(lake_settings, StoreSchemaSource(lake_store))
@@ -58,6 +59,12 @@ def test_a_large_unit_is_read_in_windows_with_the_rows_of_a_whole_read(
             parts = [source._read_rows(plan.table, segment, plan.layout, u) for u in units]
             assert np.array_equal(np.concatenate([p.offsets for p in parts]), whole.offsets)
         assert windows > 1, "the compacted file's row groups were read in windows"
+        assert source._in_order and all(source._in_order.values()), "windows after the first stop past their end"
+        parts = [source._read_rows(plan.table, segment, plan.layout, u) for segment in plan.slices
+                 for u in source._row_groups(plan, segment, 0)]  # again: every window now stops early
+        assert np.array_equal(np.concatenate([p.offsets for p in parts]),
+                              np.concatenate([source._read_rows(plan.table, s, plan.layout, None).offsets
+                                              for s in plan.slices]))
         # Through the read path the broker serves Fetch with: every record, in order, from any offset.
         wanted = [(r.offset, r.value) for r in expected if r.partition == partition]
         for start in (wanted[0][0], wanted[len(wanted) // 2][0]):

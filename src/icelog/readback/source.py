@@ -66,6 +66,8 @@ UNIT_MAX_BYTES = 32 * 1024 * 1024
 UNIT_MAX_ROWS = 32 * 1024
 WINDOW_READ_ROWS = 4096  # a window's row group is decoded this many rows at a time
 WINDOW_READ_BYTES = 1024 * 1024  # ... through a buffered stream: its column chunks are read as the pages are decoded
+# On object storage each buffer fill is a ranged GET: larger ones, fewer round trips (still bounded per read).
+REMOTE_WINDOW_READ_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -277,6 +279,9 @@ class TableSource:
         self._lock = threading.Lock()
         # data file → its Parquet footer and the offset range of each row group
         self._groups: dict[str, tuple[pq.FileMetaData, list[tuple[int, int]]]] = {}
+        # (data file, row group) → whether its rows were found in offset order (the archive writes them so): a
+        # window of such a row group stops reading past its last offset
+        self._in_order: dict[tuple[str, int], bool] = {}
         self._raw = False  # payloads are stored as produced in every row (no column to rebuild them from)
 
     # -- the plan ------------------------------------------------------------------------------
@@ -291,6 +296,7 @@ class TableSource:
             self._planned, self._plan, self._raw = planned, plan, planned.raw
             current = {f.task.file.file_path for s in plan.slices for f in s.files}
             self._groups = {path: groups for path, groups in self._groups.items() if path in current}
+            self._in_order = {key: v for key, v in self._in_order.items() if key[0] in current}
 
     def _partition_plan(self, planned: TablePlan) -> _Plan:
         """The partition's files of the table's plan, in offset order."""
@@ -488,16 +494,36 @@ class TableSource:
             for file_index, row_group in group.groups:
                 path = segment.files[file_index].task.file.file_path
                 known = self._groups.get(path)  # the footer read by _row_groups: not parsed again
+                buffer = REMOTE_WINDOW_READ_BYTES if "://" in path and not path.startswith("file:") else \
+                    WINDOW_READ_BYTES
                 with table.io.new_input(path).open() as stream:
                     parquet = pq.ParquetFile(_readable(stream), metadata=None if known is None else known[0],
-                                             buffer_size=0 if group.window is None else WINDOW_READ_BYTES)
+                                             buffer_size=0 if group.window is None else buffer)
                     if group.window is None:
                         parts.append(parquet.read_row_group(row_group, columns=_raw_columns(layout)))
                         continue
                     # A window of a large row group: its pages decoded a batch at a time, only the window's rows
-                    # kept, so the row group is never whole in memory.
+                    # kept, so the row group is never whole in memory. Once a read of the whole row group found its
+                    # rows in offset order, a window stops at the first batch past its last offset (the later
+                    # windows of a row group then read less of it; on object storage, fewer GETs).
+                    in_order = self._in_order.get((path, row_group))
+                    last = -1
+                    ordered = True
                     for batch in parquet.iter_batches(WINDOW_READ_ROWS, [row_group], _raw_columns(layout)):
-                        parts.append(_within(pa.Table.from_batches([batch]), layout, group.window))
+                        rows = pa.Table.from_batches([batch])
+                        if not len(rows):
+                            continue
+                        offsets = _offset_values(rows, layout)
+                        if in_order is None:
+                            ordered = ordered and last <= offsets[0] and bool((np.diff(offsets) >= 0).all())
+                            last = int(offsets[-1])
+                        parts.append(_within(rows, layout, group.window))
+                        if in_order and offsets[0] > group.window[1]:
+                            break
+                    else:
+                        if in_order is None:
+                            with self._lock:
+                                self._in_order[(path, row_group)] = ordered
             arrow = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
             return self._columns(_sorted(arrow, layout), layout)
         from pyiceberg.expressions.parser import parse
@@ -587,6 +613,14 @@ def _within(arrow: pa.Table, layout: Layout, window: tuple[int, int]) -> pa.Tabl
 
     offsets = _offsets_of(arrow, layout)
     return arrow.filter(pc.and_(pc.greater_equal(offsets, window[0]), pc.less_equal(offsets, window[1])))
+
+
+def _offset_values(arrow: pa.Table, layout: Layout) -> np.ndarray:
+    """The rows' offsets as int64 (a row without one as -1: never taken for a row group in offset order)."""
+    import pyarrow.compute as pc
+
+    values = np.asarray(pc.fill_null(_offsets_of(arrow, layout), -1).to_numpy(zero_copy_only=False), np.int64)
+    return values if not (values < 0).any() else np.full(len(values), -1, np.int64)
 
 
 def _offsets_of(arrow: pa.Table, layout: Layout) -> ArrowChunkedArray | ArrowArray:
