@@ -187,21 +187,20 @@ def main() -> None:
     }
     # S3 first: the JVM outlives a stopped session, and jars it loaded (S3A's) are the ones the next session has.
     kinds = ["s3", "s3-intake", "local"] if args.on == "both" else [args.on]
+    # One store for both S3 set-ups: Spark's Python workers outlive a session too, with the environment they
+    # started with (the store's endpoint).
+    store = SeaweedFS(work / "seaweedfs").start() if args.on != "local" else None
     try:
+        if store is not None:
+            os.environ.update(store.env())  # this process's Spark and pyiceberg reach the bucket
         for kind in kinds:
             key = kind if len(kinds) > 1 else "figures"
-            if kind == "local":
-                results[key] = measure(args, work / kind, {})
-                continue
-            store = SeaweedFS(work / f"seaweedfs-{kind}").start()
-            try:
-                os.environ.update(store.env())  # this process's Spark and pyiceberg reach the bucket
-                env = {**store.env(), "ICELOG_INTAKE__URL": f"s3://{BUCKET}/intake"}
+            env = {}
+            if store is not None and kind != "local":
+                env = {**store.env(), "ICELOG_INTAKE__URL": f"s3://{BUCKET}/intake-{kind}"}
                 if kind == "s3":
                     env["ICELOG_ARCHIVE__WAREHOUSE"] = f"s3://{BUCKET}/warehouse"
-                results[key] = measure(args, work / kind, env)
-            finally:
-                store.stop()
+            results[key] = measure(args, work / kind, env)
         if len(kinds) > 1 and not args.seek_only:
             local, s3, s3_intake = results["local"], results["s3"], results["s3-intake"]
             results["s3_vs_local"] = {
@@ -211,6 +210,8 @@ def main() -> None:
         else:
             results.update(results.pop("figures"))
     finally:
+        if store is not None:
+            store.stop()
         if args.keep:
             print("kept", work)
         else:

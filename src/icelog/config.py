@@ -306,6 +306,10 @@ class ArchiveSettings(BaseModel):
     readback_cache_bytes: int = Field(
         256 * 1024 * 1024, gt=0, description="Record batches built from archive tables kept in memory (LRU)."
     )
+    readback_file_cache_bytes: int = Field(
+        1024 * 1024 * 1024, ge=0, description="Data files of tables on object storage copied to the broker's disk "
+        "(<data_dir>/cache/readback-files) on their first read-back, LRU; 0: read them from the bucket."
+    )
     maintenance_interval_ms: int = Field(
         300_000, gt=0, description="Least time between two automatic maintenance rounds of one table."
     )

@@ -3,7 +3,8 @@ set) and glibc malloc's bytes in use and free (docs/operations.md#memory says wh
 
 `cache` is one of a fixed set of names, never a topic or a key: `intake_index` (the intake chunk rows partitions
 keep: their newest chunks and pages of older ones), `batch_positions` (where each batch of a recently read chunk
-starts), `readback_batches` (record batches built from archive tables), `readback_plans` (the tables' data files
+starts), `readback_batches` (record batches built from archive tables), `readback_files` (data files of tables on
+object storage copied to the broker's disk for read-back: disk, not memory), `readback_plans` (the tables' data files
 as read-back planned them: as many as the tables have files), `producer_state` (idempotent producers per partition:
 gone once idle past producer id expiration). Byte figures of the object caches are estimates: their entries times
 what one costs in CPython (measured with tracemalloc), not a walk of the objects.
@@ -67,6 +68,7 @@ class MemoryCollector(Collector):
             ("batch_positions", chunks, positions * BATCH_POSITION_BYTES,
              intake.batch_positions_cache_chunks * len(parts)),
             ("readback_batches", self.readback.cache.entries, self.readback.cache.size_bytes, None),
+            ("readback_files", self.readback.copies.entries, self.readback.copies.size_bytes, None),
             ("readback_plans", self.readback.planned_files, self.readback.planned_files * PLANNED_FILE_BYTES, None),
             ("producer_state", producers, producers * PRODUCER_BYTES, None),
         ]
@@ -76,6 +78,7 @@ class MemoryCollector(Collector):
             if bound is not None:
                 max_entries.add_metric([name], bound)
         max_bytes.add_metric(["readback_batches"], self.readback.cache.max_bytes)
+        max_bytes.add_metric(["readback_files"], self.readback.copies.max_bytes)
         yield from (entries, size, max_entries, max_bytes)
         arrow = sys.modules.get("pyarrow")  # read-back's Parquet reads and columns (its own allocator, not malloc)
         if arrow is not None:

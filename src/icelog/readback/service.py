@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from pathlib import Path
 
 from icelog.config import Settings
+from icelog.readback.file_copies import FileCopies
 from icelog.readback.lake import LakeTables, catalog_locations, catalog_opener
 from icelog.readback.source import BatchCache, TableSource
 from icelog.schema.codec.rebuild import Schemas
@@ -24,6 +26,9 @@ class ReadBack:
         opener = catalog_opener(settings)
         self.tables = LakeTables(opener, catalog_locations(settings)) if opener is not None else None
         self.cache = BatchCache(cache_bytes or settings.archive.readback_cache_bytes)
+        # Data files of tables on object storage, copied to the broker's disk on first read (file_copies.py).
+        self.copies = FileCopies(Path(settings.data_dir) / "cache" / "readback-files",
+                                 settings.archive.readback_file_cache_bytes)
         self._sources: dict[tuple[uuid.UUID, int], TableSource] = {}
         self._lock = threading.Lock()
 
@@ -47,7 +52,7 @@ class ReadBack:
                     and current.log_append_time == log_append_time):
                 return current
             source = TableSource(self.tables, archive.identifier, partition, self.schemas, self.cache,
-                                 log_append_time, str(topic_id))
+                                 log_append_time, str(topic_id), self.copies)
             self._sources[key] = source
         return source
 

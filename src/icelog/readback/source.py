@@ -25,6 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, cast
 
 import numpy as np
@@ -32,6 +33,7 @@ import numpy as np
 from icelog.errors import ErrorCode, KafkaApiError
 from icelog.readback.batches import header_section
 from icelog.readback.columnar import as_binary, encode_batches
+from icelog.readback.file_copies import FileCopies
 from icelog.readback.lake import LakeTables
 from icelog.readback.plan import RECORD_LAYOUT, FileSlice, Layout, TablePlan
 from icelog.schema.codec.rebuild import Rebuilder, Schemas, rebuild_headers, table_side_row
@@ -66,8 +68,6 @@ UNIT_MAX_BYTES = 32 * 1024 * 1024
 UNIT_MAX_ROWS = 32 * 1024
 WINDOW_READ_ROWS = 4096  # a window's row group is decoded this many rows at a time
 WINDOW_READ_BYTES = 1024 * 1024  # ... through a buffered stream: its column chunks are read as the pages are decoded
-# On object storage each buffer fill is a ranged GET: larger ones, fewer round trips (still bounded per read).
-REMOTE_WINDOW_READ_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -265,8 +265,10 @@ class TableSource:
     def __init__(
         self, tables: LakeTables, identifier: tuple[str, str], partition: int, schemas: Schemas,
         cache: BatchCache, log_append_time: bool = False, topic_id: str | None = None,
+        copies: FileCopies | None = None,
     ) -> None:
         self.tables = tables
+        self._copies = copies or FileCopies(Path(), 0)  # none: data files are read where they are
         self.identifier = identifier
         self.partition = partition
         self.log_append_time = log_append_time
@@ -494,11 +496,9 @@ class TableSource:
             for file_index, row_group in group.groups:
                 path = segment.files[file_index].task.file.file_path
                 known = self._groups.get(path)  # the footer read by _row_groups: not parsed again
-                buffer = REMOTE_WINDOW_READ_BYTES if "://" in path and not path.startswith("file:") else \
-                    WINDOW_READ_BYTES
-                with table.io.new_input(path).open() as stream:
+                with self._copies.open(table.io, path) as stream:
                     parquet = pq.ParquetFile(_readable(stream), metadata=None if known is None else known[0],
-                                             buffer_size=0 if group.window is None else buffer)
+                                             buffer_size=0 if group.window is None else WINDOW_READ_BYTES)
                     if group.window is None:
                         parts.append(parquet.read_row_group(row_group, columns=_raw_columns(layout)))
                         continue
@@ -588,7 +588,8 @@ def _readable(stream: InputStream) -> IO[bytes]:
 
 
 def _offset_ranges(table: Table, path: str, layout: Layout) -> tuple[pq.FileMetaData, list[tuple[int, int]]]:
-    """A data file's Parquet footer and the (min, max) offset of each row group, from its statistics."""
+    """A data file's Parquet footer and the (min, max) offset of each row group, from its statistics (read where
+    the file is: a footer is a ranged GET of a bucket, no reason to copy the file)."""
     import pyarrow.parquet as pq
 
     with table.io.new_input(path).open() as stream:
