@@ -1,8 +1,8 @@
 """Nothing on the broker's disk that matters: the intake and the tables in an S3-compatible bucket (SeaweedFS), the
 metadata and the Iceberg catalog in PostgreSQL. A broker killed -9 whose data dir is deleted serves every
 acknowledged record from the bucket; `icelog archive --once` writes the tables' data files, deletion vectors and
-metadata into the bucket (Spark through S3A, workers through pyiceberg's FileIO); a maintenance round compacts and
-removes orphans there; Spark SQL, pyiceberg and DuckDB read the same rows; after the trim consumers are served
+metadata into the bucket (Spark through S3A, workers through pyiceberg's FileIO), and so does `icelog sink`; a
+maintenance round compacts and looks for orphans there; Spark SQL, pyiceberg and DuckDB read the same rows; after the trim consumers are served
 from the tables on S3 byte for byte."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import yaml
 
 from icelog.config import load_settings
 from icelog.lake.catalog import pyiceberg_catalog_opener
@@ -126,6 +127,16 @@ def test_tables_on_s3_end_to_end(tmp_path: Path, postgres_cluster: PostgresClust
         [line] = [x for x in status.splitlines() if x.startswith(f"icelog.{accounts} ")]
         header = status.splitlines()[0].split()
         assert int(line.split()[header.index("RECORDS")]) == len(want), status
+
+        # The sink writes its tables into the same bucket (here the broker itself is its source cluster).
+        config = tmp_path / "icelog.yaml"
+        config.write_text(yaml.safe_dump({"sinks": {"mirror": {"bootstrap_servers": broker.bootstrap,
+                                                               "topics": [orders]}}}))
+        icelog(broker, env, "--config", str(config), "sink", "--once")
+        mirrored = catalog.load_table(("mirror", orders))
+        assert mirrored.metadata_location.startswith(f"{WAREHOUSE}/")
+        assert sorted((r["kafka"]["partition"], r["kafka"]["offset"]) for r in mirrored.scan().to_arrow().to_pylist()
+                      ) == sorted((r.partition, r.offset) for r in expected)
 
         # The broker trims what is archived and serves it back from the tables on S3.
         meta = open_store(env["ICELOG_META_URL"])
