@@ -2,8 +2,8 @@
 metadata and the Iceberg catalog in PostgreSQL. A broker killed -9 whose data dir is deleted serves every
 acknowledged record from the bucket; `icelog archive --once` writes the tables' data files, deletion vectors and
 metadata into the bucket (Spark through S3A, workers through pyiceberg's FileIO), and so does `icelog sink`; a
-maintenance round compacts and looks for orphans there; Spark SQL, pyiceberg and DuckDB read the same rows; after the trim consumers are served
-from the tables on S3 byte for byte."""
+maintenance round compacts and looks for orphans there; Spark SQL, pyiceberg and DuckDB read the same rows; after
+the trim consumers are served from the tables on S3 byte for byte."""
 
 from __future__ import annotations
 
