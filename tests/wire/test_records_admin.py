@@ -126,3 +126,50 @@ def test_admin_delete_records_survives_a_restart(fresh_broker: BrokerProcess, to
         assert values == [f"v{i}".encode() for i in range(4, 10)]
     finally:
         consumer.close()
+
+
+def test_leader_epoch_reported_and_checked(broker: BrokerProcess, topic_name: str) -> None:
+    """Metadata, DescribeTopicPartitions and ListOffsets report leader epoch 0, the epoch OffsetForLeaderEpoch
+    answers; Fetch and ListOffsets answer UNKNOWN_LEADER_EPOCH for a later current_leader_epoch, as Kafka's leader
+    does, and serve 0 and -1 (unknown, not checked)."""
+    create_topic(broker.bootstrap, topic_name)
+    produce(broker.bootstrap, topic_name, 3)
+    meta: object = ask(broker, ApiKey.Metadata, 12, topics=[
+        codec.REQUEST_CLASSES[ApiKey.Metadata].MetadataRequestTopic(name=topic_name)],
+        allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+    assert [p.leader_epoch for p in meta.topics[0].partitions] == [0]  # type: ignore[attr-defined]
+    dtp = codec.REQUEST_CLASSES[ApiKey.DescribeTopicPartitions]
+    described: object = ask(broker, ApiKey.DescribeTopicPartitions, 0, response_partition_limit=10, cursor=None,
+                            topics=[dtp.TopicRequest(name=topic_name)])
+    assert [p.leader_epoch for p in described.topics[0].partitions] == [0]  # type: ignore[attr-defined]
+
+    lo = codec.REQUEST_CLASSES[ApiKey.ListOffsets]
+
+    def list_offsets(current: int, timestamp: int) -> tuple[int, int, int]:
+        answer: object = ask(broker, ApiKey.ListOffsets, 7, replica_id=-1, isolation_level=0, topics=[
+            lo.ListOffsetsTopic(name=topic_name, partitions=[lo.ListOffsetsTopic.ListOffsetsPartition(
+                partition_index=0, current_leader_epoch=current, timestamp=timestamp)])])
+        part = answer.topics[0].partitions[0]  # type: ignore[attr-defined]
+        return part.error_code, part.offset, part.leader_epoch
+
+    assert list_offsets(-1, -1) == (0, 3, 0)
+    assert list_offsets(0, -2) == (0, 0, 0)
+    assert list_offsets(0, 0) == (0, 0, 0)  # by timestamp: the first record
+    assert list_offsets(0, 1 << 62) == (0, -1, -1)  # no record that late
+    assert list_offsets(1, -1) == (ErrorCode.UNKNOWN_LEADER_EPOCH, -1, -1)
+
+    fetch = codec.REQUEST_CLASSES[ApiKey.Fetch]
+
+    def fetched(current: int) -> tuple[int, int, bool]:
+        answer: object = ask(broker, ApiKey.Fetch, 12, replica_id=-1, max_wait_ms=0, min_bytes=1,
+                             max_bytes=1 << 20, isolation_level=0, session_id=0, session_epoch=-1,
+                             forgotten_topics_data=[], rack_id="", topics=[fetch.FetchTopic(
+                                 topic=topic_name, partitions=[fetch.FetchTopic.FetchPartition(
+                                     partition=0, current_leader_epoch=current, fetch_offset=0,
+                                     last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=1 << 20)])])
+        part = answer.responses[0].partitions[0]  # type: ignore[attr-defined]
+        return part.error_code, part.high_watermark, bool(part.records)
+
+    assert fetched(-1) == (0, 3, True)
+    assert fetched(0) == (0, 3, True)
+    assert fetched(1) == (ErrorCode.UNKNOWN_LEADER_EPOCH, -1, False)
