@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
+import threading
 from pathlib import Path
 
 from tests.support.broker import BrokerProcess
 from tests.support.java import TOOLS, KafkaJava
+from tests.support.metrics import scrape_text, value
 
 
 def lines(text: str) -> list[str]:
@@ -108,7 +109,8 @@ def test_acls(kafka_java: KafkaJava, tmp_path: Path) -> None:
 def test_verifiable_producer_broker_killed_verifiable_consumer_reads_every_ack(
         kafka_java: KafkaJava, fresh_broker: BrokerProcess, topic_name: str) -> None:
     """Kafka's system-test tools: VerifiableProducer (acks=all) runs while the broker is SIGKILLed and restarted;
-    VerifiableConsumer, in a group, then reads every record the producer was told was acknowledged."""
+    VerifiableConsumer then reads every record the producer was told was acknowledged, in a classic group and in a
+    KIP-848 group (`--group-protocol consumer`: ConsumerGroupHeartbeat, never JoinGroup)."""
     broker = fresh_broker.start()
     kafka_java.tool("kafka-topics", "--bootstrap-server", broker.bootstrap, "--create", "--topic", topic_name,
                     "--partitions", "3")
@@ -136,26 +138,45 @@ def test_verifiable_producer_broker_killed_verifiable_consumer_reads_every_ack(
     summary = [e for e in events if e["name"] == "tool_data"][-1]
     assert summary["acked"] == len(acked) and len(acked) > 500
 
+    for protocol in ("classic", "consumer"):  # both group protocols, each in a group of its own, on the same log
+        before = {api: requests(broker, api) for api in ("JoinGroup", "ConsumerGroupHeartbeat")}
+        seen = verifiable_consumer_reads(kafka_java, broker, topic_name, f"{topic_name}-{protocol}", protocol, acked)
+        assert not acked - seen, (f"{protocol}: {len(acked - seen)} acked records never read, "
+                                  f"e.g. {sorted(acked - seen)[:5]}")
+        joined = {api: requests(broker, api) > count for api, count in before.items()}
+        assert joined == {"JoinGroup": protocol == "classic", "ConsumerGroupHeartbeat": protocol == "consumer"}
+
+
+def requests(broker: BrokerProcess, api: str) -> float:
+    """Requests of one API the broker has served since it started."""
+    return value(scrape_text(broker.metrics_url), "icelog_requests_total", api=api)
+
+
+def verifiable_consumer_reads(kafka_java: KafkaJava, broker: BrokerProcess, topic: str, group: str, protocol: str,
+                              wanted: set[str]) -> set[str]:
+    """The values VerifiableConsumer (`--group-protocol`) reads in `group` until it has every one of `wanted`."""
     consumer = subprocess.Popen(
         kafka_java.command(TOOLS["verifiable-consumer"], "--bootstrap-server", broker.bootstrap,
-                           "--topic", topic_name, "--group-id", f"{topic_name}-g", "--verbose",
+                           "--topic", topic, "--group-id", group, "--group-protocol", protocol, "--verbose",
                            "--reset-policy", "earliest"),
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert consumer.stdout is not None
     seen: set[str] = set()
-    deadline = time.monotonic() + 180
+    watchdog = threading.Timer(180, consumer.kill)  # a consumer that prints nothing more still ends the loop
+    watchdog.start()
     try:
         for line in consumer.stdout:
             if line.startswith("{"):
                 event = json.loads(line)
                 if event["name"] == "record_data":
                     seen.add(str(event["value"]))
-            if acked <= seen or time.monotonic() > deadline:
+            if wanted <= seen:
                 break
     finally:
+        watchdog.cancel()
         consumer.kill()
         consumer.wait()
-    assert not acked - seen, f"{len(acked - seen)} acked records never read, e.g. {sorted(acked - seen)[:5]}"
+    return seen
 
 
 def last_stable_offset(bootstrap: str, topic: str) -> int:
