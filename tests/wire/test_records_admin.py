@@ -1,5 +1,6 @@
-"""DeleteRecords and OffsetForLeaderEpoch: raw requests at every advertised version (Kafka's answers and errors), and
-confluent-kafka's AdminClient.delete_records moving the low watermark durably (a broker restart keeps it)."""
+"""DeleteRecords and OffsetForLeaderEpoch: raw requests at every advertised version (Kafka's answers and errors),
+confluent-kafka's AdminClient.delete_records moving the low watermark durably (a broker restart keeps it), the leader
+epoch every API reports, and librdkafka validating a position with OffsetForLeaderEpoch."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from icelog.wire import codec
 from icelog.wire.versions import SUPPORTED_VERSIONS
 from tests.support.broker import BrokerProcess
 from tests.support.clients_util import create_topic
+from tests.support.metrics import scrape_text, value
 from tests.support.wire_client import RawClient
 
 
@@ -173,3 +175,25 @@ def test_leader_epoch_reported_and_checked(broker: BrokerProcess, topic_name: st
     assert fetched(-1) == (0, 3, True)
     assert fetched(0) == (0, 3, True)
     assert fetched(1) == (ErrorCode.UNKNOWN_LEADER_EPOCH, -1, False)
+
+
+def test_librdkafka_validates_an_assignment_with_a_leader_epoch(broker: BrokerProcess, topic_name: str) -> None:
+    """librdkafka reads the epoch (0) off the records, and an assignment that carries it is validated with
+    OffsetForLeaderEpoch before the consumer reads on from it."""
+    create_topic(broker.bootstrap, topic_name)
+    produce(broker.bootstrap, topic_name, 6)
+    before = value(scrape_text(broker.metrics_url), "icelog_requests_total", api="OffsetForLeaderEpoch")
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"{topic_name}-g"})
+    try:
+        consumer.assign([TopicPartition(topic_name, 0, 2, leader_epoch=0)])
+        read: list[tuple[int, int | None]] = []
+        for _ in range(60):
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                read.append((msg.offset(), msg.leader_epoch()))
+            if len(read) == 4:
+                break
+    finally:
+        consumer.close()
+    assert read == [(offset, 0) for offset in range(2, 6)]
+    assert value(scrape_text(broker.metrics_url), "icelog_requests_total", api="OffsetForLeaderEpoch") > before
