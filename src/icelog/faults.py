@@ -16,6 +16,8 @@ The archive job's points (archive/archiver.py, archive/upsert.py):
   after-dead-letters         undecodable batches are in the dead-letter table, the archive not yet committed
 Not a kill, a failure:
   intake-enospc       intake writes fail with ENOSPC while <data_dir>/intake-enospc exists (log/intake.py)
+  txn-markers-lost    the transaction coordinator completes transactions without writing their markers, so their
+                      partitions keep them open: a hanging transaction (coordinator/transactions.py)
 Not a kill, a hold:
   maintenance-stall   a maintenance round holds one Spark task slot until <data_dir>/maintenance-stall.release
                       (archive/maintenance_schedule.py, checked with `armed`)

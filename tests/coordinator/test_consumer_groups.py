@@ -2,8 +2,9 @@
 moves only what it must and never lets two members own a partition at once (judged from the consumers' own
 assignment callbacks), a killed member's partitions move after the session timeout, static members come back to
 their partitions, a regex subscription takes a topic created later, committed offsets survive a broker restart,
-and a classic consumer meeting a KIP-848 group gets Kafka's error. The Java consumer's view is
-tests/java/test_java_consumer_groups.py; the exact protocol, tests/coordinator/test_consumer_group_protocol.py."""
+and a classic consumer meeting a KIP-848 group, or a KIP-848 consumer meeting a classic group, gets Kafka's error.
+The Java consumer's view is tests/java/test_java_consumer_groups.py; the exact protocol,
+tests/coordinator/test_consumer_group_protocol.py."""
 
 from __future__ import annotations
 
@@ -254,6 +255,34 @@ def test_a_classic_consumer_meeting_a_kip848_group_gets_kafkas_error(broker: Bro
         classic.close()
         fleet.close_all()
     assert errors[:1] == [ck.KafkaError.INCONSISTENT_GROUP_PROTOCOL]
+
+
+def test_a_kip848_consumer_meeting_a_classic_group_gets_kafkas_error(broker: BrokerProcess) -> None:
+    """The reverse: a KIP-848 member's ConsumerGroupHeartbeat into a classic group with members is GROUP_ID_NOT_FOUND
+    (Kafka's answer when it may not upgrade the group online), which librdkafka makes a fatal consumer error; the
+    classic member keeps its partitions."""
+    topic = "kip848-mixed-reverse"
+    create_topic(broker.bootstrap, topic, 2)
+    owned: set[TP] = set()
+    classic = ck.Consumer({"bootstrap.servers": broker.bootstrap, "group.id": topic, "group.protocol": "classic",
+                           "session.timeout.ms": 6000})
+    kip848 = ck.Consumer({"bootstrap.servers": broker.bootstrap, "group.id": topic, "group.protocol": "consumer"})
+    errors: list[ck.KafkaError] = []
+    try:
+        classic.subscribe([topic], on_assign=lambda _, parts: owned.update((p.topic, p.partition) for p in parts))
+        wait_for(lambda: (classic.poll(0.1), owned == every(topic, 2))[1], "the classic member's partitions")
+        kip848.subscribe([topic])
+        deadline = time.monotonic() + WAIT_S
+        while not errors and time.monotonic() < deadline:
+            classic.poll(0.1)
+            message = kip848.poll(0.1)
+            if message is not None and message.error() is not None:
+                errors.append(message.error())
+        assert owned == every(topic, 2), "the classic member keeps its partitions"
+    finally:
+        kip848.close()
+        classic.close()
+    assert [(e.code(), "The group id does not exist" in e.str()) for e in errors[:1]] == [(ck.KafkaError._FATAL, True)]
 
 
 def test_group_cli_describes_a_kip848_group(broker: BrokerProcess, capsys: pytest.CaptureFixture[str]) -> None:

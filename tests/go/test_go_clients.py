@@ -1,6 +1,6 @@
 """Go clients against icelog: franz-go and IBM/sarama (tests/go/*.go), from the module cache the set-up filled
 (`go mod download` in scripts/setup.sh); built once per session with the module proxy off, so nothing is fetched
-here. One process per client runs all of its checks and prints what it saw.
+here. One process per client (franz-go's KIP-848 group: one more) runs all of its checks and prints what it saw.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 
 from tests.support.broker import BrokerProcess
 from tests.support.clients_util import create_topic
+from tests.support.metrics import scrape_text, value
 
 SOURCES = Path(__file__).resolve().parent
 
@@ -60,3 +61,24 @@ def test_sarama_produce_and_group(go_clients: Path, broker: BrokerProcess, topic
     answer = run(go_clients, "sarama", broker, topic_name)
     assert answer["produced"] == 30
     assert answer["group"] == sorted(f"v{i}" for i in range(30))
+
+
+def test_franz_go_kip848_group_members_share_partitions(go_clients: Path, broker: BrokerProcess,
+                                                        topic_name: str) -> None:
+    """franz-go's KIP-848 opt-in (`ServerSideBalancer` with its sticky balancer, the broker's `uniform` assignor):
+    two members settle on disjoint halves of 4 partitions and read every record produced after that between them,
+    over ConsumerGroupHeartbeat and never JoinGroup (franz-go falls back to classic groups if it may not)."""
+    create_topic(broker.bootstrap, f"{topic_name}-franz848", partitions=4)
+    before = {api: requests(broker, api) for api in ("ConsumerGroupHeartbeat", "JoinGroup")}
+    answer = run(go_clients, "franz848", broker, topic_name)
+    first, second = answer["assignments"]
+    assert sorted(first + second) == [0, 1, 2, 3] and len(first) == len(second) == 2
+    assert answer["values"] == sorted(f"v{i}" for i in range(60))
+    assert [sorted(read) for read in answer["read_partitions"]] == [first, second]
+    assert requests(broker, "ConsumerGroupHeartbeat") > before["ConsumerGroupHeartbeat"]
+    assert requests(broker, "JoinGroup") == before["JoinGroup"]
+
+
+def requests(broker: BrokerProcess, api: str) -> float:
+    """Requests of one API the broker has served (a worker's tests run one at a time on its broker)."""
+    return value(scrape_text(broker.metrics_url), "icelog_requests_total", api=api)

@@ -12,6 +12,7 @@ import pytest
 from tests.support.broker import BrokerProcess
 from tests.support.clients_util import assert_codec_used
 from tests.support.java import KafkaJava
+from tests.support.metrics import scrape_text, value
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 PREFIX = "java-client"
@@ -19,8 +20,16 @@ PREFIX = "java-client"
 
 @pytest.fixture(scope="module")
 def answers(kafka_java: KafkaJava, broker: BrokerProcess) -> dict[str, dict[str, Any]]:
-    checks = [f"produce:{codec}" for codec in CODECS] + ["transactions", "group", "times", "admin"]
-    return kafka_java.checks(broker.bootstrap, PREFIX, *checks)
+    checks = [f"produce:{codec}" for codec in CODECS] + ["transactions", "group", "times", "epochs", "admin"]
+    before = validations(broker)
+    answers = kafka_java.checks(broker.bootstrap, PREFIX, *checks)
+    answers["epochs"]["validations"] = validations(broker) - before
+    return answers
+
+
+def validations(broker: BrokerProcess) -> float:
+    """OffsetForLeaderEpoch requests the broker has served (a worker's tests run one at a time on its broker)."""
+    return value(scrape_text(broker.metrics_url), "icelog_requests_total", api="OffsetForLeaderEpoch")
 
 
 @pytest.mark.parametrize("codec", CODECS)
@@ -62,6 +71,17 @@ def test_offsets_for_times_and_seek(answers: dict[str, dict[str, Any]]) -> None:
     assert "error" not in answer, answer["error"]
     assert (answer["offset"], answer["timestamp_delta"], answer["first_key"]) == (3, 3000, "k3")
     assert answer["past_the_end"] is None
+
+
+def test_leader_epochs_seek_validated_then_consumed(answers: dict[str, dict[str, Any]]) -> None:
+    """ListOffsets gives epoch 0, the epoch Metadata reports; a seek with it is validated with OffsetForLeaderEpoch
+    (the Java consumer sends it only when Metadata gives an epoch) and the consumer reads on from the seek."""
+    answer = answers["epochs"]
+    assert "error" not in answer, answer["error"]
+    assert answer["times_leader_epoch"] == 0
+    assert answer["validations"] >= 1
+    assert answer["keys"] == [f"k{i}" for i in range(4, 15)]
+    assert answer["position"] == 15
 
 
 def test_admin_client_calls(answers: dict[str, dict[str, Any]], broker: BrokerProcess) -> None:

@@ -32,7 +32,7 @@ def kip848_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerPr
 @pytest.fixture(scope="module")
 def answers(kafka_java: KafkaJava, kip848_broker: BrokerProcess) -> dict[str, dict[str, Any]]:
     done = kafka_java.run("ConsumerGroupChecks", kip848_broker.bootstrap, PREFIX, "share", "static", "regex",
-                          "commit", "mixed", timeout=300)
+                          "commit", "mixed", "mixed-reverse", timeout=300)
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     return {answer.pop("check"): answer for answer in lines}
 
@@ -78,6 +78,15 @@ def test_a_classic_consumer_meeting_a_kip848_group_gets_kafkas_error(answers: di
     assert "error" not in answer, answer["error"]
     assert answer["classic"] == "InconsistentGroupProtocolException"
     assert answer["kip848_still_owns"] == [f"{PREFIX}-mixed:0", f"{PREFIX}-mixed:1"]
+
+
+def test_a_kip848_consumer_meeting_a_classic_group_gets_kafkas_error(answers: dict[str, dict[str, Any]]) -> None:
+    """The reverse: a ConsumerGroupHeartbeat into a classic group with members is GROUP_ID_NOT_FOUND (Kafka's answer
+    when it may not upgrade the group online), which the Java consumer raises from poll; the classic member stays."""
+    answer = answers["mixed-reverse"]
+    assert "error" not in answer, answer["error"]
+    assert answer["kip848"] == "GroupIdNotFoundException"
+    assert answer["classic_still_owns"] == [f"{PREFIX}-mixed-rev:0", f"{PREFIX}-mixed-rev:1"]
 
 
 def test_a_killed_java_members_partitions_move_after_the_session_timeout(kafka_java: KafkaJava,

@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 from tests.support.broker import BrokerProcess
 from tests.support.java import TOOLS, KafkaJava
+from tests.support.metrics import scrape_text, value
 
 
 def lines(text: str) -> list[str]:
@@ -108,7 +110,8 @@ def test_acls(kafka_java: KafkaJava, tmp_path: Path) -> None:
 def test_verifiable_producer_broker_killed_verifiable_consumer_reads_every_ack(
         kafka_java: KafkaJava, fresh_broker: BrokerProcess, topic_name: str) -> None:
     """Kafka's system-test tools: VerifiableProducer (acks=all) runs while the broker is SIGKILLed and restarted;
-    VerifiableConsumer, in a group, then reads every record the producer was told was acknowledged."""
+    VerifiableConsumer then reads every record the producer was told was acknowledged, in a classic group and in a
+    KIP-848 group (`--group-protocol consumer`: ConsumerGroupHeartbeat, never JoinGroup)."""
     broker = fresh_broker.start()
     kafka_java.tool("kafka-topics", "--bootstrap-server", broker.bootstrap, "--create", "--topic", topic_name,
                     "--partitions", "3")
@@ -136,26 +139,45 @@ def test_verifiable_producer_broker_killed_verifiable_consumer_reads_every_ack(
     summary = [e for e in events if e["name"] == "tool_data"][-1]
     assert summary["acked"] == len(acked) and len(acked) > 500
 
+    for protocol in ("classic", "consumer"):  # both group protocols, each in a group of its own, on the same log
+        before = {api: requests(broker, api) for api in ("JoinGroup", "ConsumerGroupHeartbeat")}
+        seen = verifiable_consumer_reads(kafka_java, broker, topic_name, f"{topic_name}-{protocol}", protocol, acked)
+        assert not acked - seen, (f"{protocol}: {len(acked - seen)} acked records never read, "
+                                  f"e.g. {sorted(acked - seen)[:5]}")
+        joined = {api: requests(broker, api) > count for api, count in before.items()}
+        assert joined == {"JoinGroup": protocol == "classic", "ConsumerGroupHeartbeat": protocol == "consumer"}
+
+
+def requests(broker: BrokerProcess, api: str) -> float:
+    """Requests of one API the broker has served since it started."""
+    return value(scrape_text(broker.metrics_url), "icelog_requests_total", api=api)
+
+
+def verifiable_consumer_reads(kafka_java: KafkaJava, broker: BrokerProcess, topic: str, group: str, protocol: str,
+                              wanted: set[str]) -> set[str]:
+    """The values VerifiableConsumer (`--group-protocol`) reads in `group` until it has every one of `wanted`."""
     consumer = subprocess.Popen(
         kafka_java.command(TOOLS["verifiable-consumer"], "--bootstrap-server", broker.bootstrap,
-                           "--topic", topic_name, "--group-id", f"{topic_name}-g", "--verbose",
+                           "--topic", topic, "--group-id", group, "--group-protocol", protocol, "--verbose",
                            "--reset-policy", "earliest"),
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert consumer.stdout is not None
     seen: set[str] = set()
-    deadline = time.monotonic() + 180
+    watchdog = threading.Timer(180, consumer.kill)  # a consumer that prints nothing more still ends the loop
+    watchdog.start()
     try:
         for line in consumer.stdout:
             if line.startswith("{"):
                 event = json.loads(line)
                 if event["name"] == "record_data":
                     seen.add(str(event["value"]))
-            if acked <= seen or time.monotonic() > deadline:
+            if wanted <= seen:
                 break
     finally:
+        watchdog.cancel()
         consumer.kill()
         consumer.wait()
-    assert not acked - seen, f"{len(acked - seen)} acked records never read, e.g. {sorted(acked - seen)[:5]}"
+    return seen
 
 
 def last_stable_offset(bootstrap: str, topic: str) -> int:
@@ -210,7 +232,8 @@ def test_transactions_tool(kafka_java: KafkaJava, broker: BrokerProcess, topic_n
     assert by_pid[producer_id]["CurrentTransactionStartOffset"] == "0"
 
     # Open for longer than 0 minutes, but its coordinator's Ongoing transaction holds the partition: not hanging
-    # (a transaction nobody owns icelog aborts by itself, at start-up or after its timeout: docs/transactions.md).
+    # (a transaction nobody owns icelog aborts by itself, at start-up or after its timeout: docs/transactions.md;
+    # a really hanging one is the next test's).
     hanging = table(kafka_java.tool("kafka-transactions", *server, "find-hanging", "--broker-id", "0",
                                     "--max-transaction-timeout", "0").stdout)
     assert hanging == [["Topic", "Partition", "ProducerId", "ProducerEpoch", "CoordinatorEpoch", "StartOffset",
@@ -223,6 +246,67 @@ def test_transactions_tool(kafka_java: KafkaJava, broker: BrokerProcess, topic_n
                                   "--partition", "0").stdout)
     assert {row[0]: row for row in after[1:]}[producer_id][-1] != "0"  # no open transaction starts at 0 any more
     producer.abort_transaction(30)
+
+
+def test_transactions_tool_finds_and_aborts_a_hanging_transaction(kafka_java: KafkaJava, tmp_path: Path,
+                                                                  topic_name: str) -> None:
+    """A transaction whose abort marker never reached its partition (the test hook `txn-markers-lost`: how Kafka's
+    hanging transactions came about) holds read_committed consumers at its first offset. kafka-transactions
+    find-hanging lists it (its coordinator's transaction no longer includes the partition), and `abort` with the
+    offsets it printed writes the marker: the consumer reads on, and find-hanging finds nothing more."""
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import TopicPartition as CkPartition
+
+    broker = BrokerProcess(tmp_path / "hanging-data", env={"ICELOG_TEST_FAULT": "txn-markers-lost"}).start()
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"{topic_name}-g",
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    try:
+        server = ("--bootstrap-server", broker.bootstrap)
+        kafka_java.tool("kafka-topics", *server, "--create", "--topic", topic_name, "--partitions", "1")
+        # A timeout far longer than the test: icelog's own abort of a hanging transaction waits it out.
+        txn = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"{topic_name}-txn",
+                        "transaction.timeout.ms": 600000})
+        txn.init_transactions(30)
+        txn.begin_transaction()
+        for i in range(3):
+            txn.produce(topic_name, value=f"hung{i}", partition=0)
+        assert txn.flush(30) == 0  # written, at offsets 0-2
+        txn.abort_transaction(30)  # the coordinator completes the abort; the partition never gets the marker
+        plain = Producer({"bootstrap.servers": broker.bootstrap})
+        plain.produce(topic_name, value="after", partition=0)
+        assert plain.flush(30) == 0
+
+        def read_committed(for_s: float) -> list[str]:
+            values: list[str] = []
+            deadline = time.monotonic() + for_s
+            while time.monotonic() < deadline and not values:
+                message = consumer.poll(0.2)
+                if message is not None and message.error() is None:
+                    values.append(message.value().decode())
+            return values
+
+        consumer.assign([CkPartition(topic_name, 0, 0)])
+        assert read_committed(3) == []  # held at offset 0 by the open transaction
+        assert last_stable_offset(broker.bootstrap, topic_name) == 0
+
+        def find_hanging() -> list[list[str]]:
+            out = kafka_java.tool("kafka-transactions", *server, "find-hanging", "--broker-id", "0",
+                                  "--max-transaction-timeout", "0").stdout
+            return [line.split() for line in lines(out)]
+
+        header, *hanging = find_hanging()
+        assert header == ["Topic", "Partition", "ProducerId", "ProducerEpoch", "CoordinatorEpoch", "StartOffset",
+                          "LastTimestamp", "Duration(min)"]
+        assert [row[:2] + row[5:6] for row in hanging] == [[topic_name, "0", "0"]]
+        (row,) = hanging
+        kafka_java.tool("kafka-transactions", *server, "abort", "--topic", row[0], "--partition", row[1],
+                        "--start-offset", row[5])
+        assert read_committed(60) == ["after"]
+        assert last_stable_offset(broker.bootstrap, topic_name) == 5  # 3 records, "after" and the abort marker
+        assert find_hanging() == [header]
+    finally:
+        consumer.close()
+        broker.stop()
 
 
 def test_log_dirs(kafka_java: KafkaJava, broker: BrokerProcess, topic_name: str) -> None:

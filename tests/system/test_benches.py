@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
     ("broker_bench.py", ["--metrics-ab", "1", "--records", "20000"], "metrics_on_over_off"),
     ("groups_bench.py", ["--records", "5000", "--txns", "5", "--rounds", "1"], "transactions"),
     ("groups_bench.py", ["--only-protocols", "--rounds", "1"], "join_to_consuming_3x12"),  # classic vs KIP-848
+    # Kafka Streams' word count (one JVM per run), exactly-once then at-least-once, on 2,000 lines: ~30 s.
+    ("streams_bench.py", ["--records", "2000", "--rounds", "1"], "eos_lines_per_s"),
     ("registry_bench.py", ["--lookups", "50", "--records", "2000", "--out", "none"], "produce_records_per_s"),
     ("hostile_bench.py", ["--seconds", "1", "--attacks", "bomb,sizes,plain,registry"], "p99_vs_baseline"),
     ("fuzz_broker.py", ["--seconds", "5"], "tracebacks"),

@@ -26,7 +26,7 @@ from enum import StrEnum
 
 from icelog.coordinator.groups import GroupCoordinator
 from icelog.errors import ErrorCode, KafkaApiError
-from icelog.faults import fault_point
+from icelog.faults import armed, fault_point
 from icelog.log.manager import LogManager
 from icelog.meta.store import GroupOffsets, TransactionLog, TransactionRecord
 
@@ -37,6 +37,9 @@ MAX_EPOCH = 32767
 SWEEP_INTERVAL_S = 0.5
 PRODUCER_ID_EXPIRATION_S = 7 * 24 * 3600  # Kafka's transactional.id.expiration.ms default
 EXPIRE_EVERY_S = 600
+# Test hook (icelog.faults): complete transactions without their markers, as a lost WriteTxnMarkers left Kafka's
+# hanging transactions behind; `kafka-transactions find-hanging` and `abort` are then what an operator has.
+MARKERS_LOST_FAULT = "txn-markers-lost"
 
 
 class TxnState(StrEnum):
@@ -376,8 +379,9 @@ class TransactionCoordinator:
         await self._save(meta)
         fault_point("txn-prepared")
         markers = []
+        lost = armed(MARKERS_LOST_FAULT)
         for topic, partition in sorted(meta.partitions):
-            if self._exists((topic, partition)):
+            if self._exists((topic, partition)) and not lost:
                 _, part = self.logs.partition(topic, partition)
                 markers.append(self.logs.append_marker(part, meta.producer_id, meta.producer_epoch, commit))
         if markers:

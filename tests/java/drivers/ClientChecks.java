@@ -11,6 +11,7 @@ import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Optional;
 import java.util.Properties;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.Future;
@@ -72,6 +73,7 @@ public final class ClientChecks {
           case "transactions" -> checks.transactions(out);
           case "group" -> checks.group(out);
           case "times" -> checks.offsetsForTimes(out);
+          case "epochs" -> checks.leaderEpochs(out);
           case "admin" -> checks.admin(out);
           default -> throw new IllegalArgumentException("no check " + spec[0]);
         }
@@ -301,6 +303,43 @@ public final class ClientChecks {
         consumer.poll(Duration.ofMillis(500)).forEach(got::add);
       }
       out.put("first_key", got.isEmpty() ? null : got.get(0).key());
+    }
+  }
+
+  /**
+   * Leader epochs: offsetsForTimes' answer carries the partition's epoch (ListOffsets), and a seek to an offset with
+   * that epoch makes the consumer validate its position (OffsetForLeaderEpoch, now that Metadata gives an epoch)
+   * before it fetches; it then reads on from there, records produced after the seek too.
+   */
+  private void leaderEpochs(Map<String, Object> out) throws Exception {
+    String topic = prefix + "-epochs";
+    createTopic(topic, 1);
+    TopicPartition tp = new TopicPartition(topic, 0);
+    try (KafkaProducer<String, String> producer = producer(Map.of())) {
+      for (int i = 0; i < 10; i++) {
+        producer.send(new ProducerRecord<>(topic, 0, "k" + i, "v" + i));
+      }
+      producer.flush();
+      try (KafkaConsumer<String, String> consumer = consumer(Map.of())) {
+        consumer.assign(List.of(tp));
+        OffsetAndTimestamp first = consumer.offsetsForTimes(Map.of(tp, 0L)).get(tp);
+        out.put("times_leader_epoch", first.leaderEpoch().orElse(-1));
+        consumer.seek(tp, new OffsetAndMetadata(4, Optional.of(0), ""));
+        List<String> keys = new ArrayList<>();
+        long deadline = System.nanoTime() + WAIT.toNanos();
+        while (keys.size() < 6 && System.nanoTime() < deadline) {
+          consumer.poll(Duration.ofMillis(500)).forEach(rec -> keys.add(rec.key()));
+        }
+        for (int i = 10; i < 15; i++) {
+          producer.send(new ProducerRecord<>(topic, 0, "k" + i, "v" + i));
+        }
+        producer.flush();
+        while (keys.size() < 11 && System.nanoTime() < deadline) {
+          consumer.poll(Duration.ofMillis(500)).forEach(rec -> keys.add(rec.key()));
+        }
+        out.put("keys", keys);
+        out.put("position", consumer.position(tp));
+      }
     }
   }
 

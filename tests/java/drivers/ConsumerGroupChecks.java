@@ -63,6 +63,7 @@ public final class ConsumerGroupChecks {
             case "regex" -> checks.regex(out);
             case "commit" -> checks.commit(out);
             case "mixed" -> checks.mixed(out);
+            case "mixed-reverse" -> checks.mixedReverse(out);
             case "member" -> checks.member();
             default -> throw new IllegalArgumentException("no check " + args[i]);
           }
@@ -323,6 +324,33 @@ public final class ConsumerGroupChecks {
         out.put("classic", e.getClass().getSimpleName());
       }
       out.put("kip848_still_owns", new ArrayList<>(fleet.owned.get("kip848")));
+    }
+  }
+
+  /** A KIP-848 consumer subscribing to a group a classic member holds: what poll raises. */
+  private void mixedReverse(Map<String, Object> out) throws Exception {
+    String topic = prefix + "-mixed-rev";
+    createTopic(topic, 2);
+    try (Fleet fleet = new Fleet(prefix + "-mixed-rev")) {
+      KafkaConsumer<String, String> classic =
+          fleet.add("classic", Map.of(ConsumerConfig.GROUP_PROTOCOL_CONFIG, "classic"));
+      classic.subscribe(List.of(topic), fleet.listener("classic"));
+      long deadline = System.currentTimeMillis() + WAIT_MS;
+      while (fleet.owned.get("classic").size() < 2 && System.currentTimeMillis() < deadline) {
+        classic.poll(Duration.ofMillis(100));
+      }
+      KafkaConsumer<String, String> kip848 = fleet.add("kip848", Map.of());
+      kip848.subscribe(List.of(topic));
+      try {
+        while (System.currentTimeMillis() < deadline) {
+          kip848.poll(Duration.ofMillis(100));
+          classic.poll(Duration.ofMillis(10));
+        }
+        out.put("kip848", "no error");
+      } catch (Exception e) {
+        out.put("kip848", e.getClass().getSimpleName());
+      }
+      out.put("classic_still_owns", new ArrayList<>(fleet.owned.get("classic")));
     }
   }
 

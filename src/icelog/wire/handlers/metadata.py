@@ -14,6 +14,7 @@ from icelog.security.acl import ACLOperation, ACLResourceType
 from icelog.wire import codec
 from icelog.wire.authz import may_create_topic
 from icelog.wire.context import RequestContext, handles
+from icelog.wire.handlers.records_admin import LEADER_EPOCH
 from icelog.wire.versions import build_api_versions_response
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ async def metadata(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
             continue
         partitions = [
             MetadataResponse.MetadataResponseTopic.MetadataResponsePartition(
-                error_code=0, partition_index=p, leader_id=node, leader_epoch=-1,
+                error_code=0, partition_index=p, leader_id=node, leader_epoch=LEADER_EPOCH,
                 replica_nodes=[node], isr_nodes=[node], offline_replicas=[],
             )
             for p in range(len(state.partitions))
@@ -167,8 +168,9 @@ async def describe_topic_partitions(ctx: RequestContext, request: ApiMessage) ->
         out = answer(name, ErrorCode.NONE, state.record.topic_id)
         # Empty, never null, ELR lists: Kafka's broker sends empty ones and the Java client dereferences them.
         out.partitions = [
-            partition_cls(error_code=0, partition_index=p, leader_id=node, leader_epoch=-1, replica_nodes=[node],
-                          isr_nodes=[node], eligible_leader_replicas=[], last_known_elr=[], offline_replicas=[])
+            partition_cls(error_code=0, partition_index=p, leader_id=node, leader_epoch=LEADER_EPOCH,
+                          replica_nodes=[node], isr_nodes=[node], eligible_leader_replicas=[], last_known_elr=[],
+                          offline_replicas=[])
             for p in range(start, end)]
         topics.append(out)
         if end < len(state.partitions):

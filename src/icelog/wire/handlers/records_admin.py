@@ -8,10 +8,11 @@ topic's history); read-back never serves below the log start. As Kafka: DELETE o
 TOPIC_AUTHORIZATION_FAILED; an offset past the high watermark, OFFSET_OUT_OF_RANGE; the answer's low watermark is
 the new log start.
 
-icelog is one broker whose leader never changes: every partition's leader epoch is LEADER_EPOCH (0), and
-OffsetForLeaderEpoch answers, as Kafka's Partition.lastOffsetForLeaderEpoch, the current epoch ending at the high
-watermark for any epoch asked for up to it (a later one: UNDEFINED_EPOCH, as Kafka's epoch cache), fencing a
-current_leader_epoch that differs from it.
+icelog is one broker whose leader never changes: every partition's leader epoch is LEADER_EPOCH (0), the epoch
+Metadata, DescribeTopicPartitions and ListOffsets report. OffsetForLeaderEpoch answers, as Kafka's
+Partition.lastOffsetForLeaderEpoch, the current epoch ending at the high watermark for any epoch asked for up to it
+(a later one: UNDEFINED_EPOCH, as Kafka's epoch cache); it, Fetch and ListOffsets fence a current_leader_epoch that
+differs from it (`check_current_leader_epoch`).
 """
 
 from __future__ import annotations
@@ -87,17 +88,22 @@ async def delete_records(ctx: RequestContext, request: ApiMessage) -> ApiMessage
     return DeleteRecordsResponse(throttle_time_ms=0, topics=topics)
 
 
+def check_current_leader_epoch(current: int) -> None:
+    """Kafka's leader check of a request's current_leader_epoch: a negative one (unknown) is not checked, a later one
+    is UNKNOWN_LEADER_EPOCH (the client knows a leader this broker does not), an earlier one FENCED_LEADER_EPOCH."""
+    if current > LEADER_EPOCH:
+        raise KafkaApiError(ErrorCode.UNKNOWN_LEADER_EPOCH)
+    if 0 <= current < LEADER_EPOCH:
+        raise KafkaApiError(ErrorCode.FENCED_LEADER_EPOCH)
+
+
 def _epoch_end(ctx: RequestContext, topic: str, req: Any, allowed: bool) -> Any:
     out = EpochEndOffset(error_code=0, partition=req.partition, leader_epoch=-1, end_offset=-1)
     try:
         if not allowed:
             raise KafkaApiError(ErrorCode.TOPIC_AUTHORIZATION_FAILED)
         _, part = ctx.broker.logs.partition(topic, req.partition)
-        current = req.current_leader_epoch
-        if current > LEADER_EPOCH:
-            raise KafkaApiError(ErrorCode.UNKNOWN_LEADER_EPOCH)
-        if 0 <= current < LEADER_EPOCH:
-            raise KafkaApiError(ErrorCode.FENCED_LEADER_EPOCH)
+        check_current_leader_epoch(req.current_leader_epoch)
         if req.leader_epoch <= LEADER_EPOCH:
             out.leader_epoch, out.end_offset = LEADER_EPOCH, part.high_watermark
     except KafkaApiError as exc:
