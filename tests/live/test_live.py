@@ -16,6 +16,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pytest
 from confluent_kafka import Producer
 
 from icelog import live
@@ -125,11 +126,13 @@ def test_live_read_is_read_committed(
     assert values() == [f"c-{i}".encode() for i in range(5)] + [b"open-0", b"after-open"]
 
 
+@pytest.mark.parametrize("layout", ["record", "table"])
 def test_primary_key_topic_tail_upserts_and_tombstones_apply_over_the_table(
-    lake_broker: BrokerProcess, lake_settings: Settings, lake_archiver: Archiver
+    lake_broker: BrokerProcess, lake_settings: Settings, lake_archiver: Archiver, layout: str
 ) -> None:
-    topic = "live-pk"
-    create_topic(lake_broker, topic, partitions=2, configs={"cleanup.policy": "compact"})
+    topic = f"live-pk-{layout}"
+    create_topic(lake_broker, topic, partitions=2,
+                 configs={"cleanup.policy": "compact", "icelog.archive.layout": layout})
     producer = Producer({"bootstrap.servers": lake_broker.bootstrap, "linger.ms": 5})
     for i in range(40):
         producer.produce(topic, key=f"k{i}".encode(), value=f"v1-{i}".encode(), partition=i % 2)
@@ -150,9 +153,12 @@ def test_primary_key_topic_tail_upserts_and_tombstones_apply_over_the_table(
 
     def live_rows() -> dict[str, str]:
         rows = live.scan(topic, data_dir=str(lake_settings.data_dir)).read_all().to_pylist()
-        keys = [r["key"]["__raw__"].decode() for r in rows]
-        assert len(keys) == len(set(keys)), "one row per live key"
-        return {r["key"]["__raw__"].decode(): r["value"]["__raw__"].decode() for r in rows}
+        if layout == "table":
+            pairs = [(r["__key"].decode(), r["__value"].decode()) for r in rows]
+        else:
+            pairs = [(r["key"]["__raw__"].decode(), r["value"]["__raw__"].decode()) for r in rows]
+        assert len(pairs) == len(dict(pairs)), "one row per live key"
+        return dict(pairs)
 
     assert live_rows() == expected
     lake_archiver.run_pass(force=True, topics=[topic])  # the pass's table holds what the live read showed
