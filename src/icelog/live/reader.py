@@ -10,8 +10,11 @@ the first table row goes out), the table's rows then stream.
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 from icelog.archive.decode import decode_archive
 from icelog.archive.decode_table import decode_archive_table
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
     from icelog.table.arrow import ArrowArray
 
 DEFAULT_DATA_DIR = "./icelog-data"
+TAIL_PREFETCH_BATCHES = 16  # tail batches (of up to 65,536 rows) decoded ahead while the table's rows are read
 
 
 def scan(topic: str, *, data_dir: str = DEFAULT_DATA_DIR, config: str | None = None) -> pa.RecordBatchReader:
@@ -52,14 +56,18 @@ def read_cut(settings: Settings, cut: LiveCut) -> pa.RecordBatchReader:
     import pyarrow as pa
 
     table = load_table(settings, cut.namespace, cut.table)
-    schema = table_schema(table, cut)
+    # The snapshot's files are planned now; its rows are read as the reader is read. Its schema (pyiceberg's, with
+    # field ids) is the reader's: the tail's rows take it, so the table's rows go out as pyiceberg reads them.
+    snapshot = None if table is None or cut.snapshot_id is None else \
+        table.scan(snapshot_id=cut.snapshot_id).to_arrow_batch_reader()
+    schema = snapshot.schema if snapshot is not None else table_schema(table, cut)
     _check_decodable(schema, cut)
     if cut.spec.primary_key:
         tail = pa.Table.from_batches(list(tail_batches(cut, schema)), schema=schema)
         latest, replaced = latest_per_key(tail, cut)
-        batches = _upserted(table, cut, schema, latest, replaced)
+        batches = _upserted(snapshot, cut, schema, latest, replaced)
     else:
-        batches = _appended(table, cut, schema)
+        batches = _appended(snapshot, cut, schema)
     return pa.RecordBatchReader.from_batches(schema, _closing(batches, cut))
 
 
@@ -95,7 +103,6 @@ def _check_decodable(schema: pa.Schema, cut: LiveCut) -> None:
 
 def tail_batches(cut: LiveCut, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The tail's rows in partition and offset order, decoded as a pass would and cast to `schema`."""
-    import pyarrow as pa
 
     source = cut.source.chunk_source(cut.source.topic(cut.topic)) if cut.tail else None
     for archive in iter_tail(cut):
@@ -105,27 +112,82 @@ def tail_batches(cut: LiveCut, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
         else:
             decoded = decode_archive(source, archive)
         for batch in decoded:
-            yield pa.Table.from_batches([batch]).cast(schema).combine_chunks().to_batches()[0] \
-                if batch.schema != schema else batch
+            yield as_schema(batch, schema)
 
 
-def _snapshot_batches(table: Table | None, cut: LiveCut) -> Iterator[pa.RecordBatch]:
-    if table is None or cut.snapshot_id is None:
-        return
-    yield from table.scan(snapshot_id=cut.snapshot_id).to_arrow_batch_reader()
+def _appended(
+    snapshot: pa.RecordBatchReader | None, cut: LiveCut, schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
+    # The tail is decoded on a thread while the snapshot's Parquet is read (pyiceberg's reads leave the GIL free
+    # most of the time): a tenth of the rows in the tail costs little more than reading them from the table.
+    with Prefetched(tail_batches(cut, schema), TAIL_PREFETCH_BATCHES) as tail:
+        if snapshot is not None:
+            for batch in snapshot:
+                yield as_schema(batch, schema)
+        yield from tail
 
 
-def _appended(table: Table | None, cut: LiveCut, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    for batch in _snapshot_batches(table, cut):
-        yield _as(batch, schema)
-    yield from tail_batches(cut, schema)
+class Prefetched:
+    """An iterator run on a thread of its own, up to `depth` items ahead of its reader; an error it raises is raised
+    to the reader, and leaving the `with` block early stops it."""
+
+    _END = object()
+
+    def __init__(self, items: Iterator[pa.RecordBatch], depth: int) -> None:
+        self._items = items
+        self._queue: queue.Queue[object] = queue.Queue(depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="live-tail", daemon=True)
+
+    def __enter__(self) -> Iterator[pa.RecordBatch]:
+        self._thread.start()
+        return self._read()
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _put(self, item: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            for item in self._items:
+                if not self._put(item):
+                    return
+        except BaseException as exc:  # handed to the reader
+            self._put(_Failed(exc))
+            return
+        self._put(self._END)
+
+    def _read(self) -> Iterator[pa.RecordBatch]:
+        while True:
+            item = self._queue.get()
+            if item is self._END:
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            yield cast("pa.RecordBatch", item)
 
 
-def _as(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+@dataclass(frozen=True)
+class _Failed:
+    error: BaseException
+
+
+def as_schema(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """`batch` in `schema`: its arrays as they are when only field metadata differs (field ids), else cast."""
     import pyarrow as pa
 
-    if batch.schema == schema:
-        return batch
+    if batch.schema.equals(schema, check_metadata=False):
+        return batch if batch.schema.equals(schema, check_metadata=True) else \
+            pa.RecordBatch.from_arrays(batch.columns, schema=schema)
     return pa.Table.from_batches([batch]).cast(schema).combine_chunks().to_batches()[0]
 
 
@@ -202,14 +264,14 @@ def latest_per_key(tail: pa.Table, cut: LiveCut) -> tuple[pa.Table, set[bytes]]:
 
 
 def _upserted(
-    table: Table | None, cut: LiveCut, schema: pa.Schema, latest: pa.Table, replaced: set[bytes]
+    snapshot: pa.RecordBatchReader | None, cut: LiveCut, schema: pa.Schema, latest: pa.Table, replaced: set[bytes]
 ) -> Iterator[pa.RecordBatch]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
     written = pa.array(sorted(replaced), pa.binary())
-    for batch in _snapshot_batches(table, cut):
-        batch = _as(batch, schema)
+    for batch in () if snapshot is None else snapshot:
+        batch = as_schema(batch, schema)
         if len(written) and batch.num_rows:
             has_key, keys = _key_mask_and_bytes(batch, cut)
             if not pc.all(has_key).as_py():  # (the archiver never leaves a row without a key in the table)
