@@ -32,6 +32,7 @@ from icelog.table.layout import TableSpec, table_spec
 if TYPE_CHECKING:
     from pyiceberg.table import Table
 
+    from icelog.archive.intake_source import ChunkSource
     from icelog.archive.plan import PlannedArchive
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class LiveCut:
     table_offsets: Mapping[int, int]  # the next offset per partition the snapshot holds
     stable_offsets: Mapping[int, int]  # each partition's last stable offset when the read was planned
     tail: tuple[PlannedArchive, ...]  # the committed records in between, as the archiver would plan them
-    source: TailSource  # where the tail's batches are read from (the intake, or Fetch requests)
+    chunks: ChunkSource  # where the tail's batches are read from (the intake, or Fetch requests); picklable
     planned_ms: int
 
     @property
@@ -126,9 +127,8 @@ def plan_cut(settings: Settings, topic: str, *, now_ms: int | None = None) -> Li
     source = open_tail(settings)
     try:
         return _plan(settings, source, topic, now_ms)
-    except BaseException:
+    finally:  # (the tail is read from the cut's `chunks`, which need nothing of the planner)
         source.close()
-        raise
 
 
 def _plan(settings: Settings, source: TailSource, topic: str, now_ms: int | None) -> LiveCut:
@@ -160,7 +160,7 @@ def _plan(settings: Settings, source: TailSource, topic: str, now_ms: int | None
     # Only now, after the snapshot is pinned: a pass committing from here on moves neither side of the cut.
     stable, tail = source.plan_tail(view, offsets, config, planned_ms)
     return LiveCut(view.name, view.topic_id, config.namespace, config.table, spec, snapshot_id, offsets, stable,
-                   tuple(tail), source, planned_ms)
+                   tuple(tail), source.chunk_source(view), planned_ms)
 
 
 def iter_tail(cut: LiveCut) -> Iterator[PlannedArchive]:

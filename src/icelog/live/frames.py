@@ -51,26 +51,15 @@ def cut_dataframe(spark: SparkSession, settings: Settings, cut: LiveCut) -> Data
         snapshot = spark.createDataFrame([], from_arrow_schema(arrow_schema()))
     target = to_arrow_schema(snapshot.schema)
     archives = list(iter_tail(cut))
-    try:
-        source = cut.source.chunk_source(cut.source.topic(cut.topic))  # pickled into the tasks, as the archiver's
-    finally:
-        cut.source.close()
+    source = cut.chunks  # pickled into the tasks, as the archiver's chunk sources are
     layout = cut.spec.layout
 
     def decode(ids: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow as pa
-
-        from icelog.archive.decode import decode_archive
-        from icelog.archive.decode_table import decode_archive_table
+        from icelog.live.tail_rows import tail_rows
 
         for batch in ids:
             for number in batch.column(0).to_numpy():
-                archive = archives[int(number)]
-                decoded = (decode_archive_table(source, archive, None, None, target) if layout == LAYOUT_TABLE
-                           else decode_archive(source, archive))
-                for rows in decoded:
-                    yield rows if rows.schema == target else \
-                        pa.Table.from_batches([rows]).cast(target).combine_chunks().to_batches()[0]
+                yield from tail_rows(source, archives[int(number)], layout, target)
 
     tail = spark.range(len(archives), numPartitions=max(1, len(archives))).mapInArrow(decode, snapshot.schema)
     if not cut.spec.primary_key:

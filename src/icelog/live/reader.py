@@ -16,11 +16,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from icelog.archive.decode import decode_archive
-from icelog.archive.decode_table import decode_archive_table
 from icelog.archive.pk_index import encode_keys
 from icelog.config import Settings, load_settings
 from icelog.live.cut import LiveCut, LiveReadError, iter_tail, load_table, plan_cut
+from icelog.live.tail_rows import as_schema, tail_rows
 from icelog.table.arrow import struct_array
 from icelog.table.config import BUCKET, KEY_ERR, LAYOUT_TABLE, OFFSET, VALUE_BYTES, VALUE_ERR, VALUE_PREFIX
 from icelog.table.iceberg_types import RAW
@@ -52,7 +51,7 @@ def live_settings(data_dir: str, config: str | None) -> Settings:
 
 
 def read_cut(settings: Settings, cut: LiveCut) -> pa.RecordBatchReader:
-    """An Arrow reader of a planned cut (the tail source is closed once the reader is exhausted)."""
+    """An Arrow reader of a planned cut."""
     import pyarrow as pa
 
     table = load_table(settings, cut.namespace, cut.table)
@@ -68,7 +67,7 @@ def read_cut(settings: Settings, cut: LiveCut) -> pa.RecordBatchReader:
         batches = _upserted(snapshot, cut, schema, latest, replaced)
     else:
         batches = _appended(snapshot, cut, schema)
-    return pa.RecordBatchReader.from_batches(schema, _closing(batches, cut))
+    return pa.RecordBatchReader.from_batches(schema, batches)
 
 
 def table_schema(table: Table | None, cut: LiveCut) -> pa.Schema:
@@ -103,16 +102,8 @@ def _check_decodable(schema: pa.Schema, cut: LiveCut) -> None:
 
 def tail_batches(cut: LiveCut, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The tail's rows in partition and offset order, decoded as a pass would and cast to `schema`."""
-
-    source = cut.source.chunk_source(cut.source.topic(cut.topic)) if cut.tail else None
     for archive in iter_tail(cut):
-        assert source is not None
-        if cut.spec.layout == LAYOUT_TABLE:
-            decoded = decode_archive_table(source, archive, None, None, schema)
-        else:
-            decoded = decode_archive(source, archive)
-        for batch in decoded:
-            yield as_schema(batch, schema)
+        yield from tail_rows(cut.chunks, archive, cut.spec.layout, schema)
 
 
 def _appended(
@@ -179,23 +170,6 @@ class Prefetched:
 @dataclass(frozen=True)
 class _Failed:
     error: BaseException
-
-
-def as_schema(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """`batch` in `schema`: its arrays as they are when only field metadata differs (field ids), else cast."""
-    import pyarrow as pa
-
-    if batch.schema.equals(schema, check_metadata=False):
-        return batch if batch.schema.equals(schema, check_metadata=True) else \
-            pa.RecordBatch.from_arrays(batch.columns, schema=schema)
-    return pa.Table.from_batches([batch]).cast(schema).combine_chunks().to_batches()[0]
-
-
-def _closing(batches: Iterator[pa.RecordBatch], cut: LiveCut) -> Iterator[pa.RecordBatch]:
-    try:
-        yield from batches
-    finally:
-        cut.source.close()
 
 
 # -- primary-key topics ---------------------------------------------------------------------------------------------
