@@ -25,6 +25,7 @@ from icelog.archive.reconcile import OFFSETS_PROPERTY, TOPIC_ID_PROPERTY, decode
 from icelog.config import Settings
 from icelog.errors import ConfigError, IcelogError
 from icelog.lake.catalog import pyiceberg_catalog_opener
+from icelog.live.sides import NO_DECODING, Decodings, decodings
 from icelog.live.tail import TailSource, open_tail
 from icelog.table.config import LAYOUT_TABLE, archive_config, table_config
 from icelog.table.layout import TableSpec, table_spec
@@ -59,6 +60,7 @@ class LiveCut:
     tail: tuple[PlannedArchive, ...]  # the committed records in between, as the archiver would plan them
     chunks: ChunkSource  # where the tail's batches are read from (the intake, or Fetch requests); picklable
     planned_ms: int
+    sides: Decodings = NO_DECODING  # the sides the table holds as columns, decoded with the registry's schemas
 
     @property
     def tail_records(self) -> int:
@@ -156,11 +158,13 @@ def _plan(settings: Settings, source: TailSource, topic: str, now_ms: int | None
                 raise LiveReadError(
                     f"table {config.namespace}.{config.table} holds the archive of another topic (id {owner}), not of "
                     f"{topic!r} (id {view.topic_id})")
+    sides = NO_DECODING if table is None else decodings(settings, table, view.name, view.configs, spec.layout,
+                                                        snapshot_id)
     planned_ms = int(time.time() * 1000) if now_ms is None else now_ms
     # Only now, after the snapshot is pinned: a pass committing from here on moves neither side of the cut.
     stable, tail = source.plan_tail(view, offsets, config, planned_ms)
     return LiveCut(view.name, view.topic_id, config.namespace, config.table, spec, snapshot_id, offsets, stable,
-                   tuple(tail), source.chunk_source(view), planned_ms)
+                   tuple(tail), source.chunk_source(view), planned_ms, sides)
 
 
 def iter_tail(cut: LiveCut) -> Iterator[PlannedArchive]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from icelog.config import Settings
 from icelog.live.cut import LiveCut, iter_tail, load_table, plan_cut
-from icelog.live.reader import DEFAULT_DATA_DIR, _check_decodable, live_settings, table_schema
+from icelog.live.reader import DEFAULT_DATA_DIR, live_settings
 from icelog.table.config import BUCKET, LAYOUT_TABLE, OFFSET, VALUE_BYTES, VALUE_ERR, VALUE_PREFIX
 from icelog.table.layout import quote_identifier, quote_path
 
@@ -38,7 +38,6 @@ def cut_dataframe(spark: SparkSession, settings: Settings, cut: LiveCut) -> Data
 
     name = quote_identifier(settings.archive.catalog_name, cut.namespace, cut.table)
     table = load_table(settings, cut.namespace, cut.table)
-    _check_decodable(table_schema(table, cut), cut)
     if cut.snapshot_id is not None:
         snapshot = spark.sql(f"SELECT * FROM {name} VERSION AS OF {cut.snapshot_id}")
     elif table is not None:
@@ -51,7 +50,7 @@ def cut_dataframe(spark: SparkSession, settings: Settings, cut: LiveCut) -> Data
         snapshot = spark.createDataFrame([], from_arrow_schema(arrow_schema()))
     target = to_arrow_schema(snapshot.schema)
     archives = list(iter_tail(cut))
-    source = cut.chunks  # pickled into the tasks, as the archiver's chunk sources are
+    source, sides = cut.chunks, cut.sides  # pickled into the tasks, as the archiver's chunk sources and decodings
     layout = cut.spec.layout
 
     def decode(ids: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -59,7 +58,7 @@ def cut_dataframe(spark: SparkSession, settings: Settings, cut: LiveCut) -> Data
 
         for batch in ids:
             for number in batch.column(0).to_numpy():
-                yield from tail_rows(source, archives[int(number)], layout, target)
+                yield from tail_rows(source, archives[int(number)], layout, target, sides)
 
     tail = spark.range(len(archives), numPartitions=max(1, len(archives))).mapInArrow(decode, snapshot.schema)
     if not cut.spec.primary_key:

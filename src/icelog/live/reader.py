@@ -21,8 +21,7 @@ from icelog.config import Settings, load_settings
 from icelog.live.cut import LiveCut, LiveReadError, iter_tail, load_table, plan_cut
 from icelog.live.tail_rows import as_schema, tail_rows
 from icelog.table.arrow import struct_array
-from icelog.table.config import BUCKET, KEY_ERR, LAYOUT_TABLE, OFFSET, VALUE_BYTES, VALUE_ERR, VALUE_PREFIX
-from icelog.table.iceberg_types import RAW
+from icelog.table.config import BUCKET, LAYOUT_TABLE, OFFSET, VALUE_BYTES, VALUE_ERR, VALUE_PREFIX
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -60,7 +59,6 @@ def read_cut(settings: Settings, cut: LiveCut) -> pa.RecordBatchReader:
     snapshot = None if table is None or cut.snapshot_id is None else \
         table.scan(snapshot_id=cut.snapshot_id).to_arrow_batch_reader()
     schema = snapshot.schema if snapshot is not None else table_schema(table, cut)
-    _check_decodable(schema, cut)
     if cut.spec.primary_key:
         tail = pa.Table.from_batches(list(tail_batches(cut, schema)), schema=schema)
         latest, replaced = latest_per_key(tail, cut)
@@ -86,24 +84,10 @@ def table_schema(table: Table | None, cut: LiveCut) -> pa.Schema:
     return schema_to_pyarrow(schema or table.schema(), include_field_ids=False)
 
 
-def _check_decodable(schema: pa.Schema, cut: LiveCut) -> None:
-    """Topics whose payloads are decoded with a registry schema are not read live (their tail would need the
-    archiver's schema resolution); their raw columns say so."""
-    if cut.spec.layout == LAYOUT_TABLE:
-        decoded = KEY_ERR in schema.names or VALUE_ERR in schema.names
-    else:
-        decoded = any(
-            [f.name for f in schema.field(side).type] != [RAW] for side in ("key", "value") if side in schema.names)
-    if decoded:
-        raise LiveReadError(
-            f"topic {cut.topic!r}: its table decodes payloads with a registry schema, which live reads do not yet "
-            "do; read the table alone (without --live)")
-
-
 def tail_batches(cut: LiveCut, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The tail's rows in partition and offset order, decoded as a pass would and cast to `schema`."""
     for archive in iter_tail(cut):
-        yield from tail_rows(cut.chunks, archive, cut.spec.layout, schema)
+        yield from tail_rows(cut.chunks, archive, cut.spec.layout, schema, cut.sides)
 
 
 def _appended(

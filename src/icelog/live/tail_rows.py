@@ -16,15 +16,19 @@ from typing import TYPE_CHECKING
 
 from icelog.archive.archiver import DEAD_LETTER_ROUNDS
 from icelog.archive.decode import decode_archive, find_dead_letters, find_failing_batch
+from icelog.archive.decode_schema import decode_archive_schema
 from icelog.archive.decode_table import decode_archive_table
 from icelog.archive.intake_source import ChunkSource
 from icelog.archive.plan import PlannedArchive
 from icelog.errors import IcelogError
+from icelog.live.sides import NO_DECODING, Decodings
 from icelog.table.arrow import struct_array
 from icelog.table.config import LAYOUT_TABLE, OFFSET
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from icelog.schema.codec.sides import SideDecoder
 
 
 class UndecodableTailError(IcelogError):
@@ -50,10 +54,17 @@ def _next_offset(batch: pa.RecordBatch, layout: str) -> int:
     return int(offsets[len(offsets) - 1].as_py()) + 1
 
 
-def tail_rows(source: ChunkSource, archive: PlannedArchive, layout: str, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def tail_rows(
+    source: ChunkSource, archive: PlannedArchive, layout: str, schema: pa.Schema, sides: Decodings = NO_DECODING
+) -> Iterator[pa.RecordBatch]:
     """The rows of one tail archive in offset order, in `schema`; batches a pass dead-letters are left out."""
+    cache: dict[str, SideDecoder] = {}  # a side's decoder, built once for the archive's rounds
 
     def decode(planned: PlannedArchive) -> Iterator[pa.RecordBatch]:
+        if sides.arrow is not None:  # as the archiver's decoder of a topic with a schema (archiver._decoder)
+            if layout == LAYOUT_TABLE:
+                return decode_archive_table(source, planned, sides.key, sides.value, sides.arrow, cache)
+            return decode_archive_schema(source, planned, sides.key, sides.value, sides.arrow, cache)
         if layout == LAYOUT_TABLE:
             return decode_archive_table(source, planned, None, None, schema)
         return decode_archive(source, planned)
