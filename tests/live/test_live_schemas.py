@@ -28,7 +28,7 @@ def offset_of(row: dict[str, Any], layout: str) -> int:
 
 @pytest.mark.parametrize("layout", ["record", "table"])
 def test_avro_topic_tail_decoded_into_the_tables_columns(
-    lake_broker: BrokerProcess, lake_settings: Settings, lake_archiver: Archiver, layout: str
+    lake_broker: BrokerProcess, lake_settings: Settings, lake_archiver: Archiver, lake_spark: Any, layout: str
 ) -> None:
     topic = f"live-avro-{layout}"
     create_topic(lake_broker.bootstrap, topic, 1, {"icelog.archive.layout": layout})
@@ -48,6 +48,12 @@ def test_avro_topic_tail_decoded_into_the_tables_columns(
     assert [offset_of(r, layout) for r in live_rows] == list(range(32))
     ids = [r["id"] if layout == "table" else r["value"]["id"] for r in live_rows]
     assert ids == [1000 + i for i in range(32)]
+    # The Spark DataFrame of the same cut: the tail decoded in Spark's workers into Spark's types of the columns.
+    frame = live.dataframe(lake_spark, topic, data_dir=str(lake_settings.data_dir))
+    id_column, attrs = ("id", "attrs") if layout == "table" else ("value.id", "value.attrs")
+    got = sorted((r[0], r[1]) for r in frame.select(id_column, attrs).collect())
+    assert got == sorted((r["id"] if layout == "table" else r["value"]["id"],
+                          dict(r["attrs"] if layout == "table" else r["value"]["attrs"])) for r in live_rows)
     [result] = lake_archiver.run_pass(force=True, topics=[topic])
     assert result.records == 12 and not result.error, result
     assert rows() == live_rows  # the tail's rows were the pass's, every column

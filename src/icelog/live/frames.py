@@ -12,8 +12,8 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from icelog.config import Settings
-from icelog.live.cut import LiveCut, iter_tail, load_table, plan_cut
-from icelog.live.reader import DEFAULT_DATA_DIR, live_settings
+from icelog.live.cut import LiveCut, iter_tail, plan_cut
+from icelog.live.reader import DEFAULT_DATA_DIR, live_settings, table_schema
 from icelog.table.config import BUCKET, LAYOUT_TABLE, OFFSET, VALUE_BYTES, VALUE_ERR, VALUE_PREFIX
 from icelog.table.layout import quote_identifier, quote_path
 
@@ -37,17 +37,14 @@ def cut_dataframe(spark: SparkSession, settings: Settings, cut: LiveCut) -> Data
     from pyspark.sql.pandas.types import to_arrow_schema
 
     name = quote_identifier(settings.archive.catalog_name, cut.namespace, cut.table)
-    table = load_table(settings, cut.namespace, cut.table)
     if cut.snapshot_id is not None:
         snapshot = spark.sql(f"SELECT * FROM {name} VERSION AS OF {cut.snapshot_id}")
-    elif table is not None:
+    elif spark.catalog.tableExists(name):
         snapshot = spark.table(name).limit(0)
-    else:
+    else:  # no table yet: every record is in the tail, in the layout's own columns
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        from icelog.table.layout import arrow_schema
-
-        snapshot = spark.createDataFrame([], from_arrow_schema(arrow_schema()))
+        snapshot = spark.createDataFrame([], from_arrow_schema(table_schema(None, cut)))
     target = to_arrow_schema(snapshot.schema)
     archives = list(iter_tail(cut))
     source, sides = cut.chunks, cut.sides  # pickled into the tasks, as the archiver's chunk sources and decodings
