@@ -35,6 +35,13 @@ class UndecodableTailError(IcelogError):
     """A tail archive keeps failing to decode after its undecodable batches were set aside."""
 
 
+class TailTrimmedError(IcelogError):
+    """Intake files the tail was planned on were deleted before they were read (a pass archived them and the intake's
+    retention, `icelog.intake.retention.ms`, released them meanwhile): reading again plans a newer cut."""
+
+    retriable = True
+
+
 def as_schema(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     """`batch` in `schema`: its arrays as they are when only field metadata differs (field ids), else cast."""
     import pyarrow as pa
@@ -78,6 +85,10 @@ def tail_rows(
                     yield as_schema(batch, schema)
                     done = _next_offset(batch, layout)
             return
+        except FileNotFoundError as exc:
+            raise TailTrimmedError(
+                f"partition {archive.partition}: the intake released the tail from offset {done} after the read was "
+                f"planned ({exc.filename}); read again") from None
         except Exception as exc:
             if isinstance(exc, IcelogError) and exc.retriable:
                 raise
