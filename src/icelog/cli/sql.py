@@ -42,8 +42,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
         require_metadata(settings)
     spark = create_session(settings, "icelog-sql")
     try:
-        query = live_query(spark, settings, args.query) if args.live else args.query
         try:
+            query = live_query(spark, settings, args.query) if args.live else args.query
             frame = spark.sql(query)
         except PySparkException as exc:
             raise IcelogError(f"query failed: {str(exc).strip().splitlines()[0]}") from None

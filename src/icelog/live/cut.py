@@ -18,7 +18,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from icelog.archive.reconcile import OFFSETS_PROPERTY, TOPIC_ID_PROPERTY, decode_offsets
@@ -61,6 +61,7 @@ class LiveCut:
     chunks: ChunkSource  # where the tail's batches are read from (the intake, or Fetch requests); picklable
     planned_ms: int
     sides: Decodings = NO_DECODING  # the sides the table holds as columns, decoded with the registry's schemas
+    table_handle: Table | None = field(default=None, compare=False, repr=False)  # pyiceberg's, as loaded to plan
 
     @property
     def tail_records(self) -> int:
@@ -164,7 +165,7 @@ def _plan(settings: Settings, source: TailSource, topic: str, now_ms: int | None
     # Only now, after the snapshot is pinned: a pass committing from here on moves neither side of the cut.
     stable, tail = source.plan_tail(view, offsets, config, planned_ms)
     return LiveCut(view.name, view.topic_id, config.namespace, config.table, spec, snapshot_id, offsets, stable,
-                   tuple(tail), source.chunk_source(view), planned_ms, sides)
+                   tuple(tail), source.chunk_source(view), planned_ms, sides, table)
 
 
 def iter_tail(cut: LiveCut) -> Iterator[PlannedArchive]:

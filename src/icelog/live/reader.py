@@ -53,7 +53,7 @@ def read_cut(settings: Settings, cut: LiveCut) -> pa.RecordBatchReader:
     """An Arrow reader of a planned cut."""
     import pyarrow as pa
 
-    table = load_table(settings, cut.namespace, cut.table)
+    table = cut.table_handle if cut.table_handle is not None else load_table(settings, cut.namespace, cut.table)
     # The snapshot's files are planned now; its rows are read as the reader is read. Its schema (pyiceberg's, with
     # field ids) is the reader's: the tail's rows take it, so the table's rows go out as pyiceberg reads them.
     snapshot = None if table is None or cut.snapshot_id is None else \
