@@ -4,15 +4,17 @@ same rows (issue 47: ≤ 1.3x).
 Run: .venv/bin/python bench/live_scan_bench.py [--records 1000000] [--rounds 3]
      .venv/bin/python bench/live_scan_bench.py --records 10000000    # the issue's size: 10 M, 1 M in the tail
 
-One broker (its archiver off), one topic of `--partitions` partitions, `--records` records of `--record-size` bytes
-(keys, lz4 from confluent-kafka):
-  1. the first (1 - `--tail`) of them are produced and archived by one pass of the real Spark archiver, then the
-     rest are produced: the tail;
-  2. one untimed live scan (imports, the catalog's first open), then `--rounds` live scans (the table's snapshot
-     through pyiceberg plus the tail decoded from the intake by the archiver's decoder, on a thread of its own while
-     the table's rows are read), each batch counted as it arrives;
-  3. a second pass archives the tail; then `--rounds` table-only scans of the same rows (pyiceberg's batch reader
-     at the new snapshot, the baseline) alternated with live scans of it (an empty tail: the live read's own cost).
+One broker (its archiver off) and two topics of `--partitions` partitions holding the same `--records` records of
+`--record-size` bytes (keys; values from a seeded pool; lz4 from confluent-kafka):
+  1. `live`: the first (1 - `--tail`) of the records are produced and archived by one pass of the real Spark
+     archiver, then the rest are produced: its tail;
+     `table`: all of the records are produced and archived by one pass: the same rows, all in the table;
+  2. one untimed read of each (imports, the catalog's first open), then `--rounds` rounds, each of: a live scan of
+     `live` (the table's snapshot through pyiceberg plus the tail decoded from the intake by the archiver's decoder,
+     on a thread of its own while the table's rows are read), a table-only scan of `table` (pyiceberg's batch
+     reader: the baseline), and a live scan of `table` (an empty tail: the live read's own cost). Each batch is
+     counted as it arrives. Alternating the three in every round keeps a shared machine's load swings out of the
+     ratio.
 The figure is live (with the tail) / table-only, medians of the rounds. Results: bench/results/live_scan.json (or
 --out none).
 """
@@ -20,14 +22,14 @@ The figure is live (with the tail) / table-only, medians of the rounds. Results:
 from __future__ import annotations
 
 import argparse
-import os
 import platform
+import random
 import shutil
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +47,16 @@ from icelog.live.cut import load_table  # noqa: E402
 from icelog.meta.backends import open_store  # noqa: E402
 from tests.support.broker import BrokerProcess  # noqa: E402
 
-TOPIC = "bench-live"
+LIVE, TABLE = "bench-live", "bench-table"
+POOL = 4096  # distinct values, picked by record number: both topics get the same bytes
 
 
-def produce(bootstrap: str, first: int, count: int, partitions: int, size: int) -> float:
+def produce(bootstrap: str, topic: str, first: int, count: int, partitions: int, values: list[bytes]) -> float:
     prod = ck.Producer({"bootstrap.servers": bootstrap, "acks": "all", "compression.type": "lz4", "linger.ms": 5,
                         "batch.size": 1_000_000, "queue.buffering.max.kbytes": 1024 * 1024,
                         "queue.buffering.max.messages": 2_000_000})
-    filler = bytes(size // 2)
     return send_all(prod, count, lambda i: prod.produce(
-        TOPIC, value=os.urandom(size - size // 2) + filler, key=b"k%d" % (first + i),
-        partition=(first + i) % partitions))
+        topic, value=values[(first + i) % POOL], key=b"k%d" % (first + i), partition=(first + i) % partitions))
 
 
 def counted(batches: Iterable[Any]) -> tuple[int, float]:
@@ -81,14 +82,19 @@ def main() -> None:
                                                "ICELOG_ARCHIVE__ENABLED": "false"}).start()
     tail = int(args.records * args.tail)
     head = args.records - tail
+    seeded = random.Random(47)
+    values = [seeded.randbytes(args.record_size - args.record_size // 2) + bytes(args.record_size // 2)
+              for _ in range(POOL)]
     results: dict[str, Any] = {"records": args.records, "tail_records": tail, "partitions": args.partitions,
                                "record_size": args.record_size, "python": platform.python_version()}
     spark = None
     try:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-        admin.create_topics([NewTopic(TOPIC, args.partitions, 1, config={
-            "icelog.intake.retention.ms": "-1", "icelog.archive.max.lag.bytes": str(1 << 40)})])[TOPIC].result(30)
-        results["produce_head_s"] = round(produce(broker.bootstrap, 0, head, args.partitions, args.record_size), 1)
+        for topic in (LIVE, TABLE):
+            admin.create_topics([NewTopic(topic, args.partitions, 1, config={
+                "icelog.intake.retention.ms": "-1", "icelog.archive.max.lag.bytes": str(1 << 40)})])[topic].result(30)
+        results["produce_s"] = round(produce(broker.bootstrap, TABLE, 0, args.records, args.partitions, values), 1)
+        produce(broker.bootstrap, LIVE, 0, head, args.partitions, values)
         settings = load_settings(data_dir=str(broker.data_dir), registry_listen=f"127.0.0.1:{broker.registry_port}")
         store = open_store(settings.metadata_url)
         from icelog.lake.spark import create_session
@@ -96,45 +102,45 @@ def main() -> None:
         spark = create_session(settings, "icelog-live-bench")
         archiver = Archiver(settings, spark, store)
         started = time.perf_counter()
-        assert [r.records for r in archiver.run_pass(force=True, topics={TOPIC})] == [head]
-        results["archive_head_s"] = round(time.perf_counter() - started, 1)
-        results["produce_tail_s"] = round(produce(broker.bootstrap, head, tail, args.partitions, args.record_size), 1)
-        print(f"table {head} records, tail {tail}", flush=True)
+        passed = {r.topic: r.records for r in archiver.run_pass(force=True, topics={LIVE, TABLE})}
+        assert passed == {LIVE: head, TABLE: args.records}, passed
+        results["archive_s"] = round(time.perf_counter() - started, 1)
+        archiver.close()
+        store.close()
+        spark.stop()
+        spark = None
+        produce(broker.bootstrap, LIVE, head, tail, args.partitions, values)
+        print(f"{LIVE}: table {head} records, tail {tail}; {TABLE}: table {args.records} records", flush=True)
 
         data_dir = str(broker.data_dir)
-        counted(live.scan(TOPIC, data_dir=data_dir))  # one untimed read first: imports, the catalog's first open
-        live_s = []
-        for _ in range(args.rounds):
-            rows, seconds = counted(live.scan(TOPIC, data_dir=data_dir))
-            assert rows == args.records, rows
-            live_s.append(seconds)
-            print(f"live scan (table + tail): {seconds:.2f} s", flush=True)
 
-        started = time.perf_counter()
-        assert [r.records for r in archiver.run_pass(force=True, topics={TOPIC})] == [tail]
-        results["archive_tail_s"] = round(time.perf_counter() - started, 1)
-        table_s, empty_tail_s = [], []
-        for _ in range(args.rounds):
-            table = load_table(settings, "icelog", TOPIC)
+        def table_only() -> Iterable[Any]:
+            table = load_table(settings, "icelog", TABLE)
             assert table is not None
-            rows, seconds = counted(table.scan().to_arrow_batch_reader())
-            assert rows == args.records, rows
-            table_s.append(seconds)
-            rows, seconds = counted(live.scan(TOPIC, data_dir=data_dir))
-            assert rows == args.records, rows
-            empty_tail_s.append(seconds)
-            print(f"table-only scan: {table_s[-1]:.2f} s; live scan, empty tail: {seconds:.2f} s", flush=True)
-        store.close()
+            return table.scan().to_arrow_batch_reader()
 
-        live_median, table_median = statistics.median(live_s), statistics.median(table_s)
+        reads: dict[str, Callable[[], Iterable[Any]]] = {
+            "live": lambda: live.scan(LIVE, data_dir=data_dir),
+            "table_only": table_only,
+            "live_empty_tail": lambda: live.scan(TABLE, data_dir=data_dir),
+        }
+        for read in reads.values():  # untimed: imports, the catalog's first open
+            counted(read())
+        seconds: dict[str, list[float]] = {name: [] for name in reads}
+        for _ in range(args.rounds):
+            for name, read in reads.items():
+                rows, took = counted(read())
+                assert rows == args.records, (name, rows)
+                seconds[name].append(took)
+            print("  ".join(f"{name} {s[-1]:.2f} s" for name, s in seconds.items()), flush=True)
+
+        medians = {name: statistics.median(s) for name, s in seconds.items()}
         results.update({
-            "live_s": [round(s, 3) for s in live_s],
-            "table_only_s": [round(s, 3) for s in table_s],
-            "live_empty_tail_s": [round(s, 3) for s in empty_tail_s],
-            "live_rows_per_s": round(args.records / live_median),
-            "table_only_rows_per_s": round(args.records / table_median),
-            "live_over_table_only": round(live_median / table_median, 2),
-            "live_empty_tail_over_table_only": round(statistics.median(empty_tail_s) / table_median, 2),
+            **{f"{name}_s": [round(x, 3) for x in s] for name, s in seconds.items()},
+            "live_rows_per_s": round(args.records / medians["live"]),
+            "table_only_rows_per_s": round(args.records / medians["table_only"]),
+            "live_over_table_only": round(medians["live"] / medians["table_only"], 2),
+            "live_empty_tail_over_table_only": round(medians["live_empty_tail"] / medians["table_only"], 2),
             "target": "live / table-only <= 1.3",
         })
     finally:
