@@ -21,7 +21,9 @@ from confluent_kafka import Producer
 
 from icelog import live
 from icelog.archive.archiver import Archiver
+from icelog.archive.reconcile import OFFSETS_PROPERTY
 from icelog.config import Settings
+from icelog.live.cut import load_table
 from tests.support.archive import ARCHIVE_ENV, Row, create_topic, produce, table
 from tests.support.broker import BrokerProcess
 
@@ -255,3 +257,35 @@ def test_live_reads_while_the_archiver_commits_in_a_loop(
         stop.set()
         thread.join(120)
     assert sum(1 for n in passes if n) >= 4 and reads >= 4, passes
+
+
+def test_offsets_when_compaction_and_expiry_left_no_snapshot_that_records_them(
+    lake_broker: BrokerProcess, lake_settings: Settings, lake_archiver: Archiver, lake_spark: Any
+) -> None:
+    """After a compaction (its snapshot records no offsets) the offsets come from the newest ancestor that does; once
+    expiry removed every such ancestor, from the data (max offset + 1): each record once either way."""
+    topic = "live-compacted"
+    create_topic(lake_broker, topic, partitions=2)
+    first = produce(lake_broker, topic, 60, partitions=2, tag="a")
+    lake_archiver.run_pass(force=True, topics=[topic])
+    second = produce(lake_broker, topic, 60, partitions=2, tag="b")
+    lake_archiver.run_pass(force=True, topics=[topic])
+    tail = produce(lake_broker, topic, 30, partitions=2, tag="c")
+    expected = sorted(first + second + tail, key=lambda r: (r[0], r[1]))
+
+    def rows() -> list[Row]:
+        return as_rows(live.scan(topic, data_dir=str(lake_settings.data_dir)).read_all())
+
+    lake_spark.sql(f"CALL lake.system.rewrite_data_files(table => 'icelog.`{topic}`', "
+                   "options => map('min-input-files', '2'))").collect()
+    table = load_table(lake_settings, "icelog", topic)
+    assert table is not None and table.current_snapshot().summary.get(OFFSETS_PROPERTY) is None  # a compaction's
+    cut = live.plan_cut(lake_settings, topic)
+    assert cut.table_offsets == {0: 60, 1: 60} and cut.tail_records == 30  # from the ancestor
+    assert rows() == expected
+    lake_spark.sql(f"CALL lake.system.expire_snapshots(table => 'icelog.`{topic}`', "
+                   "older_than => TIMESTAMP '2999-01-01 00:00:00', retain_last => 1)").collect()
+    table = load_table(lake_settings, "icelog", topic)
+    assert table is not None and len(table.snapshots()) == 1  # no snapshot records the offsets any more
+    assert live.plan_cut(lake_settings, topic).table_offsets == {0: 60, 1: 60}  # from the data
+    assert rows() == expected
