@@ -49,6 +49,9 @@ ROOT = Path(__file__).resolve().parents[2]
     ("vs_kafka_bench.py", ["--records", "5000", "--rounds", "1", "--e2e", "100"], "ratios"),
     ("security_bench.py", ["--records", "5000", "--rounds", "1", "--latency-seconds", "1", "--connections", "10"],
      "throughput_ratio"),
+    # Two archive passes in the bench's own Spark session around live scans with a tenth of the rows in the tail.
+    pytest.param("live_scan_bench.py", ["--records", "20000", "--rounds", "1", "--out", "none"], "live_over_table_only",
+                 marks=pytest.mark.spark),
 ])
 def test_bench_script_runs(script: str, args: list[str], key: str, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
