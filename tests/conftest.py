@@ -61,15 +61,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def spark_lane(nodeid: str) -> str:
     """The Spark lane a test runs in: the archive path's own tests (archive/test_archive*.py and the catalog's), the
     tests that bring their own external systems (the sink against Apache Kafka, the tables on S3: their own Kafka
-    broker or object store and Spark processes, so they run beside the other two lanes), or the rest (tables,
-    maintenance, read-back, sinks). Each lane is one xdist group, so one worker runs its tests one after another
-    with one Spark session; the JVM-free tests fill the workers' gaps."""
+    broker or object store and Spark processes) and the live reads (a lake of their own), which run beside the other
+    two lanes, or the rest (tables, maintenance, read-back, sinks). Each lane is one xdist group, so one worker runs
+    its tests one after another with one Spark session; the JVM-free tests fill the workers' gaps."""
     path = nodeid.split("::", 1)[0]
     name = path.rsplit("/", 1)[-1]
     if path.startswith("tests/archive/") and name.startswith(("test_archive", "test_errors", "test_metrics_archive",
                                                                "test_postgres_catalog")):
         return "spark-archive"
-    if path in ("tests/sink/test_sink_kafka.py", "tests/system/test_tables_on_s3.py"):
+    if path in ("tests/sink/test_sink_kafka.py", "tests/system/test_tables_on_s3.py") or path.startswith("tests/live/"):
         return "spark-services"
     return "spark-tables"
 
