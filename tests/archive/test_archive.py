@@ -21,6 +21,7 @@ from icelog.meta.store import MetadataStore
 from tests.support.archive import (
     ARCHIVE_ENV,
     as_produced,
+    committed_aborted_open,
     create_topic,
     duckdb_counts,
     partition_counts,
@@ -177,25 +178,7 @@ def test_only_committed_transactional_records_are_archived(
     topic = "archive-txn"
     create_topic(lake_broker, topic, partitions=1)
 
-    def txn_producer(txn_id: str) -> Producer:
-        producer = Producer({"bootstrap.servers": lake_broker.bootstrap, "transactional.id": txn_id})
-        producer.init_transactions(30)
-        return producer
-
-    committer, aborter, pending = txn_producer("tx-commit"), txn_producer("tx-abort"), txn_producer("tx-open")
-    for producer, tag in ((committer, "c1"), (aborter, "a1")):
-        producer.begin_transaction()
-        for i in range(5):
-            producer.produce(topic, value=f"{tag}-{i}".encode(), partition=0)
-        producer.flush(30)
-    committer.commit_transaction(30)
-    aborter.abort_transaction(30)
-    pending.begin_transaction()
-    pending.produce(topic, value=b"open-0", partition=0)
-    pending.flush(30)
-    plain = Producer({"bootstrap.servers": lake_broker.bootstrap})
-    plain.produce(topic, value=b"after-open", partition=0)  # above the last stable offset: must wait
-    plain.flush(30)
+    pending = committed_aborted_open(lake_broker.bootstrap, topic, "tx", ("c1", "a1"))
 
     lake_archiver.run_pass(force=True, topics=[topic])
     values = [bytes(r["v"]) for r in spark_rows(lake_spark, topic)]

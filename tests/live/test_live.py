@@ -24,7 +24,7 @@ from icelog.archive.archiver import Archiver
 from icelog.archive.reconcile import OFFSETS_PROPERTY
 from icelog.config import Settings
 from icelog.live.cut import load_table
-from tests.support.archive import ARCHIVE_ENV, Row, create_topic, produce, table
+from tests.support.archive import ARCHIVE_ENV, Row, committed_aborted_open, create_topic, produce, table
 from tests.support.broker import BrokerProcess
 
 
@@ -99,25 +99,7 @@ def test_live_read_is_read_committed(
     produce(lake_broker, topic, 10, partitions=1, tag="t")
     lake_archiver.run_pass(force=True, topics=[topic])
 
-    def txn_producer(txn_id: str) -> Producer:
-        producer = Producer({"bootstrap.servers": lake_broker.bootstrap, "transactional.id": txn_id})
-        producer.init_transactions(30)
-        return producer
-
-    committer, aborter, pending = (txn_producer(f"{topic}-{kind}") for kind in ("commit", "abort", "open"))
-    for producer, tag in ((committer, "c"), (aborter, "a")):
-        producer.begin_transaction()
-        for i in range(5):
-            producer.produce(topic, value=f"{tag}-{i}".encode(), partition=0)
-        producer.flush(30)
-    committer.commit_transaction(30)
-    aborter.abort_transaction(30)
-    pending.begin_transaction()
-    pending.produce(topic, value=b"open-0", partition=0)
-    pending.flush(30)
-    plain = Producer({"bootstrap.servers": lake_broker.bootstrap})
-    plain.produce(topic, value=b"after-open", partition=0)
-    plain.flush(30)
+    pending = committed_aborted_open(lake_broker.bootstrap, topic, topic)
 
     def values() -> list[bytes]:
         rows = by_offset(live.scan(topic, data_dir=str(lake_settings.data_dir)).read_all())

@@ -12,7 +12,7 @@ import pytest
 from icelog import live
 from tests.archive.test_archive_isolation import inject
 from tests.live.test_live import as_rows
-from tests.support.archive import ARCHIVE_ENV, create_topic, produce
+from tests.support.archive import ARCHIVE_ENV, committed_aborted_open, create_topic, produce
 from tests.support.broker import BrokerProcess
 
 
@@ -48,31 +48,12 @@ def test_a_tail_read_over_the_kafka_protocol_is_read_committed(tail_broker: Brok
     import time
 
     import yaml
-    from confluent_kafka import Producer
 
     topic = "live-kafka-txn"
     create_topic(tail_broker, topic, partitions=1)
     plain = produce(tail_broker, topic, 10, partitions=1, tag="p")
 
-    def txn_producer(txn_id: str) -> Producer:
-        producer = Producer({"bootstrap.servers": tail_broker.bootstrap, "transactional.id": txn_id})
-        producer.init_transactions(30)
-        return producer
-
-    committer, aborter, pending = (txn_producer(f"{topic}-{kind}") for kind in ("commit", "abort", "open"))
-    for producer, tag in ((committer, "c"), (aborter, "a")):
-        producer.begin_transaction()
-        for i in range(5):
-            producer.produce(topic, value=f"{tag}-{i}".encode(), partition=0)
-        producer.flush(30)
-    committer.commit_transaction(30)
-    aborter.abort_transaction(30)
-    pending.begin_transaction()
-    pending.produce(topic, value=b"open-0", partition=0)
-    pending.flush(30)
-    after = Producer({"bootstrap.servers": tail_broker.bootstrap})
-    after.produce(topic, value=b"after-open", partition=0)
-    after.flush(30)
+    pending = committed_aborted_open(tail_broker.bootstrap, topic, topic)
 
     config = tmp_path / "analyst.yaml"
     config.write_text(yaml.safe_dump({"data_dir": str(tmp_path / "analyst"), "archive": {

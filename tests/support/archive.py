@@ -81,6 +81,33 @@ def produce(broker: BrokerProcess, topic: str, count: int, partitions: int = 3, 
     return sorted(delivered, key=lambda r: (r[0], r[1]))
 
 
+def committed_aborted_open(bootstrap: str, topic: str, tx_prefix: str, tags: tuple[str, str] = ("c", "a")) -> Producer:
+    """On partition 0 of `topic`: a committed transaction of 5 records (`<tags[0]>-<i>`), an aborted one of 5
+    (`<tags[1]>-<i>`), an open one holding `open-0`, then a plain `after-open` above the last stable offset.
+    Returns the open transaction's producer (the test commits or aborts it)."""
+
+    def txn_producer(txn_id: str) -> Producer:
+        producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": txn_id})
+        producer.init_transactions(30)
+        return producer
+
+    committer, aborter, pending = (txn_producer(f"{tx_prefix}-{kind}") for kind in ("commit", "abort", "open"))
+    for producer, tag in ((committer, tags[0]), (aborter, tags[1])):
+        producer.begin_transaction()
+        for i in range(5):
+            producer.produce(topic, value=f"{tag}-{i}".encode(), partition=0)
+        producer.flush(30)
+    committer.commit_transaction(30)
+    aborter.abort_transaction(30)
+    pending.begin_transaction()
+    pending.produce(topic, value=b"open-0", partition=0)
+    pending.flush(30)
+    plain = Producer({"bootstrap.servers": bootstrap})
+    plain.produce(topic, value=b"after-open", partition=0)  # above the last stable offset: must wait
+    plain.flush(30)
+    return pending
+
+
 def table(topic: str) -> str:
     return f"icelog.`{topic}`"
 
