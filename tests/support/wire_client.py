@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import socket
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kafka.record.default_records import DefaultRecordBatchBuilder
+
+if TYPE_CHECKING:
+    from tests.support.broker import BrokerProcess
 
 
 class RawClient:
@@ -70,3 +73,23 @@ def build_batch(
     for i, value in enumerate(values):
         builder.append(i, timestamp=None, key=None, value=value, headers=[])
     return bytes(builder.build())
+
+
+def ask(broker: BrokerProcess, key: int, version: int, **fields: object) -> object:
+    """One request of API `key` at `version` built from `fields` (icelog's codec), on a connection of its own to
+    `broker`; the decoded response."""
+    from icelog.wire import codec
+
+    client = RawClient(broker.bootstrap)
+    try:
+        return client.request(codec.REQUEST_CLASSES[key](**fields), version, codec.RESPONSE_CLASSES[key])
+    finally:
+        client.close()
+
+
+def served_versions(key: int) -> list[int]:
+    """Every version of API `key` icelog advertises."""
+    from icelog.wire.versions import SUPPORTED_VERSIONS
+
+    low, high = SUPPORTED_VERSIONS[key]
+    return list(range(low, high + 1))

@@ -11,24 +11,10 @@ from kafka.protocol.api_key import ApiKey
 
 from icelog.errors import ErrorCode
 from icelog.wire import codec
-from icelog.wire.versions import SUPPORTED_VERSIONS
 from tests.support.broker import BrokerProcess
 from tests.support.clients_util import create_topic
 from tests.support.metrics import scrape_text, value
-from tests.support.wire_client import RawClient
-
-
-def ask(broker: BrokerProcess, key: int, version: int, **fields: object) -> object:
-    client = RawClient(broker.bootstrap)
-    try:
-        return client.request(codec.REQUEST_CLASSES[key](**fields), version, codec.RESPONSE_CLASSES[key])
-    finally:
-        client.close()
-
-
-def versions(key: int) -> list[int]:
-    low, high = SUPPORTED_VERSIONS[key]
-    return list(range(low, high + 1))
+from tests.support.wire_client import ask, served_versions
 
 
 def produce(bootstrap: str, topic: str, count: int) -> None:
@@ -68,7 +54,7 @@ def fetch_error(broker: BrokerProcess, topic: str, offset: int) -> tuple[int, in
     return part.error_code, part.log_start_offset
 
 
-@pytest.mark.parametrize("version", versions(ApiKey.DeleteRecords))
+@pytest.mark.parametrize("version", served_versions(ApiKey.DeleteRecords))
 def test_delete_records_answers_and_errors(broker: BrokerProcess, topic_name: str, version: int) -> None:
     create_topic(broker.bootstrap, topic_name, partitions=2)
     produce(broker.bootstrap, topic_name, 6)
@@ -83,7 +69,7 @@ def test_delete_records_answers_and_errors(broker: BrokerProcess, topic_name: st
     assert delete(broker, version, f"{topic_name}-missing", {0: 0}) == {0: (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1)}
 
 
-@pytest.mark.parametrize("version", versions(ApiKey.OffsetForLeaderEpoch))
+@pytest.mark.parametrize("version", served_versions(ApiKey.OffsetForLeaderEpoch))
 def test_offset_for_leader_epoch(broker: BrokerProcess, topic_name: str, version: int) -> None:
     create_topic(broker.bootstrap, topic_name)
     produce(broker.bootstrap, topic_name, 4)

@@ -10,26 +10,12 @@ from kafka.protocol.api_key import ApiKey
 
 from icelog.errors import ErrorCode
 from icelog.wire import codec
-from icelog.wire.versions import SUPPORTED_VERSIONS
 from tests.support.broker import BrokerProcess
 from tests.support.clients_util import create_topic
-from tests.support.wire_client import RawClient
+from tests.support.wire_client import ask, served_versions
 
 
-def ask(broker: BrokerProcess, key: int, version: int, **fields: object) -> object:
-    client = RawClient(broker.bootstrap)
-    try:
-        return client.request(codec.REQUEST_CLASSES[key](**fields), version, codec.RESPONSE_CLASSES[key])
-    finally:
-        client.close()
-
-
-def versions(key: int) -> list[int]:
-    low, high = SUPPORTED_VERSIONS[key]
-    return list(range(low, high + 1))
-
-
-@pytest.mark.parametrize("version", versions(ApiKey.DescribeCluster))
+@pytest.mark.parametrize("version", served_versions(ApiKey.DescribeCluster))
 def test_describe_cluster(broker: BrokerProcess, version: int) -> None:
     answer: object = ask(broker, ApiKey.DescribeCluster, version, include_cluster_authorized_operations=False,
                          endpoint_type=1, include_fenced_brokers=False)
@@ -70,7 +56,7 @@ def test_describe_topic_partitions_pages_with_a_cursor(broker: BrokerProcess, to
     assert [t.error_code for t in bad.topics] == [ErrorCode.INVALID_REQUEST]  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("version", versions(ApiKey.ListTransactions))
+@pytest.mark.parametrize("version", served_versions(ApiKey.ListTransactions))
 def test_list_and_describe_transactions(broker: BrokerProcess, topic_name: str, version: int) -> None:
     from confluent_kafka import Producer
 
@@ -123,7 +109,7 @@ def test_describe_producers_and_a_fenced_marker(broker: BrokerProcess, topic_nam
     assert codes == [ErrorCode.INVALID_PRODUCER_EPOCH]
 
 
-@pytest.mark.parametrize("version", versions(ApiKey.DescribeLogDirs))
+@pytest.mark.parametrize("version", served_versions(ApiKey.DescribeLogDirs))
 def test_describe_log_dirs(broker: BrokerProcess, topic_name: str, version: int) -> None:
     from confluent_kafka import Producer
 
