@@ -17,6 +17,7 @@ default credential chains read them from it (S3A's `fs.s3a.*` keys in `archive.s
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,6 +29,7 @@ from icelog.errors import ConfigError
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from pyiceberg.io.pyarrow import PyArrowFileIO
 
 OBJECT_STORE_SCHEMES = ("s3", "s3a")
 DEFAULT_REGION = "us-east-1"  # what AWS's SDKs assume when nothing names one
@@ -115,8 +117,16 @@ def open_file(location: str, properties: Mapping[str, str] | None = None) -> pa.
     """A file of the warehouse (a data file, a Puffin file) opened for random reads, through the filesystem
     pyiceberg's FileIO picks and configures for its scheme, as for scans (`properties`: io_properties; by default
     the environment's endpoint and region)."""
-    from pyiceberg.io.pyarrow import PyArrowFileIO
-
-    io = PyArrowFileIO(dict(environment_io_properties() if properties is None else properties))
+    props = environment_io_properties() if properties is None else properties
+    io = _file_io(tuple(sorted(props.items())))
     scheme, netloc, path = io.parse_location(location)
     return io.fs_by_scheme(scheme, netloc).open_input_file(path)
+
+
+@functools.lru_cache(maxsize=8)
+def _file_io(properties: tuple[tuple[str, str], ...]) -> PyArrowFileIO:
+    """One FileIO per set of properties: it keeps its filesystems (an S3 client each), so the primary-key index's
+    reads of many files do not set one up per file."""
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    return PyArrowFileIO(dict(properties))

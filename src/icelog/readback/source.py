@@ -513,12 +513,13 @@ class TableSource:
                         rows = pa.Table.from_batches([batch])
                         if not len(rows):
                             continue
-                        offsets = _offset_values(rows, layout)
+                        offsets = _offset_values(rows, layout)  # None: a row has no offset
                         if in_order is None:
-                            ordered = ordered and last <= offsets[0] and bool((np.diff(offsets) >= 0).all())
-                            last = int(offsets[-1])
+                            ordered = (ordered and offsets is not None and last <= offsets[0]
+                                       and bool((np.diff(offsets) >= 0).all()))
+                            last = -1 if offsets is None else int(offsets[-1])
                         parts.append(_within(rows, layout, group.window))
-                        if in_order and offsets[0] > group.window[1]:
+                        if in_order and offsets is not None and offsets[0] > group.window[1]:
                             break
                     else:
                         if in_order is None:
@@ -616,12 +617,12 @@ def _within(arrow: pa.Table, layout: Layout, window: tuple[int, int]) -> pa.Tabl
     return arrow.filter(pc.and_(pc.greater_equal(offsets, window[0]), pc.less_equal(offsets, window[1])))
 
 
-def _offset_values(arrow: pa.Table, layout: Layout) -> np.ndarray:
-    """The rows' offsets as int64 (a row without one as -1: never taken for a row group in offset order)."""
-    import pyarrow.compute as pc
-
-    values = np.asarray(pc.fill_null(_offsets_of(arrow, layout), -1).to_numpy(zero_copy_only=False), np.int64)
-    return values if not (values < 0).any() else np.full(len(values), -1, np.int64)
+def _offset_values(arrow: pa.Table, layout: Layout) -> np.ndarray | None:
+    """The rows' offsets as int64, or None when a row has none (such a row group is never taken as in order)."""
+    offsets = _offsets_of(arrow, layout)
+    if offsets.null_count:
+        return None
+    return np.asarray(offsets.to_numpy(zero_copy_only=False), np.int64)
 
 
 def _offsets_of(arrow: pa.Table, layout: Layout) -> ArrowChunkedArray | ArrowArray:
