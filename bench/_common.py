@@ -28,6 +28,7 @@ from icelog.meta.store import MetadataStore
 # archive.nice 10, that took more than the 180 s this wait used to allow.
 START_TIMEOUT_S = 600
 ARCHIVED_LINE = re.compile(r"^(\S+ \S+) INFO icelog\.archive\.archiver: archived (\S+): (\d+) records")
+PASS_SECONDS = re.compile(r"; seconds ((?:\w+=[\d.]+ ?)+)$")  # the pass's breakdown (archiver.PASS_PARTS)
 
 
 @dataclass
@@ -125,22 +126,35 @@ def freshness_latencies(table: Any, sent: Mapping[int, tuple[Sequence[int], Sequ
     return latencies, len(commits)
 
 
-def pass_stats(log_path: Path, topic: str) -> dict[str, float]:
+def pass_stats(log_path: Path, topic: str) -> dict[str, Any]:
     """From the archiver's log: its passes that archived `topic` (count, median gap between their ends,
-    median records per pass). The gap is how long one pass takes when the archiver never idles."""
+    median records per pass), and where a pass's time went (`breakdown`: the median and p90 seconds of each part
+    the archiver logs, archiver.PASS_PARTS). The gap is how long one pass takes when the archiver never idles."""
     ends: list[float] = []
     records: list[int] = []
+    parts: dict[str, list[float]] = {}
     for line in log_path.read_text(errors="replace").splitlines():
         match = ARCHIVED_LINE.match(line)
         if match and match.group(2) == topic:
             ends.append(datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp())
             records.append(int(match.group(3)))
+            seconds = PASS_SECONDS.search(line)
+            timed = dict(part.split("=") for part in seconds.group(1).split()) if seconds else {}
+            for name, value in timed.items():
+                parts.setdefault(name, []).append(float(value))
+            if timed:  # the pass: from its start until its offsets are recorded
+                total = sum(float(timed.get(name, 0)) for name in ("plan", "job", "describe", "commit", "record"))
+                parts.setdefault("pass", []).append(total)
     gaps = [b - a for a, b in zip(ends, ends[1:], strict=False)]
     return {
         "passes": len(ends),
         "median_gap_s": round(statistics.median(gaps), 2) if gaps else 0.0,
         "p90_gap_s": round(percentile(sorted(gaps), 0.9), 2) if gaps else 0.0,
         "median_records": int(statistics.median(records)) if records else 0,
+        "breakdown": {
+            name: {"p50_s": round(statistics.median(values), 3), "p90_s": round(percentile(sorted(values), 0.9), 3)}
+            for name, values in parts.items()
+        },
     }
 
 

@@ -114,7 +114,7 @@ def main() -> None:
             print("the store's own PUT throughput...", file=sys.stderr)
             ceiling = store_put_throughput(store)
         finally:
-            store.stop()
+            store.discard()  # (in the temporary directory: no graceful stop to wait for)
     result = {
         "machine": f"{platform.node()} {os.cpu_count()} cores, {platform.python_version()}",
         "commit_interval_ms": args.commit_interval_ms, "local": local, "s3": s3,

@@ -193,13 +193,17 @@ def lake_table(lake: Path, name: tuple[str, str]) -> Any:
     """The sink's table in `lake`, read with pyiceberg (None until the sink created its catalog and the table)."""
     from pyiceberg.catalog.sql import SqlCatalog
     from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+    from sqlalchemy.exc import OperationalError
 
     if not (lake / "catalog.db").exists():  # the sink's JDBC catalog makes it: never create it here
         return None
-    catalog = SqlCatalog("lake", uri=f"sqlite:///{lake / 'catalog.db'}", warehouse=(lake / "warehouse").as_uri())
+    # Nor its tables: the JDBC catalog may have made the file and not yet its tables, and pyiceberg creating them
+    # at the same moment failed the run ("table iceberg_tables already exists").
+    catalog = SqlCatalog("lake", uri=f"sqlite:///{lake / 'catalog.db'}", warehouse=(lake / "warehouse").as_uri(),
+                         init_catalog_tables="false")
     try:
         return catalog.load_table(name)
-    except (NoSuchTableError, NoSuchNamespaceError):
+    except (NoSuchTableError, NoSuchNamespaceError, OperationalError):  # (OperationalError: no catalog tables yet)
         return None
 
 

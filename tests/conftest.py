@@ -32,7 +32,7 @@ from icelog.meta.backends import open_store
 from icelog.meta.store import MetadataStore
 from tests.support.archive import ARCHIVE_ENV
 from tests.support.broker import BrokerProcess
-from tests.support.jvm import class_archive, driver_conf
+from tests.support.jvm import DRIVER_OPTIONS, JIT_OPTION, class_archive, driver_conf
 from tests.support.postgres import postgres_cluster  # noqa: F401 (a session fixture: the throwaway PostgreSQL)
 
 SPARK_FIXTURES = {"lake_spark"}
@@ -69,19 +69,22 @@ def spark_lane(nodeid: str) -> str:
     if path.startswith("tests/archive/") and name.startswith(("test_archive", "test_errors", "test_metrics_archive",
                                                                "test_postgres_catalog")):
         return "spark-archive"
-    if path in ("tests/sink/test_sink_kafka.py", "tests/system/test_tables_on_s3.py") or path.startswith("tests/live/"):
+    if path in ("tests/sink/test_sink_kafka.py", "tests/system/test_tables_on_s3.py",
+                "tests/system/test_archiver_failover.py") or path.startswith("tests/live/"):
         return "spark-services"
     return "spark-tables"
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest-timeout's timer, which starts with the test's setup
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
-    """Before the first Spark test a process runs: the children's driver conf, with the class archive, in the
-    environment (the archive dumped first if needed: ~1 min, several on a loaded machine, in no test's timeout).
+    """Before the first Spark test a process runs (or `spark_children` test: a bench check whose children start
+    Spark): the children's driver conf, with the class archive, in the environment (the archive dumped first if
+    needed: ~1 min, several on a loaded machine, in no test's timeout).
 
     Not at collection: under xdist only the worker of the Spark group pays for the dump, and the other worker starts
     on its tests at once."""
-    if item.get_closest_marker("spark") and CHILD_DRIVER_CONF and not os.environ.get(NO_JVM_ENV):
+    spark = item.get_closest_marker("spark") or item.get_closest_marker("spark_children")
+    if spark and CHILD_DRIVER_CONF and not os.environ.get(NO_JVM_ENV):
         _put_class_archive_in_child_driver_conf(item.config)
     return (yield)
 
@@ -189,6 +192,8 @@ def lake_spark(lake_settings: Settings) -> Iterator[Any]:
     settings = lake_settings.model_copy(deep=True)
     # (ours only: a user's own extraJavaOptions stay)
     conf = {k: v for k, v in settings.archive.spark_conf.items() if CHILD_DRIVER_CONF.get(k) != v}
+    if CHILD_DRIVER_CONF:  # (not the class archive: this classpath has PostgreSQL's driver too)
+        conf.setdefault(DRIVER_OPTIONS, JIT_OPTION)
     settings.archive.spark_conf = {"spark.jars": ",".join(str(jar) for jar in jars), **conf}
     session = create_session(settings, "icelog-tests")
     yield session

@@ -6,22 +6,29 @@ import asyncio
 import concurrent.futures
 import logging
 import signal
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 from icelog import allocator
 from icelog.archive.service import ArchiverProcess
+from icelog.client.markers import inter_broker_channel
+from icelog.cluster.controller import ClusterController
+from icelog.cluster.view import GROUP_SHARDS_ID, TXN_SHARDS_ID
 from icelog.config import Settings
 from icelog.coordinator.consumer_model import ConsumerGroupSettings, TopicsView
 from icelog.coordinator.group_model import GroupSettings
+from icelog.coordinator.group_shards import GroupShards
 from icelog.coordinator.groups import GroupCoordinator
 from icelog.coordinator.transactions import TransactionCoordinator
+from icelog.coordinator.txn_shards import TxnShards
 from icelog.errors import log_retry
 from icelog.log import pressure
+from icelog.log.backends import clustered
 from icelog.log.manager import LogManager
 from icelog.log.partition import OffsetRangeSource
 from icelog.meta.backends import open_store
-from icelog.meta.store import TopicRecord
+from icelog.meta.store import BrokerLease, TopicRecord
 from icelog.metrics import BrokerMetrics
 from icelog.readback.service import ReadBack
 from icelog.schema.codec.registry_source import StoreSchemaSource
@@ -50,6 +57,14 @@ class Broker:
         # The whole store; each part below is handed the slices it uses (the log closes it on shutdown).
         self.store = open_store(settings.metadata_url)
         self.logs = LogManager(settings, self.store)
+        # One of a cluster (intake on object storage, metadata in PostgreSQL): it serves the partitions and
+        # coordinator shards it leads (cluster/controller.py). A restart is a new incarnation of its node id.
+        self.lease: BrokerLease | None = None
+        self.cluster: ClusterController | None = None
+        self._replaced: str | None = None
+        if clustered(settings):
+            self.lease = BrokerLease(settings.node_id, uuid.uuid4().hex)
+            self.logs.join_cluster(self.lease)
         first = settings.listener_specs[0]  # the listeners' own addresses are known once they are bound
         self.state = BrokerState(settings, self.logs, first.advertised_host or first.host, first.port)
         self.state.security = self.store
@@ -67,6 +82,12 @@ class Broker:
             self.store, self.logs, self.groups, settings.transaction_max_timeout_ms
         )
         self.state.groups, self.state.transactions = self.groups, self.transactions
+        self.txn_shards: TxnShards | None = None
+        self.group_shards: GroupShards | None = None
+        if self.lease is not None:  # it coordinates the transactional ids of the shards it leads
+            view = lambda: self.cluster.view if self.cluster is not None else None  # noqa: E731
+            self.txn_shards = TxnShards(self.transactions, view, inter_broker_channel(settings, view),
+                                      self.lease)
         if settings.authorizes:  # ACLs from the store; None lets every principal do anything
             self.state.authorizer = Authorizer(
                 self.store, settings.super_user_set, settings.allow_everyone_if_no_acl_found
@@ -134,9 +155,13 @@ class Broker:
         # Plan the tables before serving: the log start consumers see must be the table's from the start.
         await asyncio.to_thread(self.readback.refresh_all)
         self.logs.start()
-        self.groups.load()
+        if self.lease is None:
+            self.groups.load()
+        else:  # a cluster's broker: the groups of the coordinator shards it takes (below)
+            self.groups.shards = self.group_shards = GroupShards(self.groups, self.lease)
         self.transactions.load()
-        await self.transactions.recover()  # before serving: finish or abort what a crash left open
+        if self.lease is None:  # (a cluster's broker: once it leads the partitions the markers go to, below)
+            await self.transactions.recover()  # before serving: finish or abort what a crash left open
         self.groups.start()
         self.transactions.start()
         if self.registry is not None:  # before the Kafka listener: a taken port stops start-up cleanly
@@ -157,12 +182,28 @@ class Broker:
                     "(set metrics_listen / --metrics-listen, or off)"
                 ) from exc
         try:
-            await self.server.start()
+            await self.server.start(accepting=self.lease is None)
         except ListenerError as exc:
             raise SystemExit(
                 f"icelog: cannot serve Kafka on {exc.where}: {exc.strerror} (another broker on that port? set "
                 "listeners, or listen / --listen)"
             ) from exc
+        cluster_task: asyncio.Task[None] | None = None
+        if self.lease is not None:
+            settings = self.settings
+            assert self.group_shards is not None and self.txn_shards is not None
+            self.cluster = ClusterController(
+                self.store, self.logs, self.lease, heartbeat_interval_ms=settings.broker_heartbeat_interval_ms,
+                session_timeout_ms=settings.broker_session_timeout_ms, endpoints=self.server.advertised,
+                rack=settings.broker_rack,
+                shard_owners={GROUP_SHARDS_ID: self.group_shards, TXN_SHARDS_ID: self.txn_shards},
+                on_replaced=self._on_replaced, on_topic_deleted=self.groups.forget_topic,
+            )
+            self.state.cluster = self.cluster
+            await self.cluster.join()
+            await self.transactions.recover()
+            self.server.accept()
+            cluster_task = asyncio.create_task(self.cluster.run())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stopping.set)
@@ -190,6 +231,8 @@ class Broker:
         waiters: set[asyncio.Future[Any]] = {stop_wait, self.logs.storage.failure()}
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         upkeep.cancel()
+        if cluster_task is not None:
+            cluster_task.cancel()
         if self._retention is not None:  # a retention pass in flight ends first (it uses the store)
             await asyncio.wait({self._retention})
         pressure_task.cancel()
@@ -210,10 +253,18 @@ class Broker:
         await self.groups.stop()
         self.state.logins.close()
         failed = self.logs.storage.failed
-        await self.logs.close()
+        await self.logs.close(self.cluster.leave if self.cluster is not None and self._replaced is None else None)
         if failed is not None:
             raise SystemExit(f"icelog: stopped because the intake could not be written: {failed}")
+        if self._replaced is not None:
+            raise SystemExit(f"icelog: stopped: {self._replaced}")
         log.info("icelog stopped")
+
+    def _on_replaced(self, why: str) -> None:
+        """Another process registered this node id: this one serves nothing more and stops (fail-stop)."""
+        log.critical("stopping: %s", why)
+        self._replaced = why
+        self._stopping.set()
 
     async def _upkeep(self) -> None:
         interval = self.settings.retention_check_interval_ms / 1000

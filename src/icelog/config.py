@@ -273,7 +273,7 @@ class ArchiveSettings(BaseModel):
         "sasl.mechanism, sasl.username, sasl.password, ssl.ca.location, ssl.certificate.location, "
         "ssl.key.location, ssl.key.password, ssl.endpoint.identification.algorithm. Never logged.",
     )
-    poll_interval_ms: int = Field(500, gt=0, description="How often the archiver looks for due archives.")
+    poll_interval_ms: int = Field(250, gt=0, description="How often the archiver looks for due archives.")
     retry_backoff_max_ms: int = Field(
         30000, gt=0, description="Longest wait between retries of a failing topic (backoff is per topic)."
     )
@@ -281,7 +281,9 @@ class ArchiveSettings(BaseModel):
         30000, gt=0, description="Longest a continuous pass waits for one topic before going on to the others."
     )
     nice: int = Field(
-        10, ge=0, le=19, description="CPU niceness the archiver process (and Spark under it) runs at; 0: as the broker."
+        0, ge=0, le=19, description="CPU niceness the archiver process (and Spark under it) adds to the broker's "
+        "(the one it inherits, as `nice -n`; at most 19); 0: as the broker (measured: a niced archiver only "
+        "lost freshness, docs/archiving.md)."
     )
     max_lag_bytes: int = Field(
         4 * 1024 * 1024 * 1024,
@@ -292,10 +294,10 @@ class ArchiveSettings(BaseModel):
         128 * 1024 * 1024, gt=0, description="Default icelog.archive.max.bytes: an archive is cut at this size."
     )
     complete_delay_max_ms: int = Field(
-        2000, ge=0, description="Default icelog.archive.complete.delay.max.ms: longest an archive stays open."
+        500, ge=0, description="Default icelog.archive.complete.delay.max.ms: longest an archive stays open."
     )
     idle_max_ms: int = Field(
-        500, ge=0, description="Default icelog.archive.idle.max.ms: complete an archive idle this long."
+        250, ge=0, description="Default icelog.archive.idle.max.ms: complete an archive idle this long."
     )
     intake_retention_ms: int = Field(
         3600000,
@@ -398,8 +400,25 @@ class Settings(BaseSettings):
     listen: str = Field("localhost:9092", description="HOST:PORT of the Kafka listener.")
     advertised_host: str | None = Field(None, description="Host name clients are told to connect to.")
     data_dir: Path = Field(Path("./icelog-data"), description="Where all state lives.")
-    node_id: int = Field(0, ge=0)
+    node_id: int = Field(0, ge=0, le=(1 << 22) - 1, description="Kafka's node.id: distinct per broker of a cluster.")
     cluster_id: str = "icelog-cluster"
+    broker_rack: str | None = Field(None, description="Kafka's broker.rack, as Metadata names it.")
+    inter_broker_listener_name: str | None = Field(
+        None, description="Kafka's inter.broker.listener.name: the listener a cluster's brokers reach each other on "
+        "(transaction markers); unset: the first PLAINTEXT listener, else the first.")
+    inter_broker_client_properties: dict[str, str] = Field(
+        default_factory=dict,
+        description="How this broker logs in on the other brokers' inter-broker listener, under librdkafka's names: "
+        "sasl.mechanism, sasl.username, sasl.password (a super user, or a user with CLUSTER_ACTION), ssl.ca.location, "
+        "ssl.certificate.location, ssl.key.location, ssl.key.password; the protocol is the listener's. Never logged.")
+    broker_heartbeat_interval_ms: int = Field(
+        1000, gt=0, description="Kafka's broker.heartbeat.interval.ms: how often a broker of a cluster (intake on "
+        "object storage, metadata on PostgreSQL) renews its registration and reviews who leads what."
+    )
+    broker_session_timeout_ms: int = Field(
+        6000, gt=0, description="Kafka's broker.session.timeout.ms: a broker whose heartbeats stop this long leaves "
+        "the cluster, and its partitions and coordinators move to the others."
+    )
     meta_url: str | None = Field(None, description="Metadata store; default sqlite:///<data_dir>/meta.db.")
     auto_create_topics_enable: bool = Field(True, description="Kafka's auto.create.topics.enable.")
     num_partitions: int = Field(1, ge=1, description="Partitions of auto-created topics (Kafka's num.partitions).")
@@ -435,6 +454,14 @@ class Settings(BaseSettings):
     connection_failed_authentication_delay_ms: int = Field(
         100, ge=0, description="Kafka's connection.failed.authentication.delay.ms: a failed login (SASL, or the "
         "registry's HTTP basic auth) is answered this much later, which slows password guessing."
+    )
+    registry_failed_logins_burst: int = Field(
+        20, ge=1, description="failed registry logins one client address may have at once; past them it gets 429 "
+        "with Retry-After, unchecked, until it earns another (registry_failed_logins_per_second)"
+    )
+    registry_failed_logins_per_second: float = Field(
+        1.0, gt=0, description="failed registry logins a client address earns back each second once past "
+        "registry_failed_logins_burst"
     )
     # -- security, named after Kafka's broker settings (docs/security.md) -------------------------------------
     listeners: str | None = Field(
@@ -558,6 +585,14 @@ class Settings(BaseSettings):
         return parse_listeners(self)
 
     @property
+    def inter_broker_listener(self) -> Listener:
+        """The listener the brokers of a cluster reach each other on (the checks ran when the settings loaded)."""
+        specs = parse_listeners(self)
+        if self.inter_broker_listener_name is not None:
+            return next(s for s in specs if s.name == self.inter_broker_listener_name.upper())
+        return next((s for s in specs if s.protocol == "PLAINTEXT"), specs[0])
+
+    @property
     def authorizes(self) -> bool:
         """Whether ACLs apply: set explicitly, or on as soon as some listener authenticates its clients."""
         if self.authorizer_enabled is not None:
@@ -587,6 +622,10 @@ class Settings(BaseSettings):
         bad = [p for p in self.super_user_set if not p.startswith("User:") or p == "User:"]
         if bad:
             raise ValueError(f"super_users: {', '.join(bad)} is not a principal; write User:NAME;User:OTHER")
+        name = self.inter_broker_listener_name
+        if name is not None and name.upper() not in {spec.name for spec in specs}:
+            raise ValueError(f"inter_broker_listener_name: {name} is not one of the listeners "
+                             f"({', '.join(spec.name for spec in specs)})")
         if any(spec.tls for spec in specs) and (self.ssl_certfile is None or self.ssl_keyfile is None):
             raise ValueError("an SSL or SASL_SSL listener needs ssl_certfile and ssl_keyfile (PEM files)")
         return self

@@ -14,6 +14,9 @@ The archive job's points (archive/archiver.py, archive/upsert.py):
   after-commit               the table has the archive, the metadata store does not know yet
   after-commit-before-index  an upsert table's snapshot is committed, its primary-key index not updated
   after-dead-letters         undecodable batches are in the dead-letter table, the archive not yet committed
+The replay's points (replay/producer.py):
+  replay-in-transaction      a transaction's records are all in the destination, not committed
+  replay-committed           a transaction (records and progress marker) is committed
 Not a kill, a failure:
   intake-enospc       intake writes fail with ENOSPC while <data_dir>/intake-enospc exists (log/intake.py)
   txn-markers-lost    the transaction coordinator completes transactions without writing their markers, so their
@@ -21,8 +24,13 @@ Not a kill, a failure:
 Not a kill, a hold:
   maintenance-stall   a maintenance round holds one Spark task slot until <data_dir>/maintenance-stall.release
                       (archive/maintenance_schedule.py, checked with `armed`)
+  replay-held         a replay holds halfway through its second transaction (records in flight, the first one
+                      committed) until $TMPDIR/icelog-replay-held.release (replay/producer.py), for a kill -9 there
   trim-held           a retention pass holds after storing an intake trim until <data_dir>/trim-held.release
                       (log/manager.py, with `hold_point`)
+  group-shard-held    a broker of a cluster taking a group coordinator shard holds before reading its groups until
+                      $TMPDIR/icelog-group-shard-held.release (coordinator/group_shards.py), so a test can ask the
+                      new coordinator while it loads
 """
 
 from __future__ import annotations

@@ -29,6 +29,10 @@ MAX_TOPIC_NAME_LENGTH = 249
 # Each partition costs memory and start-up work in the broker; a request for millions would stall it.
 MAX_PARTITIONS_PER_TOPIC = 10_000
 _LEGAL_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
+# Kafka's internal topics: icelog keeps what they hold in the metadata store (the group and transaction coordinator
+# shards are their partitions), so no topic may take their names. Kafka creates them with the first group or
+# transaction and then answers TOPIC_ALREADY_EXISTS, as icelog does from the start.
+INTERNAL_TOPIC_NAMES = frozenset({"__consumer_offsets", "__transaction_state"})
 
 
 def validate_topic_name(name: str | None) -> str:
@@ -47,6 +51,13 @@ def validate_topic_name(name: str | None) -> str:
             f"topic name {name!r} has characters other than ASCII letters, digits, '.', '_' and '-'",
         )
     return name
+
+
+def refuse_internal_topic_name(name: str) -> None:
+    """TOPIC_ALREADY_EXISTS for a Kafka internal topic's name, as Kafka answers once it has created it."""
+    if name in INTERNAL_TOPIC_NAMES:
+        raise KafkaApiError(ErrorCode.TOPIC_ALREADY_EXISTS,
+                            f"Topic '{name}' already exists: Kafka's internal topic, kept in icelog's metadata store")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from icelog.archive.archiver import Archiver
+from icelog.archive.archiver import PASS_PARTS, Archiver
 from icelog.archive.reconcile import OFFSETS_PROPERTY, decode_offsets
 from icelog.config import Settings, load_settings
 from icelog.meta.backends import open_store
@@ -50,6 +50,12 @@ def test_pass_archives_exactly_what_was_produced(
     produced = produce(lake_broker, topic, 1500)
     [result] = lake_archiver.run_pass(force=True, topics=[topic])
     assert not result.error and result.records == 1500
+    # Where the pass's time went (archiver.PASS_PARTS, logged with each pass): the job holds its slowest task's
+    # decode and write, the pass every part after the wait.
+    timed = result.timings
+    assert set(timed) == set(PASS_PARTS) and min(timed.values()) >= 0
+    assert timed["decode"] + timed["write"] <= timed["job"]
+    assert sum(timed[p] for p in ("plan", "job", "describe", "commit", "record")) <= timed["pass"]
 
     rows = spark_rows(lake_spark, topic)
     assert as_produced(rows) == produced
@@ -75,7 +81,7 @@ def test_pass_archives_exactly_what_was_produced(
 
     # A second pass finds nothing new and writes nothing.
     [again] = lake_archiver.run_pass(force=True, topics=[topic])
-    assert again.records == 0
+    assert again.records == 0 and again.timings == {}
     assert lake_spark.sql(f"SELECT count(*) AS n FROM {table(topic)}").collect()[0].n == 1500
 
     # pyiceberg reads the same table and rows.

@@ -34,6 +34,7 @@ from tests.archive import test_archive_timestamps as timestamps
 from tests.archive.test_pk_tables import latest, send
 from tests.support.archive import ARCHIVE_ENV, create_topic, produce
 from tests.support.broker import BrokerProcess
+from tests.support.jvm import JIT_OPTION
 from tests.support.postgres import PASSWORD, ROLE, PostgresCluster
 from tests.support.spark_cluster import SparkCluster
 
@@ -118,7 +119,9 @@ class ClusterLake:
         return load_settings(data_dir=str(self.broker.data_dir), meta_url=self.meta_url, archive=archive)
 
     def archive_env(self, **extra: str) -> dict[str, str]:
-        conf = {**json.loads(os.environ.get("ICELOG_ARCHIVE__SPARK_CONF", "{}")),  # tests/conftest.py's JVM options
+        # The executors too live for one pass: the JIT's first tier, as the drivers (unless the user set theirs).
+        conf = {"spark.executor.extraJavaOptions": JIT_OPTION,
+                **json.loads(os.environ.get("ICELOG_ARCHIVE__SPARK_CONF", "{}")),  # tests/conftest.py's JVM options
                 "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                 "spark.executorEnv.PYTHONPATH": os.environ.get("PYTHONPATH", str(SRC)), "spark.cores.max": "1"}
         return {**os.environ, **self.env, "ICELOG_ARCHIVE__SPARK_MASTER": self.cluster.master_url,

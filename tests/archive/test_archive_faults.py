@@ -11,9 +11,17 @@ from typing import Any
 
 import pytest
 
+from icelog.archive import archiver as archiver_module
 from icelog.archive.archiver import Archiver
-from icelog.archive.reconcile import OFFSETS_PROPERTY
+from icelog.archive.reconcile import (
+    COMMIT_USER,
+    COMMIT_USER_PROPERTY,
+    OFFSETS_PROPERTY,
+    TOPIC_ID_PROPERTY,
+    encode_offsets,
+)
 from icelog.config import Settings
+from icelog.lake import iceberg_java
 from icelog.meta.store import MetadataStore
 from tests.support.archive import (
     ARCHIVE_ENV,
@@ -97,6 +105,44 @@ def test_sigkill_of_a_running_job_then_a_new_pass_writes_exactly_once(
     assert not result.error
     rows = spark_rows(lake_spark, topic)
     assert as_produced(rows) == produced  # whether the kill landed before or after the commit
+
+
+def test_a_pass_commits_nothing_once_another_archiver_committed_since_it_read_the_table(
+    lake_broker: BrokerProcess, lake_spark: Any, lake_archiver: Archiver, lake_store: MetadataStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two archivers at once (one lost the store's archiver lock without knowing: its connection was cut) would
+    append the same rows twice, Iceberg re-applying the second append on top of the first: the pass looks at the
+    table's offsets right before its commit (Archiver.fence) and commits nothing if they moved."""
+    topic = "archive-fenced"
+    create_topic(lake_broker, topic)
+    produced = produce(lake_broker, topic, 300, tag="a")
+    lake_archiver.run_pass(force=True, topics=[topic])
+    produce(lake_broker, topic, 90, tag="b")
+    record = lake_store.get_topic(topic)
+    name = lake_archiver.table_name(lake_archiver.topic_config(record))
+    ahead = {p: n + 1000 for p, n in partition_counts(produced).items()}  # as far as the other one has got
+    real_write = archiver_module.write_data_files
+
+    def write_then_another_archiver_commits(*args: Any, **kwargs: Any) -> Any:
+        written = real_write(*args, **kwargs)
+        other = iceberg_java.load_table(lake_spark, name)
+        summary = {OFFSETS_PROPERTY: encode_offsets(ahead), TOPIC_ID_PROPERTY: str(record.topic_id),
+                   COMMIT_USER_PROPERTY: COMMIT_USER}
+        iceberg_java.commit_append(other, [], summary)
+        return written
+
+    monkeypatch.setattr(archiver_module, "write_data_files", write_then_another_archiver_commits)
+    try:
+        [fenced] = lake_archiver.run_pass(force=True, topics=[topic])
+        assert "ArchiverFencedError" in fenced.error and "another archiver commits there" in fenced.error
+        assert lake_archiver.fenced.is_set()  # (the continuous archiver exits on it: service.py)
+    finally:
+        lake_archiver.fenced.clear()
+        monkeypatch.undo()
+    assert lake_spark.sql(f"SELECT count(*) AS n FROM {table(topic)}").collect()[0].n == 300  # none of the 90
+    assert {s.partition: s.archived_offset for s in lake_store.archive_states(record.topic_id)} == \
+        partition_counts(produced)
 
 
 @pytest.mark.parametrize("outage", ["catalog-locked", "warehouse-unwritable"])

@@ -123,3 +123,17 @@ def test_a_continuous_archiver_wakes_when_the_earliest_open_archive_is_due() -> 
     assert until_due_s([due(12_000)], now, 0.5) == 0.5  # later than the next poll: the poll
     assert until_due_s([due(9_000), due(None)], now, 0.5) == 0  # completed while the pass wrote: at once
     assert until_due_s([due(None)], now, 0.5) == until_due_s([], now, 0.5) == 0.5
+
+
+def test_the_default_delays_keep_a_steady_stream_within_a_second() -> None:
+    """At the defaults an archive of a steady stream is due half a second after its first record (a lone record
+    a quarter second after it), and the archiver looks every quarter second: produce → Iceberg p50 ≤ 1 s at
+    5 MB/s (archive_bench.py) needs the delay plus a pass under a second."""
+    defaults = archive_config("t", {}, {}, ArchiveSettings())
+    assert (defaults.complete_delay_max_ms, defaults.idle_max_ms) == (500, 250)
+    assert ArchiveSettings().poll_interval_ms == 250
+    steady = chunks(*((n * 10, n * 10 + 10, 100, 1000 + n * 100) for n in range(6)))  # a chunk every 100 ms
+    assert plan_partition(steady, 0, 60, defaults, now_ms=1499) == []
+    [plan] = plan_partition(steady, 0, 60, defaults, now_ms=1500)
+    assert (plan.end_offset, plan.reason) == (60, "complete.delay")
+    assert next_due_ms(chunks((0, 1, 100, 1000)), 0, defaults) == 1250  # a lone record: idle.max.ms

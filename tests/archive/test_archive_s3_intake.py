@@ -47,4 +47,4 @@ def test_an_intake_on_s3_is_archived_from_the_bucket(tmp_path: Path) -> None:
         assert got == sorted((p, o, v) for p, o, _k, v, _h, _t in produced)
     finally:
         broker.stop()
-        store.stop()
+        store.discard()

@@ -17,12 +17,16 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.protocol.producer.transaction import (
+    AddOffsetsToTxnRequest,
+    AddOffsetsToTxnResponse,
     AddPartitionsToTxnRequest,
     AddPartitionsToTxnResponse,
     EndTxnRequest,
     EndTxnResponse,
     InitProducerIdRequest,
     InitProducerIdResponse,
+    TxnOffsetCommitRequest,
+    TxnOffsetCommitResponse,
 )
 
 from tests.support.broker import BrokerProcess
@@ -257,6 +261,50 @@ def _end(client: RawClient, txn_id: str, pid: int, epoch: int, commit: bool, ver
     return int(client.request(request, version, EndTxnResponse).error_code)
 
 
+def _add_offsets(client: RawClient, txn_id: str, pid: int, epoch: int, group: str) -> int:
+    request = AddOffsetsToTxnRequest(transactional_id=txn_id, producer_id=pid, producer_epoch=epoch, group_id=group)
+    return int(client.request(request, 1, AddOffsetsToTxnResponse).error_code)
+
+
+def _txn_offset_commit(client: RawClient, txn_id: str, pid: int, epoch: int, group: str, topic: str) -> int:
+    """TxnOffsetCommit v3 of offset 1 of partition 0, as a group without members (generation -1)."""
+    Topic = TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic
+    request = TxnOffsetCommitRequest(
+        transactional_id=txn_id, group_id=group, producer_id=pid, producer_epoch=epoch, generation_id=-1,
+        member_id="", group_instance_id=None, topics=[Topic(name=topic, partitions=[
+            Topic.TxnOffsetCommitRequestPartition(partition_index=0, committed_offset=1, committed_leader_epoch=-1,
+                                                  committed_metadata="")])])
+    response = client.request(request, 3, TxnOffsetCommitResponse)
+    return int(response.topics[0].partitions[0].error_code)
+
+
+def test_a_zombies_txn_offset_commit_is_refused(broker: BrokerProcess) -> None:
+    """TxnOffsetCommit is verified against the transaction as Kafka's group coordinator verifies it (KIP-890): the
+    group added by AddOffsetsToTxn, the current epoch; a fenced epoch is INVALID_PRODUCER_EPOCH (Kafka converts
+    the coordinator's PRODUCER_FENCED so), and what it sent is never committed."""
+    bootstrap, topic, group = broker.bootstrap, "txn-offsets-zombie", "zombie-group"
+    create_topic(bootstrap, topic, 1)
+    client = RawClient(bootstrap)
+    first = _init(client, "offsets-zombie")
+    pid, epoch = first.producer_id, first.producer_epoch
+    assert _txn_offset_commit(client, "offsets-zombie", pid, epoch, group, topic) == INVALID_TXN_STATE, \
+        "no AddOffsetsToTxn yet"
+    assert _add_offsets(client, "offsets-zombie", pid, epoch, group) == 0
+    assert _txn_offset_commit(client, "offsets-zombie", pid + 1, epoch, group, topic) == INVALID_PRODUCER_ID_MAPPING
+    second = _init(client, "offsets-zombie")  # a new instance: the open transaction is aborted, the epoch fenced
+    assert second.producer_epoch == epoch + 1
+    assert _txn_offset_commit(client, "offsets-zombie", pid, epoch, group, topic) == INVALID_PRODUCER_EPOCH
+    assert _add_offsets(client, "offsets-zombie", pid, second.producer_epoch, group) == 0
+    assert _txn_offset_commit(client, "offsets-zombie", pid, second.producer_epoch, group, topic) == 0
+    assert _end(client, "offsets-zombie", pid, second.producer_epoch, commit=False) == 0
+    client.close()
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        assert admin.list_group_offsets(group).get(group, {}) == {}, "neither the zombie's nor the aborted offsets"
+    finally:
+        admin.close()
+
+
 def test_transaction_protocol_errors(broker: BrokerProcess) -> None:
     bootstrap, topic = broker.bootstrap, "txn-bad-input"
     create_topic(bootstrap, topic, 1)
@@ -371,11 +419,12 @@ def test_restart_finishes_a_commit_that_was_prepared_before_the_crash(fresh_brok
     store = SqliteStore(fresh_broker.data_dir / "meta.db")
     (record,) = [r for r in store.transactions() if r.transactional_id == "prepared"]
     assert record.state == "Ongoing" and record.partitions == ((topic, 0),)
-    store.save_transaction(
-        replace(
-            record, state="PrepareCommit", pending_offsets={"prepared-group": {("in", 0): CommittedOffset(7)}}
-        )
-    )
+    # ...with offsets of a group staged by TxnOffsetCommit (its AddOffsetsToTxn added the group first).
+    store.save_transaction(replace(record, groups=("prepared-group",)))
+    staged = store.stage_txn_offsets("prepared", "prepared-group", record.producer_id, record.producer_epoch,
+                                     {("in", 0): CommittedOffset(7)})
+    assert staged.staged
+    store.save_transaction(replace(record, state="PrepareCommit", groups=("prepared-group",)))
     store.close()
 
     fresh_broker.start()

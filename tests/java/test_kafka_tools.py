@@ -10,6 +10,7 @@ import re
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.support.broker import BrokerProcess
@@ -115,33 +116,18 @@ def test_verifiable_producer_broker_killed_verifiable_consumer_reads_every_ack(
     broker = fresh_broker.start()
     kafka_java.tool("kafka-topics", "--bootstrap-server", broker.bootstrap, "--create", "--topic", topic_name,
                     "--partitions", "3")
-    producer = subprocess.Popen(
-        kafka_java.command(TOOLS["verifiable-producer"], "--bootstrap-server", broker.bootstrap,
-                           "--topic", topic_name, "--max-messages", "3000", "--throughput", "500", "--acks", "-1"),
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert producer.stdout is not None
-    acked: set[str] = set()
-    events: list[dict[str, object]] = []
-    killed = False
-    for line in producer.stdout:
-        if not line.startswith("{"):
-            continue
-        event = json.loads(line)
-        events.append(event)
-        if event["name"] == "producer_send_success":
-            acked.add(str(event["value"]))
-        if len(acked) >= 500 and not killed:
-            broker.kill()  # SIGKILL: what was acked is on disk, the rest the producer retries after the restart
-            broker.start()
-            killed = True
-    assert producer.wait(timeout=300) == 0
-    assert killed
+    def kill() -> None:
+        broker.kill()  # SIGKILL: what was acked is on disk, the rest the producer retries after the restart
+        broker.start()
+
+    acked, events, _ = verifiable_producer_with_a_kill(kafka_java, broker.bootstrap, topic_name, kill)
     summary = [e for e in events if e["name"] == "tool_data"][-1]
     assert summary["acked"] == len(acked) and len(acked) > 500
 
     for protocol in ("classic", "consumer"):  # both group protocols, each in a group of its own, on the same log
         before = {api: requests(broker, api) for api in ("JoinGroup", "ConsumerGroupHeartbeat")}
-        seen = verifiable_consumer_reads(kafka_java, broker, topic_name, f"{topic_name}-{protocol}", protocol, acked)
+        seen = verifiable_consumer_reads(kafka_java, broker.bootstrap, topic_name, f"{topic_name}-{protocol}",
+                                         protocol, acked)
         assert not acked - seen, (f"{protocol}: {len(acked - seen)} acked records never read, "
                                   f"e.g. {sorted(acked - seen)[:5]}")
         joined = {api: requests(broker, api) > count for api, count in before.items()}
@@ -153,11 +139,39 @@ def requests(broker: BrokerProcess, api: str) -> float:
     return value(scrape_text(broker.metrics_url), "icelog_requests_total", api=api)
 
 
-def verifiable_consumer_reads(kafka_java: KafkaJava, broker: BrokerProcess, topic: str, group: str, protocol: str,
+def verifiable_producer_with_a_kill(kafka_java: KafkaJava, bootstrap: str, topic: str, kill: Callable[[], None],
+                                    messages: int = 3000) -> tuple[set[str], list[dict[str, object]], int]:
+    """VerifiableProducer (acks=all, `messages` records at 500 a second) with `kill` called once, after 500 acks:
+    the values it was told were acknowledged, every event it printed, and when `kill` returned (epoch ms, the
+    clock of the events' timestamps)."""
+    producer = subprocess.Popen(
+        kafka_java.command(TOOLS["verifiable-producer"], "--bootstrap-server", bootstrap,
+                           "--topic", topic, "--max-messages", str(messages), "--throughput", "500", "--acks", "-1"),
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert producer.stdout is not None
+    acked: set[str] = set()
+    events: list[dict[str, object]] = []
+    back_ms = 0
+    for line in producer.stdout:
+        if not line.startswith("{"):
+            continue
+        event = json.loads(line)
+        events.append(event)
+        if event["name"] == "producer_send_success":
+            acked.add(str(event["value"]))
+        if len(acked) >= 500 and not back_ms:
+            kill()
+            back_ms = int(time.time() * 1000)
+    assert producer.wait(timeout=300) == 0
+    assert back_ms, "the producer ended before 500 acknowledgements"
+    return acked, events, back_ms
+
+
+def verifiable_consumer_reads(kafka_java: KafkaJava, bootstrap: str, topic: str, group: str, protocol: str,
                               wanted: set[str]) -> set[str]:
     """The values VerifiableConsumer (`--group-protocol`) reads in `group` until it has every one of `wanted`."""
     consumer = subprocess.Popen(
-        kafka_java.command(TOOLS["verifiable-consumer"], "--bootstrap-server", broker.bootstrap,
+        kafka_java.command(TOOLS["verifiable-consumer"], "--bootstrap-server", bootstrap,
                            "--topic", topic, "--group-id", group, "--group-protocol", protocol, "--verbose",
                            "--reset-policy", "earliest"),
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

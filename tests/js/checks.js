@@ -4,7 +4,7 @@ const { Kafka, logLevel, CompressionTypes } = require('kafkajs');
 
 async function main() {
   const [bootstrap, prefix] = process.argv.slice(2);
-  const kafka = new Kafka({ clientId: 'icelog-tests', brokers: [bootstrap], logLevel: logLevel.NOTHING });
+  const kafka = new Kafka({ clientId: 'icelog-tests', brokers: bootstrap.split(','), logLevel: logLevel.NOTHING });
   const out = {};
   const topic = `${prefix}-js`;
   // An idempotent acks=all producer (KafkaJS's idempotence needs acks=-1 and one request in flight), gzip.

@@ -152,3 +152,51 @@ def test_null_lists_and_maps_of_structs_stay_null_and_empty_ones_stay_empty(
     assert got == produced
     summary = lake_spark.sql(f"SELECT summary FROM {name}.snapshots").collect()[0].summary
     assert summary["note"] == "test" and summary["added-records"] == "3"
+
+
+@pytest.mark.slow
+def test_the_workers_metrics_are_the_ones_iceberg_reads_from_the_footers(
+    lake_spark: Any, lake_settings: Settings
+) -> None:
+    """The metrics a worker sends with its file (lake/data_files.metrics_json: no footer read in the driver) equal
+    what Iceberg's Java ParquetUtil reads from the footer: bounds of fields nested in structs (kafka.offset), none
+    and no counts for fields in a list (headers), nulls and all-null columns counted alike."""
+    import dataclasses
+
+    from icelog.table.layout import archive_table_ddl, arrow_schema
+
+    catalog = lake_settings.archive.catalog_name
+    table_name = f"metrics_{uuid.uuid4().hex[:8]}"
+    for statement in archive_table_ddl(catalog, "data_files", table_name).statements:
+        lake_spark.sql(statement)
+    schema = arrow_schema()
+
+    def decode(tasks: Any) -> Any:
+        import datetime as dt
+
+        import pyarrow as pa
+
+        at = dt.datetime(2026, 3, 1, 12, 30, tzinfo=dt.UTC)
+        for task in tasks:
+            for partition in (task, task + 2):
+                yield pa.RecordBatch.from_pydict({
+                    "key": [{"__raw__": None if i % 3 else bytes([i % 251]) * 20} for i in range(300)],
+                    "value": [None if i % 7 == 0 else {"__raw__": bytes([255 - i % 256]) * 40} for i in range(300)],
+                    "headers": [None if i % 5 == 0 else [] if i % 5 == 1 else [{"key": "h", "value": None}]
+                                for i in range(300)],
+                    "kafka": [{"partition": partition, "offset": 1000 + i, "event_timestamp": at,
+                               "ingest_timestamp": None if i == 4 else at, "batch_start": 1000} for i in range(300)],
+                }, schema=schema)
+
+    table = iceberg_java.load_table(lake_spark, f"{catalog}.data_files.{table_name}")
+    written = write_data_files(lake_spark, table, PassRows(2, decode, {}))
+    assert all(file.metrics for file in written)
+    spec = table.spec()
+    parser = lake_spark.sparkContext._jvm.org.apache.iceberg.ContentFileParser
+
+    def described(files: list[Any]) -> list[Any]:
+        return [json.loads(parser.toJson(f, spec)) for f in iceberg_java.parquet_data_files(lake_spark, table, files)]
+
+    ours, footers = described(written), described([dataclasses.replace(f, metrics="") for f in written])
+    assert ours == footers
+    assert all(11 in f["lower-bounds"]["keys"] for f in ours)  # kafka.offset (field 11), in a struct

@@ -130,7 +130,8 @@ def test_the_archiver_and_its_spark_run_below_the_brokers_cpu_priority(tmp_path:
     import time
 
     broker = BrokerProcess(
-        tmp_path / "data", env={"ICELOG_ARCHIVE__ENABLED": "true", "ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg"}
+        tmp_path / "data", env={"ICELOG_ARCHIVE__ENABLED": "true", "ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg",
+                                 "ICELOG_ARCHIVE__NICE": "10"},  # (default 0: as the broker)
     ).start()
     try:
         create_topic(broker, "niced", partitions=1)  # an archived topic: the archiver starts Spark
@@ -145,7 +146,7 @@ def test_the_archiver_and_its_spark_run_below_the_brokers_cpu_priority(tmp_path:
             time.sleep(0.5)
         own = os.getpriority(os.PRIO_PROCESS, 0)
         assert os.getpriority(os.PRIO_PROCESS, broker.proc.pid) == own
-        expected = [max(10, own)] * len(archiver + jvm)  # archive.nice, default 10
+        expected = [min(19, own + 10)] * len(archiver + jvm)  # archive.nice, added to the broker's
         assert [os.getpriority(os.PRIO_PROCESS, p) for p in archiver + jvm] == expected
     finally:
         broker.stop()

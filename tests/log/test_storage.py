@@ -22,7 +22,7 @@ from icelog.errors import ConfigError, ErrorCode, KafkaApiError
 from icelog.log.backends import open_reader
 from icelog.log.manager import LogManager
 from icelog.meta.sqlite import SqliteStore
-from icelog.meta.store import IntakeChunk, IntakeTail
+from icelog.meta.store import BrokerLease, IntakeChunk, IntakeTail
 from tests.log.test_intake_recovery import TOPIC, append, read_all, records, values
 from tests.support.seaweedfs import BUCKET, SeaweedFS
 
@@ -33,7 +33,7 @@ BACKENDS = ["local", "s3"]
 def bucket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
     store = SeaweedFS(tmp_path_factory.mktemp("seaweedfs")).start()
     yield store
-    store.stop()
+    store.discard()
 
 
 class Backend:
@@ -177,10 +177,12 @@ class CrashBeforeIndex(SqliteStore):
             raise OSError("simulated crash between the PUT and the index commit")
         super().commit_intake(chunks, tail)
 
-    def commit_sequenced(self, chunks: Iterable[IntakeChunk], tail: IntakeTail) -> list[IntakeChunk]:
+    def commit_sequenced(
+        self, chunks: Iterable[IntakeChunk], tail: IntakeTail, leader: BrokerLease | None = None
+    ) -> list[IntakeChunk]:
         if self.crash:
             raise OSError("simulated crash between the PUT and the index commit")
-        return super().commit_sequenced(chunks, tail)
+        return super().commit_sequenced(chunks, tail, leader)
 
 
 class CrashAfterIndex(SqliteStore):
@@ -194,8 +196,10 @@ class CrashAfterIndex(SqliteStore):
         if self.crash:
             raise OSError("simulated crash after the index commit, before the answer")
 
-    def commit_sequenced(self, chunks: Iterable[IntakeChunk], tail: IntakeTail) -> list[IntakeChunk]:
-        assigned = super().commit_sequenced(chunks, tail)
+    def commit_sequenced(
+        self, chunks: Iterable[IntakeChunk], tail: IntakeTail, leader: BrokerLease | None = None
+    ) -> list[IntakeChunk]:
+        assigned = super().commit_sequenced(chunks, tail, leader)
         if self.crash:
             raise OSError("simulated crash after the index commit, before the answer")
         return assigned
@@ -263,7 +267,7 @@ def test_a_store_that_is_down_holds_produce_unacknowledged_then_resumes(tmp_path
 
         run(backend.settings(), write)
     finally:
-        store.stop()
+        store.discard()
 
 
 def test_retention_releases_objects_once_every_partition_in_them_is_trimmed(backend: Backend) -> None:
@@ -378,5 +382,31 @@ def test_transactions_keep_the_last_stable_offset_below_open_ones_and_skip_abort
         assert part.last_stable_offset == part.high_watermark == 6
         assert [(r.producer_id, r.first_offset, r.last_offset) for r in part.aborted_ranges(0, 6)] == [(8, 1, 3)]
         assert [offset for offset, _ in read_all(logs)] == [0, 1, 2, 3, 4, 5]  # each served at its offset
+
+    run(settings, again)
+
+
+def test_a_restarted_broker_reads_an_object_once_for_many_fetches(backend: Backend) -> None:
+    """Fetches at the tail after a restart (or a takeover: objects another broker wrote) are served from the object
+    cache after one GET of each object, not one ranged GET per fetch."""
+    if backend.kind != "s3":
+        pytest.skip("the object cache is object storage's")
+    settings = backend.settings(commit_interval_ms=1000)
+
+    async def write(logs: LogManager) -> None:
+        logs.create_topic(TOPIC, 4, {})
+        for n in range(5):  # five appends per partition in one interval's object, then a second object
+            await asyncio.gather(*(append(logs, [f"p{p}-{n}".encode()], p) for p in range(4)))
+
+    run(settings, write)
+
+    async def again(logs: LogManager) -> None:
+        before = logs.storage.objects.stats.requests["get"]
+        for p in range(4):
+            _, part = logs.partition(TOPIC, p)
+            for chunk in part.chunks_from(0):  # each chunk its own fetch
+                logs.storage.read(chunk)
+        gets = logs.storage.objects.stats.requests["get"] - before
+        assert gets <= len(backend.objects()), f"{gets} GETs for {len(backend.objects())} objects"
 
     run(settings, again)

@@ -14,7 +14,14 @@ from typing import Any
 import pytest
 
 from icelog.errors import StoreError, TopicExistsError, UnknownTopicError
-from icelog.meta.store import IntakeChunk, IntakeTail, MetadataStore, TopicRecord
+from icelog.meta.store import (
+    CommittedOffset,
+    IntakeChunk,
+    IntakeTail,
+    MetadataStore,
+    TopicRecord,
+    TransactionRecord,
+)
 from tests.meta.conftest import OpenStore
 
 
@@ -79,6 +86,23 @@ def test_delete_topic_removes_it_and_its_data(store: MetadataStore) -> None:
     assert again.topic_id != topic.topic_id
     assert again.configs == {}
     assert offsets(store, again.topic_id) == [(0, 0)]
+
+
+def test_delete_topic_drops_every_groups_offsets_of_it(store: MetadataStore) -> None:
+    """Kafka deletes a topic's committed offsets with it, whichever broker coordinates the groups."""
+    store.create_topic("orders", 2, {})
+    for group in ("g1", "g2"):
+        store.commit_offsets(group, {("orders", 0): CommittedOffset(3), ("orders", 1): CommittedOffset(4),
+                                     ("kept", 0): CommittedOffset(5)})
+    store.save_transaction(TransactionRecord("txn", 42, 3, 60000, "Ongoing", (("out", 0),), ("g1",)))
+    assert store.stage_txn_offsets("txn", "g1", 42, 3, {("orders", 1): CommittedOffset(9),
+                                                         ("kept", 1): CommittedOffset(2)}).staged
+
+    store.delete_topic("orders")
+
+    for group in ("g1", "g2"):
+        assert store.committed_offsets(group) == {("kept", 0): CommittedOffset(5)}
+    assert store.pending_txn_offsets() == {"g1": {("kept", 1): 42}}
 
 
 def test_unknown_topic_errors(store: MetadataStore) -> None:
@@ -385,8 +409,12 @@ def test_producer_snapshots_keep_the_newest_and_go_with_their_topic(open_same_st
     again = open_same_store()
     snapshots = {(s.topic_id, s.partition): (s.offset, s.state) for s in again.producer_snapshots()}
     assert snapshots == {(tid, 0): (10, "a"), (tid, 1): (9, "newer"), (other.topic_id, 0): (1, "c")}
+    # One partition's, by key (what a broker of a cluster reads when it takes the partition over).
+    assert again.producer_snapshot(tid, 1) == ProducerSnapshot(tid, 1, 9, "newer")
+    assert again.producer_snapshot(tid, 5) is None
     again.delete_topic("orders")
     assert [(s.topic_id, s.partition) for s in again.producer_snapshots()] == [(other.topic_id, 0)]
+    assert again.producer_snapshot(tid, 0) is None
 
 
 # -- durability: what a client is answered about is on disk first --------------------------------------
@@ -482,7 +510,11 @@ def test_every_write_a_client_is_answered_about_is_durable(
         "allocate_producer_ids": lambda: store.allocate_producer_ids(1000),
         "commit_offsets": lambda: store.commit_offsets("g", {("orders", 0): CommittedOffset(3)}),
         "delete_offsets": lambda: store.delete_offsets("g", [("orders", 0)]),
-        "save_transaction": lambda: store.save_transaction(TransactionRecord("t", 1, 0, 60000, "Ongoing")),
+        "save_transaction": lambda: store.save_transaction(TransactionRecord("t", 1, 0, 60000, "Ongoing", (), ("g",))),
+        "stage_txn_offsets": lambda: store.stage_txn_offsets("t", "g", 1, 0, {("orders", 0): CommittedOffset(4)}),
+        "save_transaction (PrepareCommit)": lambda: store.save_transaction(
+            TransactionRecord("t", 1, 0, 60000, "PrepareCommit", (), ("g",))),
+        "complete_txn_offsets": lambda: store.complete_txn_offsets(1, 0, True, lambda _: True),
         "trim_intake (files are deleted next)": lambda: store.trim_intake(tid, 0, 5),
         "move_retention_start (consumers are refused below it)": lambda: store.move_retention_start(tid, 0, 5),
         "registry_add_version": lambda: store.registry_add_version("s", "PROTOBUF", "x", [], "fp", None),

@@ -43,10 +43,7 @@ def test_producer_id_blocks_never_overlap_even_after_reopen(open_same_store: Ope
 
 def test_transaction_state_round_trips(open_same_store: OpenStore) -> None:
     first = open_same_store()
-    record = TransactionRecord(
-        "txn", 42, 3, 60000, "PrepareCommit", (("t", 0), ("u", 2)),
-        {"g": {("t", 0): CommittedOffset(11, "meta", 5)}},
-    )
+    record = TransactionRecord("txn", 42, 3, 60000, "PrepareCommit", (("t", 0), ("u", 2)), ("g", "h"))
     first.save_transaction(record)
     first.save_transaction(TransactionRecord("another", 7, 0, 1000, "Empty"))
     first.close()
@@ -54,3 +51,61 @@ def test_transaction_state_round_trips(open_same_store: OpenStore) -> None:
     assert again.transactions() == [TransactionRecord("another", 7, 0, 1000, "Empty"), record]
     again.save_transaction(TransactionRecord("txn", 42, 4, 60000, "CompleteCommit"))
     assert again.transactions()[1] == TransactionRecord("txn", 42, 4, 60000, "CompleteCommit")
+    # One id by its key (a cluster's partition leader verifies a transactional batch from it)
+    assert again.transaction("txn") == TransactionRecord("txn", 42, 4, 60000, "CompleteCommit")
+    assert again.transaction("another") == TransactionRecord("another", 7, 0, 1000, "Empty")
+    assert again.transaction("never") is None
+
+
+# -- transactional offsets: pending until a marker of their transaction ------------------------------------------
+def _open_txn(store: MetadataStore, state: str = "Ongoing", epoch: int = 3, groups: tuple[str, ...] = ("g",)) -> None:
+    store.save_transaction(TransactionRecord("txn", 42, epoch, 60000, state, (("out", 0),), groups))
+
+
+def test_txn_offsets_are_staged_only_for_the_open_transaction_that_added_the_group(store: MetadataStore) -> None:
+    offsets = {("t", 0): CommittedOffset(5, "m", 1), ("t", 1): CommittedOffset(8)}
+    refused = store.stage_txn_offsets("txn", "g", 42, 3, offsets)
+    assert not refused.staged and refused.transaction is None, "an unknown transactional id"
+    _open_txn(store)
+    for group, pid, epoch in (("other", 42, 3), ("g", 43, 3), ("g", 42, 2), ("g", 42, 4)):
+        stage = store.stage_txn_offsets("txn", group, pid, epoch, offsets)
+        assert not stage.staged and stage.coordinated, (group, pid, epoch)
+        assert stage.transaction is not None and stage.transaction.producer_epoch == 3
+    assert store.pending_txn_offsets() == {}
+    assert store.stage_txn_offsets("txn", "g", 42, 3, offsets).staged
+    assert store.stage_txn_offsets("txn", "g", 42, 3, {("t", 0): CommittedOffset(6)}).staged  # the later one wins
+    assert store.pending_txn_offsets() == {"g": {("t", 0): 42, ("t", 1): 42}}
+    assert store.committed_offsets("g") == {}, "nothing is committed before the transaction ends"
+    _open_txn(store, "PrepareCommit")
+    assert not store.stage_txn_offsets("txn", "g", 42, 3, offsets).staged, "the transaction is ending"
+
+
+def test_a_commit_marker_commits_the_pending_offsets_once(open_same_store: OpenStore) -> None:
+    store = open_same_store()
+    store.commit_offsets("g", {("t", 0): CommittedOffset(1), ("t", 9): CommittedOffset(2)})
+    _open_txn(store, groups=("g", "elsewhere"))
+    store.stage_txn_offsets("txn", "g", 42, 3, {("t", 0): CommittedOffset(5, "m", 7)})
+    store.stage_txn_offsets("txn", "elsewhere", 42, 3, {("t", 0): CommittedOffset(6)})
+    in_g = lambda group: group == "g"  # noqa: E731 (the groups of the shard the marker is for)
+    assert store.complete_txn_offsets(42, 3, True, in_g) == {}, "still Ongoing: a stale marker changes nothing"
+    assert store.complete_txn_offsets(42, 3, False, in_g) == {}
+    _open_txn(store, "PrepareCommit", groups=("g", "elsewhere"))
+    assert store.complete_txn_offsets(42, 3, False, in_g) == {}, "not the result the coordinator prepared"
+    assert store.complete_txn_offsets(42, 2, True, in_g) == {}, "not the epoch the coordinator prepared"
+    store.close()
+    store = open_same_store()  # (the pending offsets are durable)
+    assert store.complete_txn_offsets(42, 3, True, in_g) == {"g": {("t", 0): CommittedOffset(5, "m", 7)}}
+    assert store.committed_offsets("g") == {("t", 0): CommittedOffset(5, "m", 7), ("t", 9): CommittedOffset(2)}
+    assert store.pending_txn_offsets() == {"elsewhere": {("t", 0): 42}}, "another shard's group waits for its marker"
+    assert store.complete_txn_offsets(42, 3, True, in_g) == {}, "a repeated marker"
+    assert store.committed_offsets("g") == {("t", 0): CommittedOffset(5, "m", 7), ("t", 9): CommittedOffset(2)}
+
+
+def test_an_abort_marker_drops_the_pending_offsets(store: MetadataStore) -> None:
+    store.commit_offsets("g", {("t", 0): CommittedOffset(1)})
+    _open_txn(store)
+    store.stage_txn_offsets("txn", "g", 42, 3, {("t", 0): CommittedOffset(5)})
+    _open_txn(store, "PrepareAbort", epoch=4)  # a timeout abort bumps the epoch
+    assert store.complete_txn_offsets(42, 4, False, lambda _: True) == {"g": {("t", 0): CommittedOffset(5)}}
+    assert store.committed_offsets("g") == {("t", 0): CommittedOffset(1)}
+    assert store.pending_txn_offsets() == {}

@@ -14,7 +14,7 @@ from icelog.errors import ConfigError, StoreUnavailableError
 from icelog.meta.backends import open_store
 from icelog.meta.postgres import PostgresStore, masked_url
 from icelog.meta.postgres import schema as postgres_schema
-from icelog.meta.store import IntakeTail
+from icelog.meta.store import BrokerLease, CommittedOffset, IntakeTail, TransactionRecord
 from tests.support.postgres import PASSWORD, PostgresCluster, start_cluster
 
 
@@ -28,7 +28,66 @@ def _version(url: str) -> int:
 def test_a_new_database_gets_the_current_schema_version(postgres_cluster: PostgresCluster) -> None:
     url = postgres_cluster.new_database()
     open_store(url).close()
-    assert _version(url) == max(postgres_schema.MIGRATIONS) == 1
+    assert _version(url) == max(postgres_schema.MIGRATIONS) == 3
+
+
+def test_a_coordinators_transaction_write_is_fenced_by_its_shard_lease(postgres_cluster: PostgresCluster) -> None:
+    """A cluster's transaction coordinator writes an id's state only while it holds the id's coordinator shard:
+    once another broker took the shard (this one paused past its session), its write changes nothing."""
+    from icelog.cluster.view import TXN_SHARDS_ID
+
+    store = open_store(postgres_cluster.new_database())
+    try:
+        first, second = BrokerLease(0, "a"), BrokerLease(1, "b")
+        shard = (TXN_SHARDS_ID, 7)
+        for lease in (first, second):
+            store.register_broker(lease, {"PLAINTEXT": ("127.0.0.1", 9092 + lease.node_id)}, None)
+        assert store.claim_leaderships(first, [shard], 60000)
+        assert store.save_transaction(TransactionRecord("t", 1, 0, 60000, "Ongoing"), (first, shard))
+        store.release_leaderships(first, [shard])
+        assert store.claim_leaderships(second, [shard], 60000)
+        assert not store.save_transaction(TransactionRecord("t", 1, 0, 60000, "CompleteAbort"), (first, shard))
+        assert store.transaction("t") == TransactionRecord("t", 1, 0, 60000, "Ongoing"), "the stale write is refused"
+        assert store.save_transaction(TransactionRecord("t", 1, 1, 60000, "Empty"), (second, shard))
+        assert store.transaction("t") == TransactionRecord("t", 1, 1, 60000, "Empty")
+    finally:
+        store.close()
+
+
+def test_a_group_coordinators_offsets_are_fenced_by_its_shard_lease(
+    postgres_cluster: PostgresCluster,
+) -> None:
+    """A cluster's group coordinator commits offsets, and stages and completes transactional ones, only while it holds
+    the group's coordinator shard: once another broker took the shard, its writes change nothing (the new one loaded
+    what was there)."""
+    from icelog.cluster.view import GROUP_SHARDS_ID
+
+    store = open_store(postgres_cluster.new_database())
+    try:
+        first, second = BrokerLease(0, "a"), BrokerLease(1, "b")
+        shard = (GROUP_SHARDS_ID, 3)
+        for lease in (first, second):
+            store.register_broker(lease, {"PLAINTEXT": ("127.0.0.1", 9092 + lease.node_id)}, None)
+        assert store.claim_leaderships(first, [shard], 60000)
+        store.save_transaction(TransactionRecord("t", 1, 0, 60000, "Ongoing", (), ("g",)))
+        offsets = {("in", 0): CommittedOffset(5)}
+        assert store.stage_txn_offsets("t", "g", 1, 0, offsets, (first, shard)).staged
+        store.release_leaderships(first, [shard])
+        assert store.claim_leaderships(second, [shard], 60000)
+        stale = store.stage_txn_offsets("t", "g", 1, 0, {("in", 1): CommittedOffset(9)}, (first, shard))
+        assert not stale.staged and not stale.coordinated
+        store.save_transaction(TransactionRecord("t", 1, 0, 60000, "PrepareCommit", (), ("g",)))
+        assert store.complete_txn_offsets(1, 0, True, lambda _: True, (first, shard)) is None
+        assert store.pending_txn_offsets() == {"g": {("in", 0): 1}}, "the stale coordinator changed nothing"
+        assert store.complete_txn_offsets(1, 0, True, lambda _: True, (second, shard)) == {"g": offsets}
+        assert store.committed_offsets("g") == offsets
+        # Plain OffsetCommits likewise: the stale coordinator's is refused, the shard holder's stored.
+        assert not store.commit_offsets("g", {("in", 0): CommittedOffset(2)}, (first, shard))
+        assert store.committed_offsets("g") == offsets, "the stale commit changed nothing"
+        assert store.commit_offsets("g", {("in", 0): CommittedOffset(8)}, (second, shard))
+        assert store.committed_offsets("g") == {("in", 0): CommittedOffset(8)}
+    finally:
+        store.close()
 
 
 def test_a_database_of_a_newer_icelog_is_refused_naming_both_versions_and_the_fix(
@@ -44,7 +103,7 @@ def test_a_database_of_a_newer_icelog_is_refused_naming_both_versions_and_the_fi
     with pytest.raises(postgres_schema.SchemaVersionError) as refused:
         open_store(url)
     message = str(refused.value)
-    assert "schema version 7" in message and "version 1 " in message, message
+    assert "schema version 7" in message and f"version {max(postgres_schema.MIGRATIONS)} " in message, message
     assert "run the newer icelog" in message and "meta_url" in message, "says how to fix it"
     assert PASSWORD not in message and "127.0.0.1:" in message
     assert not refused.value.retriable
@@ -55,20 +114,26 @@ def test_an_older_database_is_upgraded_step_by_step_keeping_its_data(
     postgres_cluster: PostgresCluster, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     url = postgres_cluster.new_database()
+    current = dict(postgres_schema.MIGRATIONS)
+    # A database of the first release (version 1: no cluster tables yet).
+    monkeypatch.setattr(postgres_schema, "MIGRATIONS", {1: current[1]})
     store = open_store(url)
     topic = store.create_topic("orders", 2, {"retention.ms": "5"})
     store.close()
-    # A release that adds a step: the next icelog opening this version-1 database runs it, once.
-    steps = {**postgres_schema.MIGRATIONS, 2: ("ALTER TABLE topics ADD COLUMN note TEXT NOT NULL DEFAULT 'v2'",)}
+    assert _version(url) == 1
+    # This release, and one after it that adds a step: the next icelog opening it runs each missing step, once.
+    later = max(current) + 1
+    steps = {**current, later: ("ALTER TABLE topics ADD COLUMN note TEXT NOT NULL DEFAULT 'v-next'",)}
     monkeypatch.setattr(postgres_schema, "MIGRATIONS", steps)
 
     upgraded = open_store(url)
     assert upgraded.get_topic("orders") == topic
+    assert upgraded.brokers(1000) == [], "version 2's tables (the cluster's) are there"
     upgraded.close()
     open_store(url).close()  # at the current version: nothing to do
-    assert _version(url) == 2
+    assert _version(url) == later
     with psycopg.connect(url) as conn:
-        assert conn.execute("SELECT note FROM topics").fetchall() == [("v2",)]
+        assert conn.execute("SELECT note FROM topics").fetchall() == [("v-next",)]
 
 
 def test_processes_opening_a_new_database_at_once_create_it_once(postgres_cluster: PostgresCluster) -> None:
@@ -94,7 +159,7 @@ def test_processes_opening_a_new_database_at_once_create_it_once(postgres_cluste
     assert all(s.get_topic("orders") is not None for s in stores)
     for store in stores:
         store.close()
-    assert _version(url) == 1
+    assert _version(url) == max(postgres_schema.MIGRATIONS)
 
 
 def test_an_unreachable_server_is_one_retriable_line_naming_host_and_port_never_the_password() -> None:

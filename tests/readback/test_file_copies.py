@@ -22,7 +22,7 @@ MB = 1024 * 1024
 def bucket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
     store = SeaweedFS(tmp_path_factory.mktemp("copies") / "seaweedfs").start()
     yield store
-    store.stop()
+    store.discard()
 
 
 def test_copies_are_read_locally_and_stay_within_their_bound(bucket: SeaweedFS, tmp_path: Path) -> None:

@@ -241,13 +241,17 @@ def _basic(user: str, password: str) -> dict[str, str]:
 
 def test_registry_login_flood(secure: SecureBroker, round_trips: RoundTrips) -> None:
     """20 threads send registry requests with wrong passwords (6 KB, or 1,000 non-ASCII characters: the longest
-    a check derives keys for): each gets 401 (40101), each after Kafka's 100 ms failure delay; the checks run off
-    the threads that serve Fetch, so round trips go on; afterwards a right password is served and the wrong
-    ones are in no log line."""
+    a check derives keys for): each gets 401 (40101) after Kafka's 100 ms failure delay until the address has
+    failed 20 times, then 429 (42901) with Retry-After, unchecked, after that wait, and one check a second gets
+    through; the checks run off the threads that serve Fetch, so round trips go on. A user who logged in from
+    the address before the flood is served during it; one who had not is served once Retry-After has passed;
+    the wrong passwords are in no log line."""
     was = before(secure)
     url = f"https://127.0.0.1:{secure.broker.registry_port}/subjects"
+    ca = str(secure.pki.ca_pem)
+    assert requests.get(url, auth=("alice", USERS["alice"]), verify=ca, timeout=60).status_code == 200
     wrongs = ["w" * 6000, "\u00e9" * 1000]
-    answers: list[tuple[int, int, float]] = []
+    answers: list[tuple[int, int, str | None, float]] = []
     running = threading.Event()
     running.set()
     errors: list[BaseException] = []
@@ -255,27 +259,46 @@ def test_registry_login_flood(secure: SecureBroker, round_trips: RoundTrips) -> 
     def attack(wrong: str) -> None:
         with requests.Session() as session:
             started = time.monotonic()
-            reply = session.get(url, headers=_basic("alice", wrong), verify=str(secure.pki.ca_pem), timeout=60)
-            answers.append((reply.status_code, reply.json()["error_code"], time.monotonic() - started))
+            reply = session.get(url, headers=_basic("alice", wrong), verify=ca, timeout=60)
+            answers.append((reply.status_code, reply.json()["error_code"], reply.headers.get("Retry-After"),
+                            time.monotonic() - started))
 
+    flood_started = time.monotonic()
     with ThreadPoolExecutor(20) as pool:
         futures = [pool.submit(_repeat_until, functools.partial(attack, wrongs[i % 2]), running, errors)
                    for i in range(20)]
         try:
             keeps_round_tripping(round_trips, running.is_set)
-            assert eventually(lambda: len(answers) >= 60, 120), f"only {len(answers)} answers"
+            assert eventually(lambda: sum(a[0] == 429 for a in answers) >= 60, 120), f"{len(answers)} answers"
+            during = requests.get(url, auth=("alice", USERS["alice"]), verify=ca, timeout=60)
+            assert during.status_code == 200, during.text
         finally:
             running.clear()
             for future in futures:
                 future.result(120)
+    flood_s = time.monotonic() - flood_started
     assert not errors, errors[:3]
-    assert {(status, code) for status, code, _ in answers} == {(401, 40101)}
-    assert min(took for _, _, took in answers) >= 0.1  # connection.failed.authentication.delay.ms
-    ok = requests.get(url, auth=("alice", USERS["alice"]), verify=str(secure.pki.ca_pem), timeout=60)
+    assert {(status, code) for status, code, _, _ in answers} == {(401, 40101), (429, 42901)}
+    assert min(took for _, _, _, took in answers) >= 0.1  # connection.failed.authentication.delay.ms
+    checked = sum(status == 401 for status, _, _, _ in answers)
+    assert checked <= 20 + flood_s + 5, f"{checked} checks in {flood_s:.0f} s"  # the burst, then about one a second
+    assert all(int(retry) >= 1 for status, _, retry, _ in answers if status == 429 and retry is not None)
+    assert all(retry is not None for status, _, retry, _ in answers if status == 429)
+    ok = _after_retry(url, ("admin", USERS["admin"]), ca)
     assert ok.status_code == 200, ok.text
     added = assert_recovered(secure, was, fd_margin=25)
     for wrong in wrongs:
         assert wrong[:100] not in added and _basic("alice", wrong)["Authorization"][6:46] not in added
+
+
+def _after_retry(url: str, auth: tuple[str, str], ca: str) -> requests.Response:
+    """A request that waits out 429s as Retry-After says (Confluent's clients retry 429), at most 5 times."""
+    for _ in range(5):
+        reply = requests.get(url, auth=auth, verify=ca, timeout=60)
+        if reply.status_code != 429:
+            return reply
+        time.sleep(int(reply.headers["Retry-After"]))
+    return reply
 
 
 @pytest.mark.parametrize("server", ["registry", "metrics"])

@@ -8,8 +8,10 @@ at a chosen stage, then reconcile with the in-process session.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -174,6 +176,42 @@ def run_archive_cli(
         text=True,
         timeout=300,
     )
+
+
+class ArchiveChild:
+    """A continuous `icelog archive` (or `icelog sink`: `command`) in a child process of its own session (so that a
+    kill takes its Spark JVM and Python workers with it, as a machine's death would), its output in `log_path`."""
+
+    def __init__(self, log_path: Path, env: dict[str, str], *args: str, fault: str | None = None,
+                 command: str = "archive") -> None:
+        self.log_path = log_path
+        full_env = {**os.environ, **env, **({FAULT_ENV: fault} if fault else {})}
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "icelog", command, *args], stdout=log,
+                                         stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_for(self, text: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.log():
+            assert self.proc.poll() is None, f"exited with {self.proc.returncode}:\n{self.log()[-5000:]}"
+            assert time.monotonic() < deadline, f"no {text!r} in {timeout} s:\n{self.log()[-5000:]}"
+            time.sleep(0.05)
+
+    def exits_within(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running after {timeout} s:\n{self.log()[-5000:]}") from None
+
+    def kill_all(self) -> None:
+        """SIGKILL to the archiver and everything it started (its JVM, Spark's Python workers)."""
+        with contextlib.suppress(ProcessLookupError):  # (its group outlives it while its JVM runs)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.proc.poll() is None:
+            self.proc.wait()
 
 
 def partition_counts(rows: list[Row]) -> dict[int, int]:

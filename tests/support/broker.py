@@ -27,8 +27,9 @@ class BrokerProcess:
 
     def __init__(self, data_dir: Path, port: int | None = None, env: dict[str, str] | None = None,
                  extra_args: list[str] | None = None, config: Path | None = None,
-                 preexec_fn: Callable[[], None] | None = None) -> None:
+                 preexec_fn: Callable[[], None] | None = None, start_timeout: float = 60.0) -> None:
         self.data_dir = data_dir
+        self.start_timeout = start_timeout  # how long `start` waits for the listener unless told
         self.preexec_fn = preexec_fn  # run in the child before icelog starts (e.g. a lower descriptor limit)
         self.config = config  # an icelog.yaml, passed as a user does: `icelog --config F serve`
         self.port = port or free_port()
@@ -53,7 +54,7 @@ class BrokerProcess:
     def registry_url(self) -> str:
         return f"http://127.0.0.1:{self.registry_port}"
 
-    def start(self, timeout: float = 60.0) -> BrokerProcess:
+    def start(self, timeout: float | None = None) -> BrokerProcess:
         """Start `icelog serve` and wait until it listens (a start takes ~2 s of CPU: its imports; far longer on a
         machine whose two cores are busy with other tests). A broker that does not listen in time is killed.
 
@@ -62,7 +63,7 @@ class BrokerProcess:
         metrics' always, the Kafka port only before its first start) and one more try, twice at most."""
         for attempt in range(3):
             try:
-                self._start(timeout)
+                self._start(self.start_timeout if timeout is None else timeout)
                 self._started_once = True
                 return self
             except _PortTaken:

@@ -12,11 +12,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from tests.support.broker import BrokerProcess
 
@@ -99,12 +100,25 @@ def record_rows(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     )
 
 
+_COORDINATOR_MOVING = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                       KafkaError.COORDINATOR_NOT_AVAILABLE}
+
+
 def group_offsets(source: BrokerProcess, topic: str, partitions: int, group: str = GROUP) -> dict[int, int]:
     """The offsets the sink's group has committed on the source (negative: none)."""
     consumer = Consumer({"bootstrap.servers": source.bootstrap, "group.id": group})
+    deadline = time.monotonic() + 60
     try:
-        got = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
-        return {tp.partition: tp.offset for tp in got}
+        while True:
+            try:
+                got = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
+                return {tp.partition: tp.offset for tp in got}
+            except KafkaException as exc:
+                # Kafka answers NOT_COORDINATOR (or _LOAD_IN_PROGRESS) while it loads the offsets topic's partition;
+                # librdkafka hands that to committed() rather than retrying, so an application retries.
+                if exc.args[0].code() not in _COORDINATOR_MOVING or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
     finally:
         consumer.close()
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pyspark
 
 from tests.support.broker import free_port
+from tests.support.jvm import JIT_OPTION
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 LOOPBACK = "127.0.0.1"
@@ -29,7 +30,10 @@ START_TIMEOUT_S = 60.0
 def _env() -> dict[str, str]:
     """The daemons' environment: loopback addresses, and this interpreter (and PYTHONPATH) for Python workers."""
     return {**os.environ, "SPARK_LOCAL_IP": LOOPBACK, "PYSPARK_PYTHON": sys.executable,
-            "SPARK_WORKER_OPTS": "-Dspark.worker.cleanup.enabled=true -Dspark.worker.cleanup.appDataTtl=600"}
+            "SPARK_WORKER_OPTS": "-Dspark.worker.cleanup.enabled=true -Dspark.worker.cleanup.appDataTtl=600",
+            # The master and the worker only start executors and pass messages: the JIT's first tier (the C2
+            # compiler's threads would compete for the two cores with the tests' processes).
+            "SPARK_DAEMON_JAVA_OPTS": JIT_OPTION}
 
 
 def _wait_port(port: int, what: str, proc: subprocess.Popen[bytes], log: Path) -> None:

@@ -30,23 +30,33 @@ ROOT = Path(__file__).resolve().parents[2]
     # Kafka Streams' word count (one JVM per run), exactly-once then at-least-once, on 2,000 lines: ~30 s.
     ("streams_bench.py", ["--records", "2000", "--rounds", "1"], "eos_lines_per_s"),
     ("registry_bench.py", ["--lookups", "50", "--records", "2000", "--out", "none"], "produce_records_per_s"),
-    ("hostile_bench.py", ["--seconds", "1", "--attacks", "bomb,sizes,plain,registry"], "p99_vs_baseline"),
-    ("fuzz_broker.py", ["--seconds", "5"], "tracebacks"),
+    # Half-second windows (the pauses around them as short): ~10 s beside the broker's start.
+    ("hostile_bench.py", ["--seconds", "0.5", "--attacks", "bomb,sizes,plain,registry"], "p99_vs_baseline"),
+    ("fuzz_broker.py", ["--seconds", "2"], "tracebacks"),  # (the same fuzz runs longer in tests/wire/test_fuzz.py)
     ("meta_bench.py", ["--rounds", "1", "--latency-seconds", "1", "--records", "2000"], "ack_p99_ratio"),
     ("archive_read_via_bench.py", ["--no-spark", "--records", "20000", "--out", "none"], "decode_kafka_over_files"),
-    ("s3_intake_bench.py", ["--records", "5000", "--latency-seconds", "2"], "s3_produce_vs_local"),
+    ("s3_intake_bench.py", ["--records", "5000", "--latency-seconds", "1"], "s3_produce_vs_local"),
     ("avro_decode_bench.py", ["--records", "2000", "--repeat", "1"], "compiled_over_fastavro"),
     ("proto_decode_bench.py", ["--records", "2000", "--rounds", "1"], "compiled_over_upb"),
     ("json_decode_bench.py", ["--records", "2000", "--rounds", "1"], "compiled_over_python"),
-    # Spark (the bench's, an archiver child's and a sink child's): a minute or so, mostly their starts; small sizes
-    # (the passes' and the steady produce's) are enough to run every part. "freshness" comes last, after all ran.
-    ("sink_bench.py", ["--records", "2000", "--rounds", "1", "--seconds", "1", "--rate-mb", "0.5", "--out", "none"],
-     "freshness"),
-    # A broker with its archiver (Spark) and a tail consumer and a table reader, sampled every 10 s for 30 s.
-    ("soak_bench.py", ["--minutes", "0.5", "--sample-seconds", "10", "--rate-mb", "0.5", "--consumers",
-                       "--retention-minutes", "0.25", "--out", "none"], "growth_last_half"),
+    # Spark (the bench's, an archiver child's and a sink child's): half a minute or so, mostly their starts; small
+    # sizes (the passes' and the steady produce's) are enough to run every part. "freshness" comes last, after all
+    # ran. spark_children: the Spark drivers get the Spark tests' short-start JVM options (tests/support/jvm.py),
+    # whichever lane runs this first (57 s -> 32 s here).
+    pytest.param("sink_bench.py", ["--records", "2000", "--rounds", "1", "--seconds", "1", "--rate-mb", "0.5", "--out",
+                                   "none"], "freshness", marks=pytest.mark.spark_children),
+    # One Spark pass archives the source; then `icelog replay` and a plain producer of the same records: ~15 s.
+    pytest.param("replay_bench.py", ["--records", "2000", "--rounds", "1", "--out", "none"], "replay_over_plain",
+                 marks=pytest.mark.spark_children),
+    # A broker with its archiver (Spark) and a tail consumer and a table reader, sampled every 5 s for 15 s (the
+    # last half's slope: two samples), the intake's retention 6 s.
+    pytest.param("soak_bench.py", ["--minutes", "0.25", "--sample-seconds", "5", "--rate-mb", "0.5", "--consumers",
+                                   "--retention-minutes", "0.1", "--out", "none"], "growth_last_half",
+                 marks=pytest.mark.spark_children),
     # Apache Kafka 4.1.1 (two modes) and icelog, each started once: ~30 s, mostly three JVM tools per broker.
     ("vs_kafka_bench.py", ["--records", "5000", "--rounds", "1", "--e2e", "100"], "ratios"),
+    # Three brokers and one over PostgreSQL and SeaweedFS: one kill -9 (the session timeout, 6 s) and a small produce.
+    ("failover_bench.py", ["--kills", "1", "--records", "5000", "--rounds", "1"], "three_over_one"),
     ("security_bench.py", ["--records", "5000", "--rounds", "1", "--latency-seconds", "1", "--connections", "10"],
      "throughput_ratio"),
     # Two archive passes in the bench's own Spark session around live scans with a tenth of the rows in the tail.

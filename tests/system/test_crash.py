@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from icelog.log import intake_file
 from tests.support.broker import BrokerProcess
+from tests.support.reading import read_partition
 
 pytestmark = pytest.mark.crash
 
@@ -79,46 +80,6 @@ def create_topic(broker: BrokerProcess, name: str, partitions: int) -> None:
         future.result(timeout=20)
 
 
-def read_partition(
-    broker: BrokerProcess, topic: str, partition: int, start: int = 0
-) -> tuple[list[bytes], int]:
-    """Every record from `start` to the high watermark, checking offsets are contiguous.
-
-    Returns the values (index i is offset start + i) and the high watermark read at the beginning.
-    """
-    consumer = Consumer({
-        "bootstrap.servers": broker.bootstrap, "group.id": f"{topic}-check", "enable.auto.commit": False,
-        "enable.partition.eof": True, "fetch.wait.max.ms": 50,
-    })
-    try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=20)
-        assert low == 0, "nothing was deleted, so the log starts at offset 0"
-        values: list[bytes] = []
-        if high <= start:
-            return values, high
-        consumer.assign([TopicPartition(topic, partition, start)])
-        deadline = time.monotonic() + 60
-        while start + len(values) < high:
-            position = start + len(values)
-            assert time.monotonic() < deadline, f"{topic}-{partition}: stuck at {position} < {high}"
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            if message.error():
-                if message.error().code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise KafkaException(message.error())
-            assert message.offset() == position, (
-                f"{topic}-{partition}: offset {message.offset()} after {position - 1} (a gap or a repeat)"
-            )
-            value = message.value()
-            assert value is not None
-            values.append(value)
-        return values, high
-    finally:
-        consumer.close()
-
-
 class Workload:
     """Produces unique records round-robin over the partitions, remembering produce order."""
 
@@ -170,7 +131,7 @@ def test_acknowledged_records_survive_repeated_sigkill(
         work.run(rng.uniform(0.3, 1.0))
         for partition in range(PARTITIONS):
             # Whatever a consumer saw once (up to the high watermark) must never change.
-            values, _ = read_partition(broker, topic_name, partition, start=len(seen[partition]))
+            values, _ = read_partition(broker.bootstrap, topic_name, partition, start=len(seen[partition]))
             seen[partition] += values
         work.run(rng.uniform(0.05, 0.6))  # the kill lands at a random moment of continuous writes
         in_flight_at_kill.append(len(producer))
@@ -187,7 +148,7 @@ def test_acknowledged_records_survive_repeated_sigkill(
     assert any(in_flight_at_kill), f"no kill hit records in flight {context}"
     produced_in = {value: p for p, values in enumerate(work.sent) for value in values}
     for partition in range(PARTITIONS):
-        log, _ = read_partition(broker, topic_name, partition)
+        log, _ = read_partition(broker.bootstrap, topic_name, partition)
         where = f"partition {partition} {context}"
         assert log[: len(seen[partition])] == seen[partition], f"{where}: offsets seen before a kill changed"
         assert all(produced_in.get(value) == partition for value in log), f"{where}: a record nobody sent"
@@ -264,7 +225,7 @@ def test_torn_intake_tail_is_truncated_on_restart(
     torn = "torn or corrupt tail" in broker.log() and "truncating" in broker.log()
     assert torn == (damage is not _leave_preallocated_tail), "only bytes that are not zeros are reported as torn"
     assert path.stat().st_size == size
-    logs = [read_partition(broker, topic_name, p)[0] for p in range(2)]
+    logs = [read_partition(broker.bootstrap, topic_name, p)[0] for p in range(2)]
     for value, (partition, offset) in deliveries.acked.items():
         assert logs[partition][offset] == value
     assert [len(values) for values in logs] == [150, 150], "nothing but the acknowledged records"
@@ -275,4 +236,4 @@ def test_torn_intake_tail_is_truncated_on_restart(
     assert producer.flush(30) == 0
     assert after.acked == {b"after": (0, 150)}
     broker.restart()
-    assert read_partition(broker, topic_name, 0)[0] == logs[0] + [b"after"]
+    assert read_partition(broker.bootstrap, topic_name, 0)[0] == logs[0] + [b"after"]

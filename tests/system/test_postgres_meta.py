@@ -18,7 +18,8 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from icelog.errors import is_retriable
 from tests.support.broker import BrokerProcess
 from tests.support.postgres import PASSWORD, PostgresCluster, start_cluster
-from tests.system.test_crash import BROKER_ENV, PARTITIONS, Workload, create_topic, make_producer, read_partition
+from tests.support.reading import read_partition
+from tests.system.test_crash import BROKER_ENV, PARTITIONS, Workload, create_topic, make_producer
 
 OUTAGE_S = 30
 
@@ -56,7 +57,7 @@ def test_a_broker_on_postgresql_serves_clients_and_restarts_with_everything(
 
         broker.kill()  # not even a clean stop: the metadata must all be in PostgreSQL already
         broker.start()
-        values = read_partition(broker, "orders", 0)[0] + read_partition(broker, "orders", 1)[0]
+        values = read_partition(broker.bootstrap, "orders", 0)[0] + read_partition(broker.bootstrap, "orders", 1)[0]
         assert sorted(values) == sorted(sent)
         again = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "billing"})
         after = {tp.partition: tp.offset for tp in again.committed(partitions)}
@@ -126,7 +127,7 @@ def test_postgresql_down_for_30s_under_load_refuses_produce_retriably_then_resum
         broker.start()
         produced_in = {value: p for p, values in enumerate(work.sent) for value in values}
         for partition in range(PARTITIONS):
-            log_values, _ = read_partition(broker, "events", partition)
+            log_values, _ = read_partition(broker.bootstrap, "events", partition)
             assert all(produced_in.get(v) == partition for v in log_values), "a record nobody sent"
             for value in work.sent[partition]:
                 _, offset = work.deliveries.acked[value]

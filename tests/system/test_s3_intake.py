@@ -23,8 +23,9 @@ from icelog.errors import is_retriable
 from icelog.faults import FAULT_ENV
 from tests.support.broker import BrokerProcess
 from tests.support.postgres import PostgresCluster
+from tests.support.reading import read_partition
 from tests.support.seaweedfs import BUCKET, SeaweedFS
-from tests.system.test_crash import BROKER_ENV, PARTITIONS, Workload, create_topic, make_producer, read_partition
+from tests.system.test_crash import BROKER_ENV, PARTITIONS, Workload, create_topic, make_producer
 
 OUTAGE_S = 30
 
@@ -33,7 +34,7 @@ OUTAGE_S = 30
 def bucket(tmp_path: Path) -> Iterator[SeaweedFS]:
     store = SeaweedFS(tmp_path / "seaweedfs").start()
     yield store
-    store.stop()
+    store.discard()
 
 
 def s3_broker(data_dir: Path, store: SeaweedFS, meta_url: str, flag: bool = False) -> BrokerProcess:
@@ -55,7 +56,7 @@ def test_an_intake_url_that_is_not_s3_stops_start_up_saying_why(tmp_path: Path) 
 def check_every_acknowledged_record(broker: BrokerProcess, work: Workload) -> None:
     """Each partition holds exactly what was sent to it, every acknowledged record at its acknowledged offset."""
     for partition in range(PARTITIONS):
-        log_values, _ = read_partition(broker, "events", partition)
+        log_values, _ = read_partition(broker.bootstrap, "events", partition)
         for value in work.sent[partition]:
             if value in work.deliveries.acked:
                 _, offset = work.deliveries.acked[value]
@@ -81,14 +82,14 @@ def test_a_broker_whose_data_dir_is_deleted_serves_everything_from_the_bucket(
         shutil.rmtree(broker.data_dir)  # the disk is a cache: a fresh broker starts empty
         broker.start()
         check_every_acknowledged_record(broker, work)
-        before = {p: len(read_partition(broker, "events", p)[0]) for p in range(PARTITIONS)}
+        before = {p: len(read_partition(broker.bootstrap, "events", p)[0]) for p in range(PARTITIONS)}
 
         # The same idempotent producer goes on (its producer id and sequences survive in the store and the bucket):
         # offsets continue, nothing is refused as out of sequence, nothing is written twice.
         work.run(1)
         assert producer.flush(30) == 0 and not work.deliveries.failed, work.deliveries.failed
         check_every_acknowledged_record(broker, work)
-        after = {p: len(read_partition(broker, "events", p)[0]) for p in range(PARTITIONS)}
+        after = {p: len(read_partition(broker.bootstrap, "events", p)[0]) for p in range(PARTITIONS)}
         assert all(after[p] > before[p] for p in range(PARTITIONS)), "offsets continue after the restart"
         assert sum(after.values()) == len(work.deliveries.acked)
     finally:
@@ -162,12 +163,12 @@ def test_a_kill_between_the_put_and_the_commit_serves_nothing_of_the_object(buck
         del broker.env[FAULT_ENV]
         broker.start()
         assert bucket.keys("cluster-a/intake/") == [], "the uncommitted object is deleted at start-up"
-        assert read_partition(broker, "events", 0)[0] == []
+        assert read_partition(broker.bootstrap, "events", 0)[0] == []
         fresh = Producer({"bootstrap.servers": broker.bootstrap})
         offsets: list[int] = []
         fresh.produce("events", b"kept", partition=0, on_delivery=lambda _e, m: offsets.append(m.offset()))
         assert fresh.flush(30) == 0 and offsets == [0]
-        assert read_partition(broker, "events", 0)[0] == [b"kept"]
+        assert read_partition(broker.bootstrap, "events", 0)[0] == [b"kept"]
     finally:
         broker.stop()
 
@@ -206,7 +207,8 @@ def test_a_kill_after_the_commit_before_the_answer_keeps_the_offsets_and_dedups_
         assert delivered == {b"committed-0": 0, b"committed-1": 1}, "the retry answered with the assigned offsets"
         producer.produce("events", b"after", partition=0, on_delivery=report)
         assert producer.flush(30) == 0 and delivered[b"after"] == 2
-        assert read_partition(broker, "events", 0)[0] == [b"committed-0", b"committed-1", b"after"], "nothing twice"
+        got = read_partition(broker.bootstrap, "events", 0)[0]
+        assert got == [b"committed-0", b"committed-1", b"after"], "nothing twice"
     finally:
         broker.stop()
 

@@ -151,7 +151,7 @@ def test_tables_on_s3_end_to_end(tmp_path: Path, postgres_cluster: PostgresClust
         assert SECRET_KEY not in broker.log() and PASSWORD not in broker.log()
     finally:
         broker.stop()
-        store.stop()
+        store.discard()
 
 
 def _settings_from(env: dict[str, str]) -> dict[str, Any]:

@@ -159,6 +159,18 @@ def test_topic_lifecycle_kafka_python(
         kp_admin.delete_topics([topic_name])
 
 
+def test_kafkas_internal_topic_names_are_taken(broker: BrokerProcess) -> None:
+    """`__consumer_offsets` and `__transaction_state` are the coordinators' shards here (their state is in the
+    metadata store): CreateTopics gets TOPIC_ALREADY_EXISTS, as from Kafka once it made them, and Metadata with
+    auto-creation creates nothing."""
+    admin = admin_for(broker)
+    for name in ("__consumer_offsets", "__transaction_state"):
+        assert error_of(admin.create_topics([NewTopic(name, 3, 1)])[name]) == KafkaError.TOPIC_ALREADY_EXISTS
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "allow.auto.create.topics": True})
+    assert producer.list_topics("__consumer_offsets", timeout=WAIT_S).topics["__consumer_offsets"].error is not None
+    assert not {"__consumer_offsets", "__transaction_state"} & set(topic_partitions(admin))
+
+
 def test_validate_only_creates_nothing(broker: BrokerProcess, topic_name: str) -> None:
     """CreateTopics/CreatePartitions with validate_only check the request but change nothing."""
     admin = admin_for(broker)

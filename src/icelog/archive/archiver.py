@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator
@@ -118,6 +119,7 @@ class TopicPassResult:
     skipped: str = ""  # why the topic was not attempted this pass (backoff, still running)
     dead_letters: int = 0  # batches this pass sent to the dead-letter table
     next_due_ms: int | None = None  # when an archive left open completes by time (None: none, or all were due)
+    timings: dict[str, float] = field(default_factory=dict)  # where a pass that wrote spent its time (PASS_PARTS)
 
 
 @dataclass(frozen=True)
@@ -134,10 +136,28 @@ class ArchiveStalledError(IcelogError):
     fix (not retriable: the same pass fails again until something changes; retried with backoff all the same)."""
 
 
+class ArchiverFencedError(IcelogError):
+    """Another archiver committed to the table after this pass read it: this process no longer archives the store
+    alone (its archiver lock's connection was cut: a PostgreSQL restart, a proxy's idle timeout) and the pass
+    commits nothing. The continuous archiver exits (service.py); `icelog serve` starts it again, to stand by."""
+
+
 class ForeignTableError(TableMismatchError):
     """The topic's table holds the archive of another topic (a deleted one of the same name, or a live one archived
     there): nothing is archived into it until a config or the table changes."""
 
+
+# Where one pass's time goes (seconds, in TopicPassResult.timings and the "archived" log line):
+#   wait      how old the pass's oldest record was when the pass planned it (the archive delays, the pass before)
+#   plan      from the pass's start until its Spark job: store reads, planning, the table's schema and offsets
+#   decode    the slowest task's decoding of its archives into Arrow rows (in a Spark worker)
+#   write     that task's Parquet writing (and its read of the table's metadata)
+#   job       the whole Spark job (decode and write of every task, and Spark's own cost of a job)
+#   describe  the driver reading the new files' footers into Iceberg DataFiles
+#   commit    loading the table and committing the snapshot: the records are visible in Iceberg from its end
+#   record    the new offsets written to the metadata store
+#   pass      plan + job + describe + commit + record: from the pass's start until it is done
+PASS_PARTS = ("wait", "plan", "decode", "write", "job", "describe", "commit", "record", "pass")
 
 StableOffsetHook = Callable[[TopicRecord, PartitionRecord], int]
 # (topic, partition, table offset, log start): the table's next offset is below what the log still holds, so
@@ -179,6 +199,12 @@ class Archiver:
         self._layouts: dict[tuple[str, str], str] = {}  # an existing table's layout (its icelog.layout property)
         self._synced: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {}  # forwarded properties last synced
         self._last_reconcile_ms: dict[uuid.UUID, int] = {}
+        # Each table as this archiver last loaded it, kept between passes (it is the tables' one writer while it holds
+        # the store's archiver lock): a pass refreshes it (one catalog query, and a read of its metadata file only if
+        # it changed) where a load also resolves the name through Spark's catalog and re-reads the metadata file;
+        # its reconcile, fence and append use it. Dropped by a pass that fails: the next one loads it afresh.
+        self._loaded: dict[tuple[str, str], iceberg_java.JavaTable] = {}
+        self.fenced = threading.Event()  # set by a pass that found another archiver's commit (ArchiverFencedError)
         # Topics with a Protobuf schema (registry subjects per icelog.schema.<side>): table_schema.py
         # The embedded registry's schemas: the store's, if it is a registry too (a sink's view is not).
         self.schemas = TableSchemas(settings, spark, store, store if isinstance(store, RegistryStore) else None)
@@ -292,6 +318,7 @@ class Archiver:
         self._tables_ready.discard(identifier)  # look again: it may have been dropped
         self._layouts.pop(identifier, None)
         self._synced.pop(identifier, None)
+        self._loaded.pop(identifier, None)
         if delay_ms and isinstance(exc, IcelogError) and not exc.retriable:
             # Retried all the same (a fix of a config or of the table is noticed without a restart)
             log.error("archiving %s failed and needs a fix (intake kept; retry in %d ms): %s", topic.name, delay_ms,
@@ -372,7 +399,9 @@ class Archiver:
 
     def reconcile(self, topic: TopicRecord, config: ArchiveTopicConfig) -> TableOffsets:
         """The table's offsets, copied into the metadata store."""
-        found = table_offsets(self.spark, self.table_name(config))
+        table = iceberg_java.refreshed(self.spark, self.table_name(config), self._loaded.get(config.identifier))
+        self._loaded[config.identifier] = table
+        found = table_offsets(self.spark, self.table_name(config), table=table)
         if found.topic_id is not None and found.topic_id != str(topic.topic_id):
             # Another topic's table (a deleted topic of the same name, or a live topic archived there): its offsets
             # say nothing about this topic.
@@ -397,7 +426,14 @@ class Archiver:
         written by the next one at once. (One already due when planned but left open, e.g. behind an open
         transaction, is not counted: it waits a poll.)"""
         planned_ms = int(self.clock() * 1000)
-        result, chunks_by_partition = self._archive_topic(topic, config, force, planned_ms)
+        started = time.perf_counter()
+        try:
+            result, chunks_by_partition = self._archive_topic(topic, config, force, planned_ms)
+        except BaseException:
+            self._loaded.pop(config.identifier, None)  # whatever state it is in, the next pass loads the table
+            raise
+        if result.timings:
+            result.timings["pass"] = time.perf_counter() - started
         dues = [due for partition, chunks in chunks_by_partition.items()
                 if (due := next_due_ms(chunks, result.offsets.get(partition, 0), config)) is not None
                 and due > planned_ms]
@@ -407,6 +443,7 @@ class Archiver:
     def _archive_topic(
         self, topic: TopicRecord, config: ArchiveTopicConfig, force: bool, now_ms: int
     ) -> tuple[TopicPassResult, dict[int, list[IntakeChunk]]]:
+        started = time.perf_counter()
         partitions = self.store.partitions(topic.topic_id)
         # Cheap look first, from the store's copy of the offsets: touch the catalog only when some
         # archive is due (or now and then, to notice a table changed behind our back).
@@ -457,24 +494,31 @@ class Archiver:
         new_offsets = dict(committed.offsets)
         for archive in archives:
             new_offsets[archive.partition] = max(new_offsets.get(archive.partition, 0), archive.end_offset)
+        timings = {"wait": max(0, now_ms - min(a.chunks[0].ingest_ms for a in archives)) / 1000,
+                   "plan": time.perf_counter() - started}
         with self._turn(config, spec) as mine:
             if not mine:  # an upsert table being compacted: its records wait in the intake for the next poll
                 log.info("%s: the table is being compacted; archiving waits for it", topic.name)
                 return result, chunks_by_partition
-            result.dead_letters = self.write(topic, config, archives, new_offsets, schema, spec)
+            result.dead_letters = self.write(topic, config, archives, new_offsets, schema, spec, timings,
+                                             base=committed)
         fault_point("after-commit")
+        recording = time.perf_counter()
         self.store.record_archive(topic.topic_id, new_offsets, int(self.clock() * 1000))
+        timings["record"] = time.perf_counter() - recording
+        result.timings = timings
         result.archives = len(archives)
         result.records = sum(a.record_count for a in archives)
         result.intake_bytes = sum(a.intake_bytes for a in archives)
         result.offsets = new_offsets
         log.info(
-            "archived %s: %d records in %d archive(s) (%s); next offsets %s",
+            "archived %s: %d records in %d archive(s) (%s); next offsets %s; seconds %s",
             topic.name,
             result.records,
             len(archives),
             ",".join(sorted({a.reason for a in archives})),
             encode_offsets(new_offsets),
+            " ".join(f"{part}={timings[part]:.3f}" for part in PASS_PARTS if part in timings and part != "pass"),
         )
         return result, chunks_by_partition
 
@@ -512,6 +556,32 @@ class Archiver:
                 archives.append(archive)
         return archives
 
+    def fence(self, config: ArchiveTopicConfig, base: TableOffsets | None) -> None:
+        """Right before a commit: ArchiverFencedError if the table no longer holds `base`, the offsets its pass
+        planned from, i.e. another archiver committed since (Iceberg would re-apply this append on top of it, and
+        the rows both wrote would be there twice). The store's archiver lock lets one archiver run; this catches
+        the one that lost the lock without knowing. (A commit in the milliseconds between this look and the
+        commit is not caught.) Others' commits carry no offsets (compaction, DELETE) and change nothing here."""
+        if base is None or base.source == "data":  # (no map to compare: the offsets were derived from the rows)
+            return
+        table = self._loaded.get(config.identifier)
+        if table is not None:
+            # The table the pass read, refreshed from the catalog: still at the snapshot the pass planned from, no one
+            # committed since (the common case: a catalog query, no metadata file read, no summary walk).
+            with jvm_errors():  # (the catalog down: a retriable error of the pass, one line in the log)
+                table.operations().refresh()
+            current = table.currentSnapshot()
+            if base.snapshot_id is not None and current is not None and int(current.snapshotId()) == base.snapshot_id:
+                return
+        now = table_offsets(self.spark, self.table_name(config), table=table)
+        if now.source != "data" and now.offsets != base.offsets:
+            self.fenced.set()
+            raise ArchiverFencedError(
+                f"table {self.table_name(config)} moved to offsets {encode_offsets(now.offsets)} after this pass "
+                f"planned from {encode_offsets(base.offsets)}: another archiver commits there, so this one no longer "
+                "holds the store's archiver lock; nothing committed"
+            )
+
     def write(
         self,
         topic: TopicRecord,
@@ -520,8 +590,11 @@ class Archiver:
         new_offsets: dict[int, int],
         schema: ArchiveSchema | None = None,
         spec: TableSpec = RECORD_SPEC,
+        timings: dict[str, float] | None = None,
+        base: TableOffsets | None = None,
     ) -> int:
-        """Decode the archives in Spark workers (plan.task_groups) and append them in one commit.
+        """Decode the archives in Spark workers (plan.task_groups) and append them in one commit (if the table still
+        holds `base`, the offsets the pass planned from: `fence`).
 
         A worker that fails for good (a WorkerError that is not retriable) has met a batch it cannot turn into
         rows: the driver finds such batches (`find_dead_letters`: the batch checks; else `find_failing_batch`:
@@ -530,12 +603,13 @@ class Archiver:
         offsets counted as archived; up to DEAD_LETTER_ROUNDS times. A failure no batch explains stops the pass
         with an ArchiveStalledError naming the partitions and offsets. Returns the dead letters written.
         (A worker that failed for a retriable error, the schema registry unavailable, fails the pass: retried.)
+        `timings` gets the parts of PASS_PARTS an append pass measures (decode to commit).
         """
         written = 0
         for _ in range(DEAD_LETTER_ROUNDS):
             try:
                 with jvm_errors():
-                    self._append(topic, config, archives, new_offsets, schema, spec)
+                    self._append(topic, config, archives, new_offsets, schema, spec, timings, base)
                 break
             except WorkerError as exc:
                 if exc.retriable:
@@ -552,7 +626,7 @@ class Archiver:
             self.store.record_dead_letters(topic.topic_id, dead_letter_counts(self.spark, dlq))
         else:
             with jvm_errors():
-                self._append(topic, config, archives, new_offsets, schema, spec)
+                self._append(topic, config, archives, new_offsets, schema, spec, timings, base)
         return written
 
     def _dead_letters(
@@ -617,6 +691,8 @@ class Archiver:
         new_offsets: dict[int, int],
         schema: ArchiveSchema | None,
         spec: TableSpec = RECORD_SPEC,
+        timings: dict[str, float] | None = None,
+        base: TableOffsets | None = None,
     ) -> None:
         intake_dir = chunk_source(self.settings, topic.name)  # pickled into the tasks: no secret in the conf
         if isinstance(intake_dir, KafkaFetch):
@@ -639,21 +715,37 @@ class Archiver:
                         key_decoded=schema is not None and schema.key is not None)
         if spec.primary_key:  # an upsert table: data files + deletion vectors in one row delta
             write_upserts(self.spark, self.table_name(config), rows, spec, summary, str(self.settings.data_dir),
-                          fault_point)
+                          fault_point, before_commit=lambda: self.fence(config, base))
             self.python_workers.used(RDD)
             return
         # The workers write the data files themselves (lake/data_files.py: pyarrow's Parquet writer, the table's
         # field ids, spec and write.* properties), so the rows never become JVM rows; the driver describes the
         # files from their footers and appends them in one snapshot. Each task holds whole archives in partition
         # and offset order: a file holds one partition's rows in offset order, as the table's sort order says.
-        table = iceberg_java.load_table(self.spark, self.table_name(config))
-        files = iceberg_java.parquet_data_files(self.spark, table, write_data_files(self.spark, table, rows))
+        clock = time.perf_counter()
+        table = self._loaded.get(config.identifier)
+        if table is None:
+            table = self._loaded[config.identifier] = iceberg_java.load_table(self.spark, self.table_name(config))
+        loaded = time.perf_counter()
+        written = write_data_files(self.spark, table, rows)
+        job_done = time.perf_counter()
+        files = iceberg_java.parquet_data_files(self.spark, table, written)
+        described = time.perf_counter()
+        self.fence(config, base)
         if armed("after-write"):
             # Stage the snapshot (files written, snapshot not current) and die before publishing it.
             iceberg_java.commit_append(table, files, summary, stage_only=True)
             fault_point("after-write")
         iceberg_java.commit_append(table, files, summary)
         self.python_workers.used(RDD)
+        if timings is not None:
+            tasks: dict[int, tuple[float, float]] = {}
+            for file in written:
+                decode_s, write_s = tasks.get(file.task, (0.0, 0.0))
+                tasks[file.task] = (decode_s + file.decode_s, write_s + file.write_s)
+            slowest = max(tasks.values(), key=sum, default=(0.0, 0.0))
+            timings.update(decode=slowest[0], write=slowest[1], job=job_done - loaded, describe=described - job_done,
+                           commit=time.perf_counter() - described + loaded - clock)
 
 
 def creation_properties(configs: dict[str, str]) -> dict[str, str]:

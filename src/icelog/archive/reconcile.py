@@ -23,6 +23,8 @@ from icelog.table.layout import LAYOUT_PROPERTY, LAYOUT_PROPERTY_VALUES, OFFSETS
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from icelog.lake.iceberg_java import JavaTable
+
 __all__ = ["COMMIT_USER", "COMMIT_USER_PROPERTY", "OFFSETS_PROPERTY", "TOPIC_ID_PROPERTY", "TableOffsets",
            "decode_offsets", "encode_offsets", "table_offsets"]
 
@@ -51,9 +53,12 @@ def decode_offsets(text: str) -> dict[int, int]:
     return {int(p): int(o) for p, o in json.loads(text).items()}
 
 
-def table_offsets(spark: SparkSession, name: str, max_ancestors: int = 1000) -> TableOffsets:
-    """Offsets the table `name` contains, from the newest snapshot summary on its current lineage."""
-    table = load_table(spark, name)
+def table_offsets(
+    spark: SparkSession, name: str, max_ancestors: int = 1000, table: JavaTable | None = None
+) -> TableOffsets:
+    """Offsets the table `name` contains, from the newest snapshot summary on its current lineage (of `table`, the
+    table as just loaded, if given)."""
+    table = load_table(spark, name) if table is None else table
     current_id: int | None = None
     for hops, snapshot in enumerate(ancestry(table, max_ancestors)):
         if current_id is None:

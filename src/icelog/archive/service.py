@@ -1,7 +1,9 @@
 """The archiver as a long-running process: passes on a poll interval, backoff on failure, a single instance.
 
 `icelog serve` starts it as a child process (`icelog archive`) so the Spark driver never shares the
-broker's event loop or GIL. The Spark session starts only once some topic is archived.
+broker's event loop or GIL. The Spark session starts only once some topic is archived, and only in the holder of
+the store's archiver lock: with several brokers on one store, every other broker's child stands by for the lock
+(archive/locks.py ArchiverLock.stand_by, in cli/archive.py) and takes over when the holder dies.
 """
 
 from __future__ import annotations
@@ -33,18 +35,27 @@ log = logging.getLogger(__name__)
 
 
 
-def lower_priority(niceness: int, setting: str = "archive.nice") -> None:
+_STARTED_AT: int | None = None  # this process's niceness when it first lowered its priority (what it inherited)
+
+
+def lower_priority(niceness: int, setting: str = "archive.nice", relative: bool = False) -> None:
     """Run this process, and every process it starts later (the Spark JVM, its Python workers), at `niceness`.
 
     The archiver shares the machine with the broker; at a higher niceness the kernel gives the broker's
     produce path the CPU first, so acknowledgement latency holds while Spark decodes and writes. Called
-    before Spark starts, so the JVM and its workers inherit it; never raises the priority.
+    before Spark starts, so the JVM and its workers inherit it; never raises the priority. `relative`: `niceness`
+    is added to the niceness the process started with (inherited from the broker that started it), as `nice -n`
+    does, so the archiver stays below a broker that itself runs niced (at 10, an absolute 10 would be no lower).
     """
+    global _STARTED_AT
     try:
         current = os.getpriority(os.PRIO_PROCESS, 0)
-        if niceness > current:
-            os.setpriority(os.PRIO_PROCESS, 0, niceness)
-            log.info("CPU niceness %d (%s)", niceness, setting)
+        if _STARTED_AT is None:
+            _STARTED_AT = current
+        wanted = min(19, _STARTED_AT + niceness) if relative else niceness
+        if wanted > current:
+            os.setpriority(os.PRIO_PROCESS, 0, wanted)
+            log.info("CPU niceness %d (%s%s)", wanted, setting, f" {niceness} above {_STARTED_AT}" if relative else "")
     except OSError as exc:  # not allowed in some containers: run at the inherited priority
         log.warning("could not set the CPU niceness to %d (%s): %s", niceness, setting, exc)
 
@@ -78,7 +89,7 @@ class ArchiveService:
     def __init__(
         self, settings: Settings, spark: SparkSession | None = None, store: ArchiveServiceStore | None = None,
         on_gap: GapHook | None = None, after_pass: Callable[[], None] | None = None,
-        maintenance_args: Sequence[str] = (),
+        maintenance_args: Sequence[str] = (), stop_event: threading.Event | None = None,
     ) -> None:
         self.settings = settings
         self.store = store or open_store(settings.metadata_url)
@@ -89,14 +100,14 @@ class ArchiveService:
         self._owns_spark = spark is None
         self._archiver: Archiver | None = None
         self._maintenance: MaintenanceScheduler | None = None
-        self.stop_event = threading.Event()
+        self.stop_event = stop_event or threading.Event()  # set: run_forever returns once the pass in flight ends
 
     def archiver(self) -> Archiver:
         if self._archiver is None:
             if self._spark is None:
                 from icelog.lake.spark import create_session
 
-                lower_priority(self.settings.archive.nice)
+                lower_priority(self.settings.archive.nice, relative=True)
                 log.info("starting Spark (master %s) for the archiver", self.settings.archive.spark_master)
                 ours, started = signal.getsignal(signal.SIGINT), time.monotonic()
                 self._spark = create_session(self.settings, "icelog-archiver")
@@ -133,8 +144,9 @@ class ArchiveService:
 
         A failing topic backs off on its own (Archiver keeps a schedule per topic), so the others keep
         their pace; only a pass that fails as a whole (the metadata store is unreachable) makes the
-        service wait, with exponential backoff (capped). Returns False if Spark died (the process should
-        exit so that `icelog serve` starts a new one).
+        service wait, with exponential backoff (capped). Returns False if Spark died, or if another archiver
+        committed to a table (Archiver.fence: this one lost the lock); the process should exit so that `icelog
+        serve` starts a new one, which stands by if the lock is held.
         """
         poll_s = self.settings.archive.poll_interval_ms / 1000
         backoff_max_s = self.settings.archive.retry_backoff_max_ms / 1000
@@ -162,6 +174,10 @@ class ArchiveService:
                 failed = True
             if self.after_pass is not None:
                 self.after_pass()
+            if self._archiver is not None and self._archiver.fenced.is_set():
+                log.error("another archiver commits to this store's tables: this one lost the archiver lock (its "
+                          "connection to the metadata store was cut?); exiting, to stand by for it again")
+                return False
             if (failed or topic_failed) and not self.spark_alive():
                 log.error("the Spark driver is gone; exiting so that a new archiver starts")
                 return False

@@ -112,6 +112,7 @@ def write_upserts(
     summary: Mapping[str, str],
     data_dir: str,
     fault: Callable[[str], None] = lambda _stage: None,
+    before_commit: Callable[[], None] = lambda: None,
 ) -> UpsertResult:
     """Upsert the decoded rows of one pass into the table in one commit (see the module docstring)."""
     table = iceberg_java.load_table(spark, table_name)
@@ -187,6 +188,7 @@ def write_upserts(
                 stages.done("plan")
                 dvs = iceberg_java.write_deletion_vectors(spark, table, positions, files, previous)
                 stages.done("dvs")
+            before_commit()  # (the archiver's fence: raises if another archiver committed since `base`)
             fault("after-write")
             snapshot_id = iceberg_java.commit_row_delta(table, base, data_files, dvs, referenced, summary)
             stages.done("commit")

@@ -8,9 +8,12 @@ import os
 import signal
 import threading
 from collections.abc import Collection, Iterable
+from pathlib import Path
 
 from icelog.config import Settings, load_settings
 from icelog.errors import IcelogError
+
+log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -32,7 +35,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "kafka, a directory of this archiver's own"))
     archive.add_argument("--spark-master", help="spark.master (default from config: local[N], half the cores)")
     archive.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    archive.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # set by `icelog serve`
+    archive.add_argument("--standby", action="store_true", help=(
+        "continuous: while another archiver holds the metadata store's archiver lock, stand by (no Spark started) "
+        "and take over once it lets go; without it, give up after 30 s. `icelog serve`'s archiver always stands by"))
+    archive.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # set by `icelog serve`: stands by
     archive.set_defaults(func=cmd_archive)
 
 
@@ -72,6 +78,21 @@ def stop_on_signals(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
+def lock_place(settings: Settings, name: str = "archiver.lock") -> str:
+    """Where the store's lock `name` lives, for a standby's log line (no password)."""
+    url = settings.metadata_url
+    if url.startswith(("postgresql://", "postgres://")):
+        from icelog.meta.postgres.database import server_of
+
+        return f"a PostgreSQL advisory lock in {server_of(url)}"
+    path = Path(url.removeprefix("sqlite:///")).parent / name
+    try:
+        holder = path.read_text().strip()  # (the holder writes its pid there: meta/sqlite/locks.py)
+    except OSError:
+        holder = ""
+    return f"flock on {path}" + (f", pid {holder}" if holder.isdigit() else "")
+
+
 def cmd_archive(args: argparse.Namespace) -> int:
     from icelog.archive.locks import ArchiverLock
     from icelog.archive.service import ArchiveService
@@ -83,21 +104,36 @@ def cmd_archive(args: argparse.Namespace) -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     if args.topics and not args.once:
         raise IcelogError("--topic needs --once (the continuous archiver archives every topic)")
+    if args.standby and args.once:
+        raise IcelogError("--standby is for the continuous archiver (--once gives up at once if another one runs)")
     settings = archiver_settings(args)
     # A typo in a cron line (the data dir, a topic) must not archive nothing, silently, for ever.
     require_metadata(settings)
     from icelog.meta.backends import open_store
 
     store = open_store(settings.metadata_url)  # kept open for the lock: one archiver per metadata store
+    lock = ArchiverLock(store)
+    stop = threading.Event()
     try:
         if args.topics:
             refuse_unknown_topics(args.topics, {t.name for t in store.list_topics()})
-        lock = ArchiverLock(store)
-        lock.acquire(wait_s=0 if args.once else 30)
+        if args.once:
+            lock.acquire(wait_s=0)
+        elif args.standby or args.parent_pid is not None:
+            # Another broker's archiver (or a dedicated one) archives the store: wait for its lock, with no JVM, for
+            # as long as it holds it, rather than exit and be restarted every 30 s by the broker.
+            stop_on_signals(stop)
+            if not lock.stand_by(stop, lambda: parent_alive(args.parent_pid), where=lock_place(settings)):
+                log.info("stopped while standing by" if stop.is_set() else
+                         "the broker that started the archiver is gone; stopping")
+                store.close()
+                return 0
+        else:
+            lock.acquire(wait_s=30)
     except BaseException:
         store.close()
         raise
-    service = ArchiveService(settings)
+    service = ArchiveService(settings, stop_event=stop)
     try:
         if args.once:
             results = service.run_once(force=True, topics=args.topics)
@@ -111,3 +147,8 @@ def cmd_archive(args: argparse.Namespace) -> int:
         service.close()
         lock.release()
         store.close()
+
+
+def parent_alive(parent_pid: int | None) -> bool:
+    """Whether the broker that started this archiver (if one did) is still its parent."""
+    return parent_pid is None or os.getppid() == parent_pid

@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     from icelog.cli import sink
 
     sink.add_parser(sub)
+    from icelog.cli import replay
+
+    replay.add_parser(sub)
     return parser
 
 

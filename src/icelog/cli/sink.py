@@ -8,7 +8,8 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
-from icelog.cli.archive import archiver_settings, stop_on_signals
+from icelog.cli.archive import archiver_settings, lock_place, parent_alive, stop_on_signals
+from icelog.errors import IcelogError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -25,7 +26,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                                          "under <data_dir>/sinks/")
     sink.add_argument("--spark-master", help="spark.master (default from config: local[N], half the cores)")
     sink.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    sink.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # set by `icelog serve`
+    sink.add_argument("--standby", action="store_true", help=(
+        "continuous: while another process runs a sink, stand by (no Spark started) and take it over once it lets "
+        "go; without it, give up after 30 s. `icelog serve`'s sinks always stand by"))
+    sink.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # set by `icelog serve`: stands by
     sink.set_defaults(func=cmd_sink)
 
 
@@ -37,22 +41,31 @@ def cmd_sink(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    if args.standby and args.once:
+        raise IcelogError("--standby is for continuous sinks (--once gives up at once if another process runs one)")
     settings = archiver_settings(args)
     names = selected(settings, args.names)
     services: list[SinkService] = []
     spark: SparkSession | None = None
+    stop = threading.Event()
+    standby = not args.once and (args.standby or args.parent_pid is not None)
+    if standby:  # (before Spark: a standby has none; its handler is set again once Spark has taken SIGINT)
+        stop_on_signals(stop)
     try:
-        for name in names:
+        for name in names:  # (every process takes the locks in the same order: no two wait for each other)
             services.append(SinkService(settings, name))
-            services[-1].acquire(wait_s=0 if args.once else 30)
-        lower_priority(settings.archive.nice)
+            if not standby:
+                services[-1].acquire(wait_s=0 if args.once else 30)
+            elif not services[-1].lock.stand_by(stop, lambda: parent_alive(args.parent_pid),
+                                                where=lock_place(settings, services[-1].lock.name)):
+                return 0  # stopped, or its broker is gone, while standing by
+        lower_priority(settings.archive.nice, relative=True)
         # One Spark session for every sink (each sink's archiver runs its passes on it).
         spark = create_session(services[0].settings, "icelog-sink")
         for service in services:
             service.attach(spark)
         if args.once:
             return max(service.run_once() for service in services)
-        stop = threading.Event()
         stop_on_signals(stop)
         for service in services:
             service.service.stop_event = stop

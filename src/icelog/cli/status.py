@@ -5,14 +5,16 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import uuid
 from datetime import UTC, datetime
 
 from icelog.archive.progress import ArchiveProgress, archive_progress
 from icelog.cli.archive import require_metadata
 from icelog.config import Settings, load_settings
+from icelog.log.backends import clustered
 from icelog.log.pressure import space_reason
 from icelog.meta.backends import open_store
-from icelog.meta.store import TopicCatalog
+from icelog.meta.store import BrokerRecord, Leadership, TopicCatalog
 
 ARCHIVE_COLUMNS = (
     "ARCHIVED-THROUGH", "LAG-RECORDS", "LAG-BYTES", "LAG-SECONDS", "LAST-COMMIT", "DEAD-LETTERS", "LAST-ERROR"
@@ -88,9 +90,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         progress = archive_progress(settings, store)
         tables = _table_ranges(settings, store)
+        cluster = clustered(settings)
+        brokers = store.brokers(settings.broker_session_timeout_ms) if cluster else []
+        leaders = store.leaderships() if cluster else {}
         rows: list[tuple[str, ...]] = [
-            ("TOPIC", "PARTITION", "LOG-START", "HIGH-WATERMARK", "RECORDS", "TABLE-OFFSETS", "TABLE-BYTES",
-             "INTAKE-START", "INTAKE-CHUNKS", "INTAKE-BYTES", *ARCHIVE_COLUMNS)
+            ("TOPIC", "PARTITION", *(("LEADER",) if cluster else ()), "LOG-START", "HIGH-WATERMARK", "RECORDS",
+             "TABLE-OFFSETS", "TABLE-BYTES", "INTAKE-START", "INTAKE-CHUNKS", "INTAKE-BYTES", *ARCHIVE_COLUMNS)
         ]
         for topic in store.list_topics():
             ranges = tables.get(topic.name)
@@ -103,8 +108,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                     table_cells = (f"{first}-{end - 1}" if end > first else "(empty)", str(table_bytes))
                     if end > first and first < start:  # as PartitionLog.visible_start_offset
                         start = min(start, part.retention_start_offset)
+                leader = (_leader_cell(leaders.get((topic.topic_id, part.partition)), brokers),) if cluster else ()
                 rows.append((
-                    topic.name, str(part.partition), str(start), str(part.high_watermark),
+                    topic.name, str(part.partition), *leader, str(start), str(part.high_watermark),
                     str(part.high_watermark - start), *table_cells, str(part.log_start_offset),
                     str(part.intake_chunks), str(part.intake_bytes),
                     *_archive_cells(progress.get((topic.topic_id, part.partition))),
@@ -116,11 +122,47 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     if len(rows) == 1:
         print("(no topics)")
+    if cluster:
+        print()
+        _print_brokers(brokers, leaders, settings.broker_session_timeout_ms)
     if settings.sinks:
         print()
         _print_sinks(settings)
     print(f"icelog status: {_space_line(settings)}", file=sys.stderr)  # stdout stays one row per partition
     return 0
+
+
+def _leader_cell(held: Leadership | None, brokers: list[BrokerRecord]) -> str:
+    """A partition's leader as the store has it: its node, or "-" while none (a dead holder: "(node N, gone)")."""
+    if held is None or held.holder is None:
+        return "-"
+    alive = any(b.node_id == held.holder.node_id and b.incarnation == held.holder.incarnation and b.alive
+                for b in brokers)
+    return str(held.holder.node_id) if alive else f"(node {held.holder.node_id}, gone)"
+
+
+def _print_brokers(
+    brokers: list[BrokerRecord], leaders: dict[tuple[uuid.UUID, int], Leadership], timeout_ms: int
+) -> None:
+    """The cluster's brokers as registered: alive (heartbeating within broker_session_timeout_ms) or silent, their
+    listeners, and how many partitions and coordinator shards each leads."""
+    from icelog.cluster.view import GROUP_SHARDS_ID, TXN_SHARDS_ID
+
+    rows: list[tuple[str, ...]] = [("NODE", "STATE", "LAST-HEARTBEAT", "LISTENERS", "RACK", "PARTITIONS",
+                                    "COORDINATOR-SHARDS")]
+    for broker in brokers:
+        held = [k for k, lead in leaders.items() if lead.holder is not None
+                and lead.holder.node_id == broker.node_id and lead.holder.incarnation == broker.incarnation]
+        shards = sum(1 for k in held if k[0] in (GROUP_SHARDS_ID, TXN_SHARDS_ID))
+        rows.append((str(broker.node_id), "alive" if broker.alive else f"silent > {timeout_ms} ms",
+                     f"{broker.heartbeat_age_ms} ms ago",
+                     ",".join(f"{name}://{host}:{port}" for name, (host, port) in sorted(broker.endpoints.items())),
+                     broker.rack or "-", str(len(held) - shards), str(shards)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    if len(rows) == 1:
+        print("(no broker has registered)")
 
 
 def _print_sinks(settings: Settings) -> None:

@@ -46,6 +46,7 @@ from icelog.client.connection import BrokerConnection, BrokerRequestError, Broke
 from icelog.client.fetch import FETCH_MAX_BYTES, READ_COMMITTED, READ_UNCOMMITTED, Fetched
 from icelog.client.properties import ClientProperties
 from icelog.errors import ErrorCode, is_retriable
+from icelog.topics import INTERNAL_TOPIC_NAMES
 
 T = TypeVar("T")
 
@@ -66,7 +67,6 @@ EARLIEST = -2  # ListOffsets' timestamp for the log start offset
 LATEST = -1  # ... for the end of the log: the high watermark, or the last stable offset with read_committed
 TOPIC_RESOURCE = 2  # DescribeConfigs' resource type of a topic
 GROUP_KEY = 0  # FindCoordinator's key type of a consumer group
-INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})  # also when a broker does not flag them
 # Answers that mean the metadata view (or the group's coordinator) is stale: refresh it, try once more.
 STALE_VIEW = frozenset({
     ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
@@ -156,7 +156,7 @@ class SourceCluster:
         with self._lock:
             self._once_more(lambda: self._load(None))
             return {t.name: len(t.leaders) for t in self._topics.values()
-                    if not t.internal and t.name not in INTERNAL_TOPICS}
+                    if not t.internal and t.name not in INTERNAL_TOPIC_NAMES}  # (a broker may not flag them)
 
     def topic_id(self, topic: str) -> uuid.UUID | None:
         """The topic's id, if the cluster's Metadata version gives one (Kafka 2.8+, icelog)."""

@@ -6,6 +6,13 @@ max.poll.interval.ms, passes); members that miss session.timeout.ms are removed 
 Committed offsets are written to the metadata store before they are acknowledged; groups with
 offsets but no members come back as Empty after a restart. KIP-848 consumer groups (ConsumerGroupHeartbeat) are
 `consumer_groups.ConsumerGroups`, sharing this coordinator's groups and offsets.
+
+A broker alone coordinates every group. A broker of a cluster (issue 46) coordinates the groups of the coordinator
+shards it leads (`cluster/view.coordinator_shard`, Kafka's __consumer_offsets partitions): the cluster controller
+hands it a shard (`take_shard`: the shard's groups come back from the store as Empty groups with their committed
+offsets) and takes it away (`drop_shard`: the shard's groups are forgotten, members waiting on a join or a sync are
+answered NOT_COORDINATOR, and they rejoin at the shard's new coordinator). The wire answers NOT_COORDINATOR (or
+COORDINATOR_LOAD_IN_PROGRESS, while the shard is on its way here) for a group this broker does not serve (`serves`).
 """
 
 from __future__ import annotations
@@ -16,10 +23,13 @@ import time
 import uuid
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
+from icelog.cluster.view import coordinator_shard
 from icelog.coordinator.consumer_groups import ConsumerGroups, TopicView
 from icelog.coordinator.consumer_model import ConsumerGroupSettings
 from icelog.coordinator.group_model import Group, GroupSettings, GroupState, JoinResult, Member, SyncResult
+from icelog.coordinator.txn_offsets import TxnOffsets
 from icelog.errors import ErrorCode
 from icelog.faults import fault_point
 from icelog.meta.store import CommittedOffset, ConsumerOffsets, GroupOffsets
@@ -27,6 +37,14 @@ from icelog.meta.store import CommittedOffset, ConsumerOffsets, GroupOffsets
 log = logging.getLogger(__name__)
 
 SWEEP_INTERVAL_S = 0.25
+
+
+class ServedShards(Protocol):
+    """Which groups a broker of a cluster coordinates (coordinator/group_shards.GroupShards)."""
+
+    def serves(self, group_id: str) -> bool: ...
+
+    def serves_shard(self, shard: int) -> bool: ...
 
 
 class GroupCoordinator:
@@ -40,13 +58,27 @@ class GroupCoordinator:
         self.consumer_groups = ConsumerGroups(self.groups, consumer_settings or ConsumerGroupSettings(),
                                               topics or dict)
         self._sweeper: asyncio.Task[None] | None = None
-        # Offset commits fsync: one thread keeps them off the event loop and in request order.
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="offset-commit")
+        # The coordinator shards served: None alone (every group), else those the cluster controller handed over.
+        self.shards: ServedShards | None = None  # (coordinator/group_shards.GroupShards)
+        # Offset commits fsync: one thread keeps them off the event loop and in request order (transactional offsets
+        # staged and completed too: coordinator/txn_offsets.py).
+        self.commit_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="offset-commit")
+        self.txn_offsets = TxnOffsets(self)
 
     def load(self) -> None:
-        """Bring back the committed offsets of every group (as Empty groups)."""
+        """Bring back the committed offsets of every group (as Empty groups), and the transactional ones pending."""
         for group_id in self.store.offset_groups():
             self.groups[group_id] = Group(group_id, offsets=self.store.committed_offsets(group_id))
+        self.txn_offsets.load()
+
+    def serves(self, group_id: str) -> bool:
+        """Whether this broker coordinates the group (else the wire refuses it: wire/handlers/groups.not_served):
+        every group alone; in a cluster, those of the coordinator shards it leads (coordinator/group_shards.py)."""
+        return self.shards is None or self.shards.serves(group_id)
+
+    def serves_shard(self, shard: int) -> bool:
+        """Whether this broker coordinates the groups of a coordinator shard (alone: every shard)."""
+        return self.shards is None or self.shards.serves_shard(shard)
 
     def start(self) -> None:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="group-sweeper")
@@ -58,7 +90,7 @@ class GroupCoordinator:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._writer.shutdown(wait=True)
+        self.commit_thread.shutdown(wait=True)
 
     # -- membership ----------------------------------------------------------------------------
     async def join(
@@ -447,18 +479,26 @@ class GroupCoordinator:
         group.members[member_id].heartbeat()
         return ErrorCode.NONE
 
-    async def commit(self, group_id: str, offsets: GroupOffsets) -> None:
+    async def commit(self, group_id: str, offsets: GroupOffsets) -> bool:
         """Make offsets durable in the metadata store (fsync, off the event loop), then visible to OffsetFetch.
 
-        One writer thread: commits reach the store, and then memory, in the order they were asked for.
+        One writer thread: commits reach the store, and then memory, in the order they were asked for. False: this
+        broker stopped coordinating the group meanwhile (the client is told NOT_COORDINATOR and commits again at the
+        new coordinator). A cluster's commit is fenced by the group shard's lease in the store, so a coordinator
+        that lost the shard while cut off stores nothing the new one would not have loaded.
         """
         if not offsets:
-            return
+            return True
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._writer, self.store.commit_offsets, group_id, dict(offsets))
+        fence = self.txn_offsets.fence(coordinator_shard(group_id))
+        stored = await loop.run_in_executor(
+            self.commit_thread, self.store.commit_offsets, group_id, dict(offsets), fence)
         fault_point("offsets-stored")
+        if not stored or not self.serves(group_id):
+            return False
         group = self.groups.setdefault(group_id, Group(group_id))
         group.offsets.update(offsets)
+        return True
 
     def fetch(
         self, group_id: str, partitions: Iterable[tuple[str, int]] | None, require_stable: bool = False
@@ -475,32 +515,15 @@ class GroupCoordinator:
                 out[tp] = (offsets.get(tp), ErrorCode.NONE)
         return out
 
-    def stage_txn_offsets(
-        self, group_id: str, producer_id: int, partitions: Iterable[tuple[str, int]]
-    ) -> None:
-        """Partitions with offsets waiting on a transaction (OffsetFetch require_stable reports them)."""
-        group = self.groups.setdefault(group_id, Group(group_id))
-        for tp in partitions:
-            group.txn_offsets[tp] = producer_id
-
-    async def end_txn_offsets(self, group_id: str, producer_id: int, commit: GroupOffsets | None) -> None:
-        """A transaction ended: commit its offsets (or drop them on abort)."""
-        if commit:
-            await self.commit(group_id, commit)
-        group = self.groups.get(group_id)
-        if group is not None:
-            for tp in [tp for tp, pid in group.txn_offsets.items() if pid == producer_id]:
-                del group.txn_offsets[tp]
-
     # -- administration ------------------------------------------------------------------------
     def forget_topic(self, topic: str) -> None:
-        """A topic was deleted: drop every group's committed offsets of it."""
+        """A topic was deleted (here, or by another broker of a cluster): drop every group's committed offsets of
+        it; the store dropped its rows with the topic."""
         for group in list(self.groups.values()):
-            gone = [tp for tp in group.offsets if tp[0] == topic]
-            if gone:
-                self.store.delete_offsets(group.group_id, gone)
-                for tp in gone:
-                    del group.offsets[tp]
+            for tp in [tp for tp in group.offsets if tp[0] == topic]:
+                del group.offsets[tp]
+            for tp in [tp for tp in group.txn_offsets if tp[0] == topic]:
+                del group.txn_offsets[tp]
 
     def describe(self, group_id: str) -> Group | None:
         return self.groups.get(group_id)

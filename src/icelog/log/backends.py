@@ -18,6 +18,13 @@ def intake_directory(settings: Settings) -> Path:
     return Path(settings.data_dir).resolve() / "intake"
 
 
+def clustered(settings: Settings) -> bool:
+    """Whether this broker is one of a cluster (issue 46): its intake on object storage and its metadata in
+    PostgreSQL, the two things several brokers can share. Alone or not, such a broker registers and leads what it
+    serves (a cluster of one)."""
+    return settings.intake.url is not None and settings.metadata_url.startswith(("postgresql:", "postgres:"))
+
+
 def open_storage(settings: Settings, index: IntakeIndex) -> IntakeStorage:
     """The backend `settings` name (intake.url: s3://… for object storage, else files in the data dir)."""
     if settings.intake.url is not None:

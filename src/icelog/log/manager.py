@@ -7,18 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from icelog.config import Settings
+from icelog.errors import ConfigError
 from icelog.log.appends import Appender, AppendResult
 from icelog.log.backends import open_storage
 from icelog.log.partition import PartitionLog
 from icelog.log.pressure import Pressure
 from icelog.log.retention import OnLoop, Retention, run_inline
+from icelog.log.s3 import ObjectStorage
 from icelog.log.snapshots import ProducerStates
 from icelog.log.storage import IntakeStorage
 from icelog.log.topic_logs import LogStore, OlderSources, TopicLogs, TopicState
-from icelog.meta.store import ArchiveState, ProducerSnapshot
+from icelog.meta.store import ArchiveState, BrokerLease, ProducerSnapshot, TopicRecord
 from icelog.records.batch import BatchHeader
 from icelog.records.walk import MAX_UNCOMPRESSED_BYTES
 
@@ -56,14 +58,55 @@ class LogManager:
         self._snapshot_task = asyncio.get_running_loop().create_task(self.producer_states.run(),
                                                                      name="producer-snapshots")
 
-    async def close(self) -> None:
+    async def close(self, before_store_closes: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Stop: appends queued become durable (or fail), producer state is snapshotted, then the store closes
+        (after `before_store_closes`: a cluster's broker leaves the cluster there)."""
         if self._snapshot_task is not None:
             self._snapshot_task.cancel()
             await asyncio.gather(self._snapshot_task, return_exceptions=True)
         await self.storage.close()
         if self.storage.failed is None:
             self.producer_states.save_now()  # everything queued is durable now: the next start-up replays nothing
+        if before_store_closes is not None:
+            await before_store_closes()
         self.store.close()
+
+    # -- a cluster's broker (cluster/controller.py) ---------------------------------------------------
+    def join_cluster(self, lease: BrokerLease) -> None:
+        """Serve as one broker of a cluster (before open()): partitions only while leading them, the intake's
+        objects under this node's own ids and tail, and every commit fenced by the leaderships it holds."""
+        if not isinstance(self.storage, ObjectStorage):
+            raise ConfigError("several brokers need the intake on object storage (intake.url: s3://...)")
+        self.storage.lease = lease
+        self.catalog.clustered = True
+
+    def take_partition(self, topic_id: uuid.UUID, partition: int) -> PartitionLog | None:
+        """A partition's log as the store has it now, producer and transaction state rebuilt, ready to serve
+        (any thread; `serve` it on the event loop). None: the topic is gone."""
+        fresh = self.catalog.fresh_partition(topic_id, partition)
+        if fresh is not None:
+            self.producer_states.rebuild_partition(fresh, self.producer_states.snapshot_of(topic_id, partition))
+        return fresh
+
+    def serve(self, fresh: PartitionLog) -> bool:
+        """Lead a partition taken with take_partition (event loop)."""
+        return self.catalog.replace(fresh)
+
+    def unserve(self, topic_id: uuid.UUID, partition: int) -> None:
+        """Stop serving a partition another broker leads now (event loop): its requests get NOT_LEADER_OR_FOLLOWER,
+        and its appends still in flight are fenced by the store."""
+        part = self.catalog.partition_by_id(topic_id, partition)
+        if part is not None:
+            part.led = False
+            part.wake_waiters()
+
+    def sync_topics(self, records: list[TopicRecord]) -> list[str]:
+        """Follow the topics other brokers create, grow, reconfigure and delete (event loop); the names of the
+        topics deleted (or deleted and created again) elsewhere since the last look."""
+        ids = {r.name: r.topic_id for r in records}
+        gone = [name for name, state in self.catalog.topics.items() if ids.get(name) != state.record.topic_id]
+        self.catalog.sync(records)
+        return gone
 
     # -- what others set and read ----------------------------------------------------------------
     @property

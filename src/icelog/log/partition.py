@@ -103,6 +103,10 @@ class PartitionLog:
         # Idempotent-producer sequences and transaction state (rebuilt from the intake at start-up).
         self.producers = ProducerStateTable()
         self.txn_index = TxnIndex()
+        # Whether this broker serves the partition: always alone; in a cluster, while it holds the leadership
+        # (cluster/controller.py), which a fresh PartitionLog is made for each time it is taken.
+        self.led = True
+        self.leader_epoch = 0  # Kafka's leader epoch: moves with each new leader of a cluster (0: a broker alone)
 
     # -- writes --------------------------------------------------------------------------------
     def reserve(self, record_count: int) -> int:
@@ -372,6 +376,13 @@ class PartitionLog:
         self._waiters.append(waiter)
         waiter.add_done_callback(self._forget_waiter)
         return waiter
+
+    def wake_waiters(self) -> None:
+        """End every long poll on the partition now (it is no longer served here: they answer what they have)."""
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     @property
     def waiter_count(self) -> int:

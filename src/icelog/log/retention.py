@@ -63,6 +63,8 @@ class Retention:
                 states = self.store.archive_states(state.record.topic_id)
                 archived = {a.partition: a.archived_offset for a in states}
             for part in state.partitions:
+                if not part.led:  # another broker of the cluster leads it, and trims it
+                    continue
                 if archived is not None:
                     self._move_retention_start(state.name, part, retention_ms, retention_bytes, now_ms, on_loop)
                 if retention_ms < 0 and retention_bytes < 0 and (archived is None or kept_ms < 0):

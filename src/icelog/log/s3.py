@@ -57,7 +57,7 @@ from icelog.log.storage import (
     OnDurable,
     OnNotWritten,
 )
-from icelog.meta.store import IntakeChunk, IntakeIndex, IntakeTail
+from icelog.meta.store import BrokerLease, IntakeChunk, IntakeIndex, IntakeTail
 from icelog.records.batch import rebase_offsets, shift_offsets
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,18 @@ PUTS_IN_FLIGHT = 4
 # objects are freed roughly oldest first): its cost does not grow with the intake kept.
 RELEASE_WINDOW = 1000
 KINDS = ("put", "get", "delete", "list")
+# A cluster's broker numbers its objects in a range of its own, (node id + 1) << NODE_ID_BITS onwards, so brokers
+# sharing a bucket never pick one id, and each recovers (and deletes past its tail) only its own; a broker alone
+# (no cluster) numbers them from 1, below every node's range.
+NODE_ID_BITS = 40
+
+
+def id_range(lease: BrokerLease | None) -> tuple[int, int]:
+    """The object ids [first, end) a broker numbers its objects in."""
+    if lease is None:
+        return 0, 1 << NODE_ID_BITS
+    first = (lease.node_id + 1) << NODE_ID_BITS
+    return first, first + (1 << NODE_ID_BITS)
 
 
 @dataclass
@@ -128,11 +140,14 @@ class ObjectStore:
     def _request(self, kind: str, size: int, call: Callable[[], Any]) -> Any:
         started = time.perf_counter()
         failed = True
+        result = None
         try:
             result = call()
             failed = False
             return result
         finally:
+            if size < 0:  # the answer's size (a whole object read)
+                size = len(result) if isinstance(result, bytes) else 0
             seconds = time.perf_counter() - started
             self.stats.requests[kind] += 1
             self.stats.seconds[kind] += seconds
@@ -149,8 +164,9 @@ class ObjectStore:
 
     def get(self, object_id: int, position: int, length: int) -> bytes:
         def call() -> bytes:
-            answer = self._s3().get_object(Bucket=self.bucket, Key=self.key(object_id),
-                                           Range=f"bytes={position}-{position + length - 1}")
+            whole = length < 0  # the whole object
+            answer = self._s3().get_object(Bucket=self.bucket, Key=self.key(object_id), **(
+                {} if whole else {"Range": f"bytes={position}-{position + length - 1}"}))
             data: bytes = answer["Body"].read()
             return data
 
@@ -271,6 +287,9 @@ class ObjectStorage:
         self._in_flight: collections.deque[_Object] = collections.deque()  # guarded by _ready; oldest first
         self._gathering = True  # the gatherer may still add objects (the committer ends once it stopped and all done)
         self._broken: BaseException | None = None  # the committer's first failure: nothing after it is committed
+        # A cluster's broker (set before recover): its own tail and object ids, and the fence of its commits (only
+        # partitions it leads are indexed; log/storage.py's Protocol says why the others fail retriably).
+        self.lease: BrokerLease | None = None
         self._next_id = 1
         self._committed_id = 0  # the newest object the index names (ids up to it may be released)
         # Committed objects not deleted yet, oldest first (listed once at start-up, then kept: no LIST per release).
@@ -307,17 +326,23 @@ class ObjectStorage:
         """Delete objects past the recorded tail: PUT before a crash, never committed, so never acknowledged.
 
         A new store records a tail at once (object 0), so that a later start tells objects it never committed from
-        objects of another cluster under the same prefix, which it refuses to touch.
+        objects of another cluster under the same prefix, which it refuses to touch. A cluster's broker looks only
+        at its own range of ids (other brokers' objects are theirs to recover).
         """
-        tail = self._index.intake_tail()
-        found = list(self.objects.object_ids())
+        first, end = id_range(self.lease)
+        node = self.lease.node_id if self.lease is not None else None
+        tail = self._index.intake_tail(node)
+        found = [i for i in self.objects.object_ids() if first <= i < end]
         if tail is None:
             if found:
                 raise ConfigError(
                     f"intake.url {self.url} holds {len(found)} intake objects the metadata store has never indexed "
                     "(another cluster's, or a store that lost its state): give this broker a prefix of its own")
-            self._index.commit_intake([], IntakeTail(0, 0))
-            tail = IntakeTail(0, 0)
+            tail = IntakeTail(first, 0)
+            if self.lease is None:
+                self._index.commit_intake([], tail)
+            else:
+                self._index.commit_sequenced([], tail, self.lease)
         self._committed_id = tail.file_id
         newest = self._committed_id
         for object_id in found:
@@ -467,7 +492,7 @@ class ObjectStorage:
         assigned: list[IntakeChunk] = []
 
         def sequence() -> None:
-            assigned[:] = self._index.commit_sequenced(made.chunks, tail)
+            assigned[:] = self._index.commit_sequenced(made.chunks, tail, self.lease)
 
         self._retry("the metadata store", sequence, _store_outage)
         fault_point("intake-object-committed")  # crash tests: committed, never answered
@@ -517,7 +542,9 @@ class ObjectStorage:
             for item in group:
                 key = (item.append.topic_id, item.append.partition)
                 base = next_offset.get(key)
-                if base is None:  # a partition deleted since the append: not indexed
+                if base is None:  # not indexed: the partition was deleted, or led by another broker since
+                    item.done.set_exception(KafkaApiError(
+                        ErrorCode.NOT_LEADER_OR_FOLLOWER, "this broker no longer leads the partition"))
                     continue
                 next_offset[key] = base + item.append.end_offset
                 if item.append.on_assigned is not None:
@@ -550,6 +577,8 @@ class ObjectStorage:
         if len(body) > limit:
             return
         with self._cache_lock:
+            if object_id in self._cache:  # (two readers of one object missed it at once)
+                return
             self._cache[object_id] = body
             self._cache_bytes += len(body)
             while self._cache_bytes > limit:
@@ -562,6 +591,15 @@ class ObjectStorage:
         start = chunk.position + offset_in_chunk
         with self._cache_lock:
             body = self._cache.get(chunk.file_id)
+            if body is not None:
+                self._cache.move_to_end(chunk.file_id)
+        if body is None and length and chunk.position + chunk.length <= self.settings.object_max_bytes:
+            # An object this broker did not write (another broker's, before it took the partition over, or one
+            # cached before a restart): read whole into the cache once, so a consumer's next fetches from it, and
+            # the other partitions' readers of the same object, cost no GET each (an object is cut at
+            # object_max_bytes, so this one is not much bigger).
+            body = _retried_get(self.objects, chunk.file_id, 0, -1)
+            self._remember(chunk.file_id, body)
         if body is not None:
             data = body[start : start + length]
         else:

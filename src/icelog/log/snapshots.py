@@ -18,6 +18,7 @@ import uuid
 
 from icelog.config import Settings
 from icelog.errors import log_retry
+from icelog.log.partition import PartitionLog
 from icelog.log.producers import ProducerEntry, ProducerStateTable, SequencedBatch, iter_stored_headers
 from icelog.log.storage import ChunkReader
 from icelog.log.topic_logs import LogStore, TopicLogs
@@ -80,36 +81,47 @@ class ProducerStates:
     def rebuild(self) -> None:
         """Load each partition's producer-state snapshot, then replay only the batches stored after it."""
         snapshots = {(s.topic_id, s.partition): s for s in self.store.producer_snapshots()}
-        replayed = 0
-        for part in self.topics.partitions():
-            since = 0
-            snapshot = snapshots.get((part.topic_id, part.partition))
-            # A snapshot past the high watermark cannot be (the index is re-derived from fsync'd
-            # frames); should it happen, the intake is the truth: replay all of it.
-            if snapshot is not None and snapshot.offset <= part.high_watermark:
-                loaded = decode_state(snapshot.state)
-                if loaded is not None:
-                    part.producers, part.txn_index = loaded
-                    part.txn_index.drop_before(part.log_start_offset)
-                    since = snapshot.offset
-                    self._snapshot_offsets[(part.topic_id, part.partition)] = since
-            for chunk in part.chunks_from(since):
-                if chunk.end_offset <= since:
-                    continue
-                data = self.reader.read(chunk)
-                headers = [h for h in iter_stored_headers(data) if h.base_offset >= since]
-                part.producers.replay(headers)
-                part.txn_index.replay(
-                    (h, marker_type(data, h.position) if h.is_control else None) for h in headers
-                )
-                replayed += 1
+        replayed = sum(self.rebuild_partition(part, snapshots.get((part.topic_id, part.partition)))
+                       for part in self.topics.partitions() if part.led)
         log.info("producer state: %d snapshot(s) loaded, %d intake chunk(s) replayed", len(snapshots), replayed)
+
+    def rebuild_partition(self, part: PartitionLog, snapshot: ProducerSnapshot | None) -> int:
+        """One partition's state from its snapshot and the chunks after it (a partition not served yet: any
+        thread); the chunks replayed."""
+        since = 0
+        replayed = 0
+        # A snapshot past the high watermark cannot be (the index is re-derived from fsync'd
+        # frames); should it happen, the intake is the truth: replay all of it.
+        if snapshot is not None and snapshot.offset <= part.high_watermark:
+            loaded = decode_state(snapshot.state)
+            if loaded is not None:
+                part.producers, part.txn_index = loaded
+                part.txn_index.drop_before(part.log_start_offset)
+                since = snapshot.offset
+                self._snapshot_offsets[(part.topic_id, part.partition)] = since
+        for chunk in part.chunks_from(since):
+            if chunk.end_offset <= since:
+                continue
+            data = self.reader.read(chunk)
+            headers = [h for h in iter_stored_headers(data) if h.base_offset >= since]
+            part.producers.replay(headers)
+            part.txn_index.replay(
+                (h, marker_type(data, h.position) if h.is_control else None) for h in headers
+            )
+            replayed += 1
+        return replayed
+
+    def snapshot_of(self, topic_id: uuid.UUID, partition: int) -> ProducerSnapshot | None:
+        """A partition's latest stored snapshot (any thread)."""
+        return self.store.producer_snapshot(topic_id, partition)
 
     def take(self) -> list[ProducerSnapshot]:
         """Snapshots of partitions that moved since their last one and have nothing in flight (event loop)."""
         out = []
         for part in self.topics.partitions():
             key = (part.topic_id, part.partition)
+            if not part.led:  # another broker's: its state here is stale, and must not replace the leader's
+                continue
             if part.next_offset != part.high_watermark or self._snapshot_offsets.get(key) == part.high_watermark:
                 continue  # appends in flight could still be lost; or nothing new since the last one
             out.append(ProducerSnapshot(part.topic_id, part.partition, part.high_watermark,

@@ -16,6 +16,7 @@ from icelog.log.storage import IntakeStorage
 from icelog.meta.store import (
     ArchiveLedger,
     IntakeIndex,
+    PartitionRecord,
     ProducerSnapshots,
     StoreConnection,
     TopicCatalog,
@@ -25,6 +26,7 @@ from icelog.table.config import BUCKET_KEY, archive_config, table_config
 from icelog.topics import (
     MAX_PARTITIONS_PER_TOPIC,
     EffectiveConfig,
+    refuse_internal_topic_name,
     validate_config_change,
     validate_table_configs,
     validate_together,
@@ -74,6 +76,9 @@ class TopicLogs:
         # A topic was deleted: the next retention pass releases what it held (off the event loop: the storage's
         # deletes are file unlinks or DELETE requests).
         self.release_due = False
+        # A broker of a cluster serves a partition only while it leads it (PartitionLog.led, set by the cluster's
+        # controller); alone, it leads every partition.
+        self.clustered = False
 
     def load(self) -> None:
         """Install every stored topic with the hot tail of each partition's chunk index (start-up)."""
@@ -81,7 +86,7 @@ class TopicLogs:
             self.install(record)
         # Only the hot tail of each partition's chunk index is loaded: start-up cost does not grow with
         # the intake (older chunks are looked up in the store on demand).
-        for part in self.partitions():
+        for part in (p for p in self.partitions() if p.led):  # (a cluster's broker loads one when it leads it)
             part.load_tail(self.store.intake_last_chunks(part.topic_id, part.partition,
                                                          self.settings.intake.index_cache_chunks))
 
@@ -105,12 +110,7 @@ class TopicLogs:
         old = self.topics.get(record.name)
         logs = list(old.partitions) if old and old.record.topic_id == record.topic_id else []
         for part in self.store.partitions(record.topic_id)[len(logs) :]:
-            logs.append(PartitionLog(
-                record.topic_id, part.partition, part.log_start_offset, part.high_watermark, self.storage, self.store,
-                part.intake_bytes, self.settings.intake.index_cache_chunks,
-                self.settings.intake.batch_positions_cache_chunks,
-            ))
-            logs[-1].retention_start_offset = part.retention_start_offset
+            logs.append(self._partition_log(part))
         if self.older_sources is not None:
             for part_log in logs:
                 part_log.older_sources = self.older_sources(record, config, part_log.partition)
@@ -122,20 +122,84 @@ class TopicLogs:
         self._by_id[record.topic_id] = state
         return state
 
+    def _partition_log(self, part: PartitionRecord) -> PartitionLog:
+        log_ = PartitionLog(
+            part.topic_id, part.partition, part.log_start_offset, part.high_watermark, self.storage, self.store,
+            part.intake_bytes, self.settings.intake.index_cache_chunks,
+            self.settings.intake.batch_positions_cache_chunks,
+        )
+        log_.retention_start_offset = part.retention_start_offset
+        log_.led = not self.clustered
+        return log_
+
+    def fresh_partition(self, topic_id: uuid.UUID, partition: int) -> PartitionLog | None:
+        """A partition's log as the store has it now, with the hot tail of its chunk index, not yet served: what a
+        broker of a cluster takes over when it becomes the leader (any thread; `replace` it in on the event loop).
+        None: the topic or partition is gone."""
+        state = self._by_id.get(topic_id)
+        found = [p for p in self.store.partitions(topic_id) if p.partition == partition]
+        if state is None or not found:
+            return None
+        fresh = self._partition_log(found[0])
+        fresh.load_tail(self.store.intake_last_chunks(topic_id, partition, self.settings.intake.index_cache_chunks))
+        if self.older_sources is not None:
+            fresh.older_sources = self.older_sources(state.record, state.config, partition)
+        return fresh
+
+    def replace(self, fresh: PartitionLog) -> bool:
+        """Serve `fresh` in place of the partition's log (event loop); False if the topic went meanwhile."""
+        state = self._by_id.get(fresh.topic_id)
+        if state is None or fresh.partition >= len(state.partitions):
+            return False
+        old = state.partitions[fresh.partition]
+        old.led = False
+        old.wake_waiters()
+        state.partitions[fresh.partition] = fresh
+        fresh.led = True
+        return True
+
+    def sync(self, records: list[TopicRecord]) -> list[TopicState]:
+        """Follow the store's topics (a cluster: other brokers create, grow, reconfigure and delete them): install
+        what is new or changed, forget what is gone. The topics newly installed or grown."""
+        changed = []
+        stored = {r.name: r for r in records}
+        for name in [n for n, state in self.topics.items()
+                     if n not in stored or stored[n].topic_id != state.record.topic_id]:
+            gone = self.topics.pop(name)
+            self._by_id.pop(gone.record.topic_id, None)
+            for part in gone.partitions:
+                part.led = False
+            log.info("topic %s was deleted on another broker", name)
+        for record in records:
+            state = self.topics.get(record.name)
+            if state is None or state.record != record:
+                grown = state is None or record.partitions != len(state.partitions)
+                installed = self.install(record)
+                if grown:
+                    changed.append(installed)
+        return changed
+
     def get(self, name: str) -> TopicState | None:
         return self.topics.get(name)
 
     def partition(self, topic: str, partition: int) -> tuple[TopicState, PartitionLog]:
+        """A topic and one of its partitions, served here: UNKNOWN_TOPIC_OR_PARTITION if either does not exist,
+        NOT_LEADER_OR_FOLLOWER (retriable: the client refreshes its metadata) if another broker leads it."""
         state = self.topics.get(topic)
         if state is None or not 0 <= partition < len(state.partitions):
             raise KafkaApiError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} does not exist")
-        return state, state.partitions[partition]
+        part = state.partitions[partition]
+        if not part.led:
+            raise KafkaApiError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                                f"this broker does not lead {topic}-{partition}; refresh the metadata")
+        return state, part
 
     def create_topic(
         self, name: str, partitions: int, configs: Mapping[str, str | None], validate_only: bool = False
     ) -> TopicState | None:
         """Create a topic (Kafka's rules); raise KafkaApiError with the code a client expects."""
         validate_topic_name(name)
+        refuse_internal_topic_name(name)
         if not 1 <= partitions <= MAX_PARTITIONS_PER_TOPIC:
             raise KafkaApiError(
                 ErrorCode.INVALID_PARTITIONS,

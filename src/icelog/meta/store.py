@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from abc import abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -90,6 +90,37 @@ class ArchiveState:
 
 
 @dataclass(frozen=True)
+class BrokerLease:
+    """One broker process of a cluster: its node id and the incarnation it registered with (a restart is a new
+    one), which every lease it holds names."""
+
+    node_id: int
+    incarnation: str
+
+
+@dataclass(frozen=True)
+class BrokerRecord:
+    """A registered broker as the store sees it: alive while its heartbeats are younger than the session
+    timeout (measured by the store's clock, so brokers' clocks need not agree)."""
+
+    node_id: int
+    incarnation: str
+    endpoints: dict[str, tuple[str, int]]  # listener name -> the advertised (host, port)
+    rack: str | None
+    alive: bool
+    heartbeat_age_ms: int
+
+
+@dataclass(frozen=True)
+class Leadership:
+    """Who leads a partition (or a coordinator shard): the holder's lease, None once released; the epoch moves
+    with every new holder (the leader epoch clients see)."""
+
+    holder: BrokerLease | None
+    epoch: int
+
+
+@dataclass(frozen=True)
 class IntakeTail:
     """The end of the last intake frame the index covers; recovery rescans files from here."""
 
@@ -114,7 +145,8 @@ class TransactionRecord:
     """A transactional id's durable state: its producer, epoch and the transaction in progress.
 
     `state` is one of Empty, Ongoing, PrepareCommit, PrepareAbort, CompleteCommit, CompleteAbort.
-    `pending_offsets` are TxnOffsetCommit offsets that become committed offsets when the transaction commits.
+    `groups` are the consumer groups AddOffsetsToTxn added (Kafka: their __consumer_offsets partitions): their
+    TxnOffsetCommit offsets wait in the store (ConsumerOffsets.stage_txn_offsets) until the transaction ends.
     """
 
     transactional_id: str
@@ -123,7 +155,30 @@ class TransactionRecord:
     timeout_ms: int
     state: str
     partitions: tuple[tuple[str, int], ...] = ()
-    pending_offsets: dict[str, GroupOffsets] = field(default_factory=dict)
+    groups: tuple[str, ...] = ()
+
+    def admits_offsets(self, group_id: str, producer_id: int, producer_epoch: int) -> bool:
+        """Whether a TxnOffsetCommit of this producer and epoch for the group belongs to the open transaction
+        (Kafka's verification of the group's __consumer_offsets partition, KIP-890)."""
+        return (self.producer_id, self.producer_epoch, self.state) == (producer_id, producer_epoch, "Ongoing") \
+            and group_id in self.groups
+
+    def completing(self, producer_id: int, producer_epoch: int, commit: bool) -> bool:
+        """Whether this is the transaction a marker of (producer, epoch, result) ends: stored as Prepare* with that
+        result, so a marker that is late (its transaction completed, another begun) or stale changes nothing."""
+        state = "PrepareCommit" if commit else "PrepareAbort"
+        return (self.producer_id, self.producer_epoch, self.state) == (producer_id, producer_epoch, state)
+
+
+@dataclass(frozen=True)
+class TxnOffsetStage:
+    """What ConsumerOffsets.stage_txn_offsets did: `staged` (the offsets wait for the transaction's end), else why
+    not: the transactional id's state as the stage read it (None: no such id), or `coordinated` False when the
+    writer's lease no longer holds the group's coordinator shard (nothing was read or written)."""
+
+    staged: bool
+    transaction: TransactionRecord | None = None
+    coordinated: bool = True
 
 
 @dataclass(frozen=True)
@@ -190,7 +245,8 @@ class TopicCatalog(TopicReader, Protocol):
 
     @abstractmethod
     def delete_topic(self, name: str) -> TopicRecord:
-        """Remove a topic, its configs, partitions and intake index; UnknownTopicError if absent."""
+        """Remove a topic, its configs, partitions and intake index, and every group's committed and pending
+        transactional offsets of it (Kafka deletes them with the topic); UnknownTopicError if absent."""
 
     @abstractmethod
     def add_partitions(self, name: str, total: int) -> TopicRecord:
@@ -231,7 +287,9 @@ class IntakeIndex(IntakeReader, Protocol):
         """
 
     @abstractmethod
-    def commit_sequenced(self, chunks: Iterable[IntakeChunk], tail: IntakeTail) -> list[IntakeChunk]:
+    def commit_sequenced(
+        self, chunks: Iterable[IntakeChunk], tail: IntakeTail, leader: BrokerLease | None = None
+    ) -> list[IntakeChunk]:
         """The sequencer: index one stored object's chunks, assigning offsets, and record the tail, in one
         transaction.
 
@@ -242,11 +300,15 @@ class IntakeIndex(IntakeReader, Protocol):
 
         Idempotent per object: when the tail already names `tail.file_id` or a later object (a retry of a commit
         whose answer was lost), nothing changes and the object's indexed chunks are returned.
+
+        With `leader` (a broker of a cluster), the tail is that node's own, and only chunks of partitions the
+        lease leads are indexed: a broker that lost a partition to another cannot append to it (fencing).
         """
 
     @abstractmethod
-    def intake_tail(self) -> IntakeTail | None:
-        """The tail recorded by the last commit_intake, or None on a new store."""
+    def intake_tail(self, node: int | None = None) -> IntakeTail | None:
+        """The tail recorded by the last commit_intake, or None on a new store; `node`: that cluster node's own
+        (commit_sequenced with a lease)."""
 
     @abstractmethod
     def intake_chunks(self, topic_id: uuid.UUID | None = None) -> list[IntakeChunk]:
@@ -342,13 +404,18 @@ class ArchiveLedger(Protocol):
         """The last maintenance round of every table that had one, by table name."""
 
 
+ShardFence = tuple[BrokerLease, tuple[uuid.UUID, int]]  # (the writer's lease, the coordinator shard it must hold)
+
+
 @runtime_checkable
 class ConsumerOffsets(Protocol):
     """Consumer groups' committed offsets (Kafka's `__consumer_offsets`)."""
 
     @abstractmethod
-    def commit_offsets(self, group_id: str, offsets: GroupOffsets) -> None:
-        """Store committed offsets of a group (replacing earlier commits of the same partitions)."""
+    def commit_offsets(self, group_id: str, offsets: GroupOffsets, fence: ShardFence | None = None) -> bool:
+        """Store committed offsets of a group (replacing earlier commits of the same partitions). With `fence` (a
+        cluster's group coordinator: its lease and the group's coordinator shard), only while that lease holds the
+        shard: False, and nothing stored, once another broker may have taken the group over."""
 
     @abstractmethod
     def committed_offsets(self, group_id: str) -> GroupOffsets:
@@ -362,6 +429,32 @@ class ConsumerOffsets(Protocol):
     def delete_offsets(self, group_id: str, partitions: Iterable[tuple[str, int]] | None = None) -> None:
         """Drop committed offsets of some partitions of a group, or all of them (None)."""
 
+    # -- transactional offsets (TxnOffsetCommit): pending until their transaction ends -------------------------
+    @abstractmethod
+    def stage_txn_offsets(
+        self, transactional_id: str, group_id: str, producer_id: int, producer_epoch: int, offsets: GroupOffsets,
+        fence: ShardFence | None = None,
+    ) -> TxnOffsetStage:
+        """Keep a TxnOffsetCommit's offsets pending for (group, producer id), in the same transaction as the check
+        that the transactional id's stored transaction admits them (`TransactionRecord.admits_offsets`; read
+        locked, so the coordinator's Prepare* waits for this write, which its markers then find). With `fence` (a
+        cluster's group coordinator: its lease and the group's shard) only while that lease holds the shard."""
+
+    @abstractmethod
+    def pending_txn_offsets(self) -> dict[str, dict[tuple[str, int], int]]:
+        """Every group's partitions with transactional offsets pending, each with the producer id they wait on."""
+
+    @abstractmethod
+    def complete_txn_offsets(
+        self, producer_id: int, producer_epoch: int, commit: bool, groups: Callable[[str], bool],
+        fence: ShardFence | None = None,
+    ) -> dict[str, GroupOffsets] | None:
+        """A transaction marker reached the groups `groups` picks (a coordinator shard's): the producer's pending
+        offsets there whose transaction the store has in Prepare* for this epoch and result
+        (`TransactionRecord.completing`) become committed offsets (commit) or are dropped (abort), in one
+        transaction. Returns them by group (nothing: none pending, or a marker done before); None, nothing done,
+        when `fence` (the group shard's lease) no longer holds the shard."""
+
 
 @runtime_checkable
 class TransactionLog(Protocol):
@@ -372,12 +465,18 @@ class TransactionLog(Protocol):
         """Reserve `count` never-used producer ids; return the first."""
 
     @abstractmethod
-    def save_transaction(self, record: TransactionRecord) -> None:
-        """Create or replace the state of one transactional id."""
+    def save_transaction(self, record: TransactionRecord, fence: ShardFence | None = None) -> bool:
+        """Create or replace the state of one transactional id. With `fence` (a cluster's coordinator: its lease and
+        the id's coordinator shard) only while that lease holds the shard, in the same transaction as the write:
+        False, nothing written, once another broker took it (PostgreSQL only)."""
 
     @abstractmethod
     def transactions(self) -> list[TransactionRecord]:
         """The state of every transactional id, sorted by id."""
+
+    @abstractmethod
+    def transaction(self, transactional_id: str) -> TransactionRecord | None:
+        """The state of one transactional id (None: never initialised)."""
 
 
 @runtime_checkable
@@ -391,6 +490,47 @@ class ProducerSnapshots(Protocol):
     @abstractmethod
     def producer_snapshots(self) -> list[ProducerSnapshot]:
         """The latest snapshot of every partition that has one."""
+
+    @abstractmethod
+    def producer_snapshot(self, topic_id: uuid.UUID, partition: int) -> ProducerSnapshot | None:
+        """One partition's latest snapshot, or None (a look-up by key: a broker taking a partition over)."""
+
+
+@runtime_checkable
+class ClusterMembership(Protocol):
+    """Brokers sharing this store (issue 46): registration with heartbeats, and who leads each partition and each
+    coordinator shard. Leases are taken only from a holder that released them or whose heartbeats stopped."""
+
+    @abstractmethod
+    def register_broker(self, lease: BrokerLease, endpoints: Mapping[str, tuple[str, int]], rack: str | None) -> None:
+        """Register (or re-register: a restart replaces the node's earlier incarnation, whose leases lapse)."""
+
+    @abstractmethod
+    def heartbeat_broker(self, lease: BrokerLease) -> bool:
+        """Keep the registration alive; False when another incarnation replaced it (this one must stop)."""
+
+    @abstractmethod
+    def deregister_broker(self, lease: BrokerLease) -> None:
+        """Leave the cluster: the registration and every leadership it held are released."""
+
+    @abstractmethod
+    def brokers(self, session_timeout_ms: int) -> list[BrokerRecord]:
+        """Every registered broker, by node id, alive or not by the store's clock."""
+
+    @abstractmethod
+    def leaderships(self) -> dict[tuple[uuid.UUID, int], Leadership]:
+        """Who leads each partition (and coordinator shard) that was ever claimed."""
+
+    @abstractmethod
+    def claim_leaderships(
+        self, lease: BrokerLease, keys: Iterable[tuple[uuid.UUID, int]], session_timeout_ms: int
+    ) -> dict[tuple[uuid.UUID, int], int]:
+        """Take the leadership of each key that is unheld, released, already this lease's, or held by a broker
+        whose heartbeats stopped; the keys taken with their epochs (a new holder moves the epoch)."""
+
+    @abstractmethod
+    def release_leaderships(self, lease: BrokerLease, keys: Iterable[tuple[uuid.UUID, int]]) -> None:
+        """Give up leaderships this lease holds (others may take them at once)."""
 
 
 class HeldLock(Protocol):
@@ -423,7 +563,7 @@ class StoreConnection(Protocol):
 @runtime_checkable
 class MetadataStore(
     TopicCatalog, IntakeIndex, ArchiveLedger, ConsumerOffsets, TransactionLog, ProducerSnapshots, RegistryStore,
-    SecurityStore, ProcessLocks, StoreConnection, Protocol,
+    SecurityStore, ProcessLocks, ClusterMembership, StoreConnection, Protocol,
 ):
     """Durable metadata shared by every layer: every slice above. Each method commits atomically or raises
     StoreError. A backend subclasses this class; a consumer takes the slice it uses.

@@ -17,6 +17,7 @@ from icelog.security.logins import LoginChecks
 from icelog.wire.validator import Validator
 
 if TYPE_CHECKING:
+    from icelog.cluster.controller import ClusterController
     from icelog.coordinator.groups import GroupCoordinator
     from icelog.coordinator.transactions import TransactionCoordinator
     from icelog.instruments import WireMetrics
@@ -44,6 +45,7 @@ class BrokerState:
     tokens: TokenValidator | None = None  # OAUTHBEARER's JWT checks, when that mechanism is enabled
     wire_metrics: WireMetrics | None = None  # per-API request metrics (None: metrics_listen is off)
     logins: LoginChecks = field(default_factory=LoginChecks)  # where credential checks run (shared with the registry)
+    cluster: ClusterController | None = None  # one broker of several (issue 46); None: a broker alone
 
 
 ANONYMOUS = "User:ANONYMOUS"

@@ -154,15 +154,18 @@ class KafkaServer:
                                             f"{broker.settings.connection_setup_timeout_ms}")
         self._refused_before_login = ThrottledLog(log, "closed connections before login")
 
-    async def start(self) -> None:
-        """Serve every listener (Kafka's `listeners`); the broker's advertised address is the first one's."""
+    async def start(self, accepting: bool = True) -> None:
+        """Serve every listener (Kafka's `listeners`); the broker's advertised address is the first one's.
+        `accepting=False` binds them (connections wait in the backlog) until `accept()`: a broker of a cluster
+        first takes its partitions, knowing its ports."""
         for spec in self.broker.settings.listener_specs:
             try:
                 sockets = bind(spec.host, spec.port)
             except OSError as exc:
                 raise ListenerError(spec, exc) from None
             acceptor = Acceptor(sockets, functools.partial(self._on_accept, spec), f"Kafka listener {spec.name}")
-            acceptor.start()
+            if accepting:
+                acceptor.start()
             self._acceptors.append(acceptor)
             port = acceptor.port
             self._advertised[spec.name] = (spec.advertised_host or advertisable(spec.host),
@@ -176,6 +179,16 @@ class KafkaServer:
                 )
         first = self.broker.settings.listener_specs[0]
         self.broker.advertised_host, self.broker.advertised_port = self._advertised[first.name]
+
+    def accept(self) -> None:
+        """Start accepting on listeners bound with start(accepting=False)."""
+        for acceptor in self._acceptors:
+            if not acceptor.serving():
+                acceptor.start()
+
+    def advertised(self) -> dict[str, tuple[str, int]]:
+        """Each listener's name and the (host, port) Metadata names for it (once started)."""
+        return dict(self._advertised)
 
     def endpoints(self) -> list[str]:
         """Each listener as a client is told to reach it: NAME://HOST:PORT (the bare address for the one default

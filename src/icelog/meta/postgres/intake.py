@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterable
 
 from icelog.meta.postgres.database import Args, Connection, PostgresDatabase
-from icelog.meta.store import IntakeChunk, IntakeIndex, IntakeRangeSummary, IntakeTail
+from icelog.meta.store import BrokerLease, IntakeChunk, IntakeIndex, IntakeRangeSummary, IntakeTail
 
 _CHUNK_COLUMNS = (
     "topic_id, partition, base_offset, end_offset, file_id, position, length, max_timestamp, ingest_timestamp"
@@ -64,7 +64,9 @@ WITH rows AS (
 ), moved AS (
     UPDATE partitions p SET high_watermark = p.high_watermark + r.n, intake_chunks = p.intake_chunks + 1,
         intake_bytes = p.intake_bytes + r.length
-    FROM rows r WHERE p.topic_id = r.topic_id AND p.partition = r.partition
+    FROM rows r WHERE p.topic_id = r.topic_id AND p.partition = r.partition AND (%(node)s::int IS NULL OR EXISTS (
+        SELECT 1 FROM leaderships l WHERE l.topic_id = r.topic_id AND l.partition = r.partition
+        AND l.node_id = %(node)s AND l.incarnation = %(inc)s))
     RETURNING r.topic_id, r.partition, p.high_watermark - r.n AS base_offset, p.high_watermark AS end_offset,
         r.file_id, r.position, r.length, r.max_timestamp
 ), added AS (
@@ -105,33 +107,48 @@ class PostgresIntake(IntakeIndex):
         # One statement (one round trip, one commit); idempotent, so retried even when its commit went unanswered.
         self._db.statement(_COMMIT_INTAKE, args)
 
-    def commit_sequenced(self, chunks: Iterable[IntakeChunk], tail: IntakeTail) -> list[IntakeChunk]:
+    def commit_sequenced(
+        self, chunks: Iterable[IntakeChunk], tail: IntakeTail, leader: BrokerLease | None = None
+    ) -> list[IntakeChunk]:
         chunks = list(chunks)
         args = {
             "t": [c.topic_id for c in chunks], "p": [c.partition for c in chunks],
             "n": [c.end_offset - c.base_offset for c in chunks], "file": [c.file_id for c in chunks],
             "pos": [c.position for c in chunks], "len": [c.length for c in chunks],
             "ts": [c.max_timestamp for c in chunks], "ingest": int(time.time() * 1000),
+            "node": leader.node_id if leader else None, "inc": leader.incarnation if leader else None,
         }
+        if leader is not None:  # a cluster's broker: its own tail row, and only the partitions it leads
+            lock_tail = "SELECT file_id FROM intake_node_tails WHERE node_id = %(node)s FOR UPDATE"
+            put_tail = ("INSERT INTO intake_node_tails VALUES (%(node)s, %(f)s, %(p)s) ON CONFLICT (node_id) DO UPDATE "
+                        "SET file_id = excluded.file_id, position = excluded.position")
+        else:
+            lock_tail = "SELECT file_id FROM intake_tail WHERE id = 0 FOR UPDATE"
+            put_tail = ("INSERT INTO intake_tail VALUES (0, %(f)s, %(p)s) ON CONFLICT (id) DO UPDATE "
+                        "SET file_id = excluded.file_id, position = excluded.position")
 
         def work(conn: Connection) -> list[IntakeChunk]:
             # The tail row, locked: one sequencing commit at a time, and a retry finds its own object committed.
-            row = conn.execute("SELECT file_id FROM intake_tail WHERE id = 0 FOR UPDATE").fetchone()
+            row = conn.execute(lock_tail, args).fetchone()
+            if leader is not None and chunks:
+                # The leaderships read, locked shared: a claim by another broker waits for this commit (and then
+                # finds its chunks), or committed first and this commit finds the partition no longer its own.
+                conn.execute("SELECT 1 FROM leaderships l JOIN unnest(%(t)s::uuid[], %(p)s::int[]) AS k(t, p) "
+                             "ON l.topic_id = k.t AND l.partition = k.p FOR SHARE OF l", args)
             if row is not None and row[0] >= tail.file_id:  # committed before: the answer was lost
                 return [IntakeChunk(*r) for r in conn.execute(
                     f"SELECT {_CHUNK_COLUMNS} FROM intake_chunks WHERE file_id = %(f)s ORDER BY position",
                     {"f": tail.file_id}).fetchall()]
             assigned = [IntakeChunk(*r) for r in conn.execute(_SEQUENCE_INTAKE, args).fetchall()] if chunks else []
-            conn.execute("INSERT INTO intake_tail VALUES (0, %(f)s, %(p)s) ON CONFLICT (id) DO UPDATE "
-                         "SET file_id = excluded.file_id, position = excluded.position",
-                         {"f": tail.file_id, "p": tail.position})
+            conn.execute(put_tail, {"node": args["node"], "f": tail.file_id, "p": tail.position})
             return assigned
 
         # Idempotent: a retry after a commit that went unanswered finds the tail moved and changes nothing.
         return self._db.run(work, idempotent=True)
 
-    def intake_tail(self) -> IntakeTail | None:
-        row = self._db.row("SELECT file_id, position FROM intake_tail WHERE id = 0")
+    def intake_tail(self, node: int | None = None) -> IntakeTail | None:
+        row = (self._db.row("SELECT file_id, position FROM intake_tail WHERE id = 0") if node is None else
+               self._db.row("SELECT file_id, position FROM intake_node_tails WHERE node_id = %s", (node,)))
         return IntakeTail(*row) if row else None
 
     def intake_chunks(self, topic_id: uuid.UUID | None = None) -> list[IntakeChunk]:

@@ -174,10 +174,55 @@ SECURITY_TABLES = (
     "INSERT INTO security_generation VALUES (0, 0)",
 )
 
+# Several brokers over one store (issue 46): registrations, leaderships of partitions and coordinator shards (keyed
+# like partitions: coordinator shards under a reserved id), and each node's own intake tail (objects it PUT).
+CLUSTER_TABLES = (
+    """CREATE TABLE brokers (
+        node_id INTEGER PRIMARY KEY,
+        incarnation TEXT NOT NULL,
+        endpoints TEXT NOT NULL,
+        rack TEXT,
+        heartbeat_at TIMESTAMPTZ NOT NULL
+    )""",
+    """CREATE TABLE leaderships (
+        topic_id UUID NOT NULL,
+        partition INTEGER NOT NULL,
+        node_id INTEGER,
+        incarnation TEXT,
+        epoch INTEGER NOT NULL,
+        PRIMARY KEY (topic_id, partition)
+    )""",
+    """CREATE TABLE intake_node_tails (
+        node_id INTEGER PRIMARY KEY,
+        file_id BIGINT NOT NULL,
+        position BIGINT NOT NULL
+    )""",
+)
+
+# Transactional offsets (issue 46): a TxnOffsetCommit's offsets, pending for (group, producer) until a marker of
+# their transaction reaches the group's coordinator (Kafka's pending transactional offsets of __consumer_offsets).
+TXN_OFFSET_TABLES = (
+    """CREATE TABLE txn_offsets (
+        group_id TEXT COLLATE "C" NOT NULL,
+        producer_id BIGINT NOT NULL,
+        topic TEXT COLLATE "C" NOT NULL,
+        partition INTEGER NOT NULL,
+        producer_epoch INTEGER NOT NULL,
+        transactional_id TEXT COLLATE "C" NOT NULL,
+        committed_offset BIGINT NOT NULL,
+        metadata TEXT NOT NULL,
+        commit_timestamp BIGINT NOT NULL,
+        PRIMARY KEY (group_id, producer_id, topic, partition)
+    )""",
+    "CREATE INDEX txn_offsets_by_producer ON txn_offsets (producer_id)",
+)
+
 # The schema's history: MIGRATIONS[v] takes a database from version v-1 to v (0: empty). A release that changes
 # the schema appends a step (never edits one), so a database of any older release is upgraded in order.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: _CORE_TABLES + REGISTRY_TABLES + SECURITY_TABLES,
+    2: CLUSTER_TABLES,
+    3: TXN_OFFSET_TABLES,
 }
 # Key of pg_advisory_xact_lock while creating or upgrading the schema (the registry's is in registry.py).
 SCHEMA_LOCK = 0x1CE1_0601

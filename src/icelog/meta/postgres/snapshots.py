@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 
 from icelog.meta.postgres.database import PostgresDatabase
@@ -27,3 +28,8 @@ class PostgresSnapshots(ProducerSnapshots):
             "SELECT topic_id, partition, snapshot_offset, state FROM producer_snapshots ORDER BY topic_id, partition"
         )
         return [ProducerSnapshot(*row) for row in rows]
+
+    def producer_snapshot(self, topic_id: uuid.UUID, partition: int) -> ProducerSnapshot | None:
+        row = self._db.row("SELECT topic_id, partition, snapshot_offset, state FROM producer_snapshots "
+                           "WHERE topic_id = %s AND partition = %s", (topic_id, partition))
+        return ProducerSnapshot(*row) if row else None

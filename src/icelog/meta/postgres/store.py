@@ -10,6 +10,7 @@ single writer.
 from __future__ import annotations
 
 from icelog.meta.postgres.archive import PostgresArchive
+from icelog.meta.postgres.cluster import PostgresCluster
 from icelog.meta.postgres.database import PostgresDatabase
 from icelog.meta.postgres.groups import PostgresGroups
 from icelog.meta.postgres.intake import PostgresIntake
@@ -24,7 +25,7 @@ from icelog.meta.store import MetadataStore
 
 class PostgresStore(
     PostgresTopics, PostgresIntake, PostgresArchive, PostgresGroups, PostgresTransactions, PostgresSnapshots,
-    PostgresRegistry, PostgresSecurity, MetadataStore,
+    PostgresRegistry, PostgresSecurity, PostgresCluster, MetadataStore,
 ):
     """The metadata in one PostgreSQL database (or the first schema of the URL's search_path)."""
 

@@ -68,6 +68,8 @@ class PostgresTopics(TopicCatalog):
             conn.execute("DELETE FROM topics WHERE topic_id = %s", (topic.topic_id,))
             for table in _TOPIC_TABLES:
                 conn.execute(f"DELETE FROM {table} WHERE topic_id = %s", (topic.topic_id,))
+            for offsets in ("group_offsets", "txn_offsets"):  # every group's, committed or pending, as Kafka
+                conn.execute(f"DELETE FROM {offsets} WHERE topic = %s", (name,))
             return topic
 
         return self._db.run(work)

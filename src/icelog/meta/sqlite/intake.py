@@ -7,8 +7,9 @@ import time
 import uuid
 from collections.abc import Iterable
 
+from icelog.meta.sqlite.cluster import refuse
 from icelog.meta.sqlite.database import Row, SqliteDatabase
-from icelog.meta.store import IntakeChunk, IntakeIndex, IntakeRangeSummary, IntakeTail
+from icelog.meta.store import BrokerLease, IntakeChunk, IntakeIndex, IntakeRangeSummary, IntakeTail
 
 _CHUNK_COLUMNS = (
     "topic_id, partition, base_offset, end_offset, file_id, position, length, max_timestamp, ingest_timestamp"
@@ -57,7 +58,11 @@ class SqliteIntake(IntakeIndex):
                 "INSERT OR REPLACE INTO intake_tail VALUES (0, ?, ?)", (tail.file_id, tail.position)
             )
 
-    def commit_sequenced(self, chunks: Iterable[IntakeChunk], tail: IntakeTail) -> list[IntakeChunk]:
+    def commit_sequenced(
+        self, chunks: Iterable[IntakeChunk], tail: IntakeTail, leader: BrokerLease | None = None
+    ) -> list[IntakeChunk]:
+        if leader is not None:
+            refuse()
         now_ms = int(time.time() * 1000)
         assigned: list[IntakeChunk] = []
         # Durable: the object is acknowledged once this returns, and a lost commit would hand its offsets out again.
@@ -90,7 +95,9 @@ class SqliteIntake(IntakeIndex):
             conn.execute("INSERT OR REPLACE INTO intake_tail VALUES (0, ?, ?)", (tail.file_id, tail.position))
         return assigned
 
-    def intake_tail(self) -> IntakeTail | None:
+    def intake_tail(self, node: int | None = None) -> IntakeTail | None:
+        if node is not None:
+            refuse()
         rows = self._db.rows("SELECT file_id, position FROM intake_tail")
         return IntakeTail(*rows[0]) if rows else None
 

@@ -67,6 +67,19 @@ CREATE TABLE IF NOT EXISTS group_offsets (
     commit_timestamp INTEGER NOT NULL,
     PRIMARY KEY (group_id, topic, partition)
 );
+CREATE TABLE IF NOT EXISTS txn_offsets (
+    group_id TEXT NOT NULL,
+    producer_id INTEGER NOT NULL,
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    producer_epoch INTEGER NOT NULL,
+    transactional_id TEXT NOT NULL,
+    committed_offset INTEGER NOT NULL,
+    metadata TEXT NOT NULL,
+    commit_timestamp INTEGER NOT NULL,
+    PRIMARY KEY (group_id, producer_id, topic, partition)
+);
+CREATE INDEX IF NOT EXISTS txn_offsets_by_producer ON txn_offsets (producer_id);
 CREATE TABLE IF NOT EXISTS producer_ids (
     id INTEGER PRIMARY KEY CHECK (id = 0),
     next_producer_id INTEGER NOT NULL

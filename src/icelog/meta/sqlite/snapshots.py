@@ -31,3 +31,10 @@ class SqliteSnapshots(ProducerSnapshots):
             "SELECT topic_id, partition, snapshot_offset, state FROM producer_snapshots ORDER BY topic_id, partition"
         )
         return [ProducerSnapshot(uuid.UUID(t), p, o, s) for t, p, o, s in rows]
+
+    def producer_snapshot(self, topic_id: uuid.UUID, partition: int) -> ProducerSnapshot | None:
+        rows = self._db.rows(
+            "SELECT snapshot_offset, state FROM producer_snapshots WHERE topic_id = ? AND partition = ?",
+            (str(topic_id), partition),
+        )
+        return ProducerSnapshot(topic_id, partition, rows[0][0], rows[0][1]) if rows else None

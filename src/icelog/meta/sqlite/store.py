@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from icelog.meta.sqlite.archive import SqliteArchive
+from icelog.meta.sqlite.cluster import SqliteCluster
 from icelog.meta.sqlite.database import SqliteDatabase
 from icelog.meta.sqlite.groups import SqliteGroups
 from icelog.meta.sqlite.intake import SqliteIntake
@@ -23,7 +24,7 @@ from icelog.meta.store import MetadataStore
 
 class SqliteStore(
     SqliteTopics, SqliteIntake, SqliteArchive, SqliteGroups, SqliteTransactions, SqliteSnapshots, SqliteRegistry,
-    SqliteSecurity, MetadataStore,
+    SqliteSecurity, SqliteCluster, MetadataStore,
 ):
     """The metadata in one SQLite database file; its process locks are files beside it."""
 

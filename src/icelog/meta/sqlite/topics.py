@@ -58,6 +58,8 @@ class SqliteTopics(TopicCatalog):
             conn.execute("DELETE FROM topics WHERE topic_id = ?", (tid,))
             for table in _TOPIC_TABLES:
                 conn.execute(f"DELETE FROM {table} WHERE topic_id = ?", (tid,))
+            for offsets in ("group_offsets", "txn_offsets"):  # every group's, committed or pending, as Kafka
+                conn.execute(f"DELETE FROM {offsets} WHERE topic = ?", (name,))
             return topic
 
     def add_partitions(self, name: str, total: int) -> TopicRecord:

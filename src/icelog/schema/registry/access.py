@@ -5,7 +5,10 @@ let any client change what producers must send. Every request then needs credent
 from an unknown caller cannot be checked against ACLs, which name users); they are checked as a PLAIN login is,
 against the stored SCRAM keys, where the broker's LoginChecks run them (the login process, never the threads that
 serve Fetch), a few at a time per client address; a failed login is answered after Kafka's
-connection.failed.authentication.delay.ms, as a failed SASL login is.
+connection.failed.authentication.delay.ms, as a failed SASL login is. An address that has failed too often
+(FailedLoginLimit: by default 20 at once, then one a second) gets 429 (42901) with Retry-After, after that wait
+and with no check at all, unless its user and password logged in before; a well-behaved client (Confluent's retry
+on 429) waits, a guesser is slowed to one check a second per address.
 
 A subject follows the ACLs of the topic its name derives from (`<topic>-key` / `<topic>-value`; any other name
 is its own topic name): READ to read it, WRITE to register, DELETE to delete, DESCRIBE_CONFIGS / ALTER_CONFIGS
@@ -19,6 +22,7 @@ import asyncio
 import base64
 import binascii
 import json
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -29,11 +33,13 @@ from icelog.config import Settings
 from icelog.meta.security import SecurityStore
 from icelog.schema.registry.service import RegistryError, parse_schema_id
 from icelog.security.acl import CLUSTER_NAME, ACLOperation, ACLResourceType
-from icelog.security.logins import LoginChecks
+from icelog.security.log_lines import ThrottledLog, bounded
+from icelog.security.logins import FailedLoginLimit, LoginChecks
 
 if TYPE_CHECKING:
     from icelog.security.authorizer import Authorizer
 
+log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 REALM = 'Basic realm="icelog"'
 _OPEN = object()  # any authenticated caller
@@ -110,30 +116,52 @@ def _basic_credentials(header: str) -> tuple[str, str] | None:
     return (user, password) if sep and user else None
 
 
+class _Limited(Exception):
+    """The caller's address has no failed login left: answer 429 after `seconds`."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(seconds)
+        self.seconds = seconds
+
+
 class RegistryAccess:
     """Authentication (an aiohttp middleware) and per-subject authorization of registry requests."""
 
     def __init__(self, store: SecurityStore, super_users: Iterable[str], authorizer: Authorizer | None,
                  subjects_of_schema: Callable[[int], list[str]], logins: LoginChecks | None = None,
-                 failure_delay_ms: int = 100) -> None:
+                 failure_delay_ms: int = 100, failures: FailedLoginLimit | None = None) -> None:
         self._store = store
         self._super_users = frozenset(super_users)
         self.authorizer = authorizer
         self._subjects_of_schema = subjects_of_schema
         self._logins = logins or LoginChecks()
         self._failure_delay_s = failure_delay_ms / 1000
+        self._failures = failures or FailedLoginLimit()
+        self._limited = ThrottledLog(log, "schema registry: logins refused unchecked (429), the address has failed "
+                                          "too often")
+
+    def close(self) -> None:
+        self._limited.close()
 
     async def _authenticate(self, request: web.Request) -> Caller | None:
+        """The caller, or None for no or wrong credentials; raises _Limited when the address may not try now."""
         credentials = _basic_credentials(request.headers.get("Authorization", ""))
         if credentials is None:
             return None
         user, password = credentials
         client = request.remote or ""
+        let_through = self._logins.logged_in_before(user, password)  # a user of this address, under attack
+        if not let_through and (wait := self._failures.take(client)):
+            raise _Limited(max(wait, self._failure_delay_s))  # no store read, no key derivation
         async with self._logins.turn(client):
             valid = await self._logins.password(self._store, user, password)
         if not valid:
+            if let_through:
+                self._failures.failed(client)
             await asyncio.sleep(self._failure_delay_s)  # slows guessing; the client's turn is already given back
             return None
+        if not let_through:
+            self._failures.give_back(client)
         return Caller(f"User:{user}", client)
 
     def may(self, caller: Caller, operation: ACLOperation, resource_type: ACLResourceType, name: str) -> bool:
@@ -174,8 +202,18 @@ class RegistryAccess:
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """401 without valid credentials, 403 when the caller's ACLs do not allow the request."""
-        caller = await self._authenticate(request)
+        """401 without valid credentials, 429 while the caller's address has failed too often, 403 when the
+        caller's ACLs do not allow the request."""
+        try:
+            caller = await self._authenticate(request)
+        except _Limited as limited:
+            self._limited.event(f"from {bounded(request.remote or '')}")
+            await asyncio.sleep(limited.seconds)  # answered when a check would be: retrying at once gains nothing
+            retry = FailedLoginLimit.header(limited.seconds)
+            return web.Response(
+                text=json.dumps({"error_code": 42901, "message": "Too many failed logins from this address: "
+                                 f"retry after {retry} s"}),
+                status=429, content_type="application/json", headers={"Retry-After": retry})
         if caller is None:
             # one answer for a missing header, an unknown user and a wrong password; never quoting the header
             return _refusal(401, 40101, "Unauthorized: send the credentials of an icelog user (HTTP basic auth, "

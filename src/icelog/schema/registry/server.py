@@ -31,7 +31,7 @@ from icelog.schema.registry.service import (
 )
 from icelog.security.connections import HTTP_KEEPALIVE_S, REGISTRY_MAX_CONNECTIONS, HttpListener
 from icelog.security.log_lines import HttpErrorLog, bounded, describe
-from icelog.security.logins import LoginChecks
+from icelog.security.logins import FailedLoginLimit, LoginChecks
 from icelog.security.tls import server_context
 
 if TYPE_CHECKING:
@@ -147,6 +147,8 @@ class RegistryServer:
         if self._runner is not None:
             await self._runner.cleanup()
         self._http_log.close()
+        if self.access is not None:
+            self.access.close()
 
     # -- schemas -------------------------------------------------------------------------------
     async def root(self, request: web.Request) -> web.Response:
@@ -281,6 +283,7 @@ def registry_server(settings: Settings, service: RegistryService, users: Securit
         def subjects_of_schema(schema_id: int) -> list[str]:
             return sorted({v.subject for v in service.store.registry_versions_of_schema(schema_id)})
 
+        failures = FailedLoginLimit(settings.registry_failed_logins_burst, settings.registry_failed_logins_per_second)
         access = RegistryAccess(users, settings.super_user_set, authorizer, subjects_of_schema, logins,
-                                settings.connection_failed_authentication_delay_ms)
+                                settings.connection_failed_authentication_delay_ms, failures)
     return RegistryServer(service, access, server_context(settings, client_auth="none"), max_connections)

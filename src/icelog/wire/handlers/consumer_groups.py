@@ -12,7 +12,7 @@ from icelog.coordinator.consumer_model import Assignment, TopicMetadata
 from icelog.errors import ErrorCode
 from icelog.security.acl import ACLOperation, ACLResourceType
 from icelog.wire.context import RequestContext, handles
-from icelog.wire.handlers.groups import coordinator
+from icelog.wire.handlers.groups import coordinator, not_served
 from icelog.wire.messages import ConsumerGroupDescribeResponse, ConsumerGroupHeartbeatResponse
 
 if TYPE_CHECKING:
@@ -26,6 +26,8 @@ async def consumer_group_heartbeat(ctx: RequestContext, request: ApiMessage) -> 
     groups = coordinator(ctx)
     if not ctx.authorize(ACLOperation.READ, ACLResourceType.GROUP, request.group_id):
         return _heartbeat_error(ErrorCode.GROUP_AUTHORIZATION_FAILED, None)
+    if away := not_served(ctx, request.group_id):  # another broker of the cluster coordinates the group, or will
+        return _heartbeat_error(away, None)
     names = request.subscribed_topic_names
     if names and any(not ctx.authorize(ACLOperation.DESCRIBE, ACLResourceType.TOPIC, n) for n in names):
         # Kafka refuses a subscription to a topic the member may not describe.
@@ -83,6 +85,8 @@ async def consumer_group_describe(ctx: RequestContext, request: ApiMessage) -> A
             error = ErrorCode.GROUP_AUTHORIZATION_FAILED
         elif not group_id:
             error, message = ErrorCode.INVALID_GROUP_ID, "GroupId can't be empty."
+        elif away := not_served(ctx, group_id):
+            error = away
         elif group is None:
             error, message = ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} not found."
         elif group.consumer is None:

@@ -13,7 +13,7 @@ from kafka.protocol.consumer import FetchResponse, ListOffsetsResponse
 from icelog.errors import ErrorCode, KafkaApiError
 from icelog.security.acl import ACLOperation, ACLResourceType
 from icelog.wire.context import RequestContext, handles
-from icelog.wire.handlers.records_admin import LEADER_EPOCH, check_current_leader_epoch
+from icelog.wire.handlers.records_admin import check_current_leader_epoch
 
 if TYPE_CHECKING:
     from kafka.protocol.api_message import ApiMessage
@@ -95,7 +95,7 @@ def _plan(request: Any, logs: Any, read_committed: bool, denied: set[str]) -> li
                 if topic.topic in denied:
                     raise KafkaApiError(ErrorCode.TOPIC_AUTHORIZATION_FAILED)
                 _, part = logs.partition(topic.topic, req.partition)
-                check_current_leader_epoch(req.current_leader_epoch)  # -1 below Fetch v9
+                check_current_leader_epoch(req.current_leader_epoch, part)  # -1 below Fetch v9
                 data.high_watermark = part.high_watermark
                 data.last_stable_offset = stable = part.last_stable_offset
                 data.log_start_offset = part.visible_start_offset
@@ -167,7 +167,7 @@ async def list_offsets(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
                 if denied:
                     raise KafkaApiError(ErrorCode.TOPIC_AUTHORIZATION_FAILED)
                 _, part = logs.partition(topic.name, req.partition_index)
-                check_current_leader_epoch(req.current_leader_epoch)  # -1 below ListOffsets v4
+                check_current_leader_epoch(req.current_leader_epoch, part)  # -1 below ListOffsets v4
             except KafkaApiError as exc:
                 out.error_code = int(exc.code)
                 continue
@@ -185,7 +185,7 @@ async def list_offsets(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
                 if found is not None:
                     out.offset, out.timestamp = found
             if out.offset >= 0:  # every offset was written under the one leader's epoch
-                out.leader_epoch = LEADER_EPOCH
+                out.leader_epoch = part.leader_epoch
             if ctx.api_version == 0:
                 out.old_style_offsets = [out.offset] if out.offset >= 0 else []
         topics.append(ListOffsetsResponse.ListOffsetsTopicResponse(name=topic.name, partitions=partitions))

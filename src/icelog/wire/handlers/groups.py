@@ -1,5 +1,11 @@
 """Consumer-group APIs: FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit,
-OffsetFetch, DescribeGroups, ListGroups, DeleteGroups, OffsetDelete (this broker coordinates everything)."""
+OffsetFetch, DescribeGroups, ListGroups, DeleteGroups, OffsetDelete.
+
+A broker alone coordinates every group. In a cluster FindCoordinator names the broker that leads the group's
+coordinator shard (the cluster's view), and every group API asked of another broker answers NOT_COORDINATOR, as
+Kafka's coordinator does (the client finds the coordinator again), or COORDINATOR_LOAD_IN_PROGRESS from the broker the
+view names until it has taken the shard (`not_served`); ListGroups lists this broker's groups, as Kafka's per-broker
+ListGroups."""
 
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ from icelog.meta.store import CommittedOffset
 from icelog.security.acl import ACLOperation, ACLResourceType
 from icelog.wire.authz import on_cluster
 from icelog.wire.context import RequestContext, handles
+from icelog.wire.handlers.metadata import live_brokers
 
 if TYPE_CHECKING:
     from kafka.protocol.api_message import ApiMessage
@@ -39,6 +46,23 @@ COORDINATOR_GROUP, COORDINATOR_TRANSACTION = 0, 1
 def coordinator(ctx: RequestContext) -> GroupCoordinator:
     assert ctx.broker.groups is not None, "the broker starts a group coordinator"
     return ctx.broker.groups
+
+
+def not_served(ctx: RequestContext, group_id: str) -> ErrorCode:
+    """NONE when this broker coordinates the group; else what Kafka's group coordinator answers for a group whose
+    shard it does not serve: COORDINATOR_LOAD_IN_PROGRESS when this broker's own view names it the coordinator (its
+    FindCoordinator does) but it has not taken and loaded the shard yet (it claims it at its next review, as a Kafka
+    broker just elected leader of a __consumer_offsets partition answers while it loads it), NOT_COORDINATOR when
+    another broker is the coordinator. The client retries the first at this broker and looks the coordinator up
+    again after the second; librdkafka's admin client even crashes on a NOT_COORDINATOR OffsetFetch answer (its
+    OffsetFetch handler asks a consumer group it does not have to look the coordinator up: librdkafka issue 5040),
+    so the broker FindCoordinator names must not answer it for its own group."""
+    if coordinator(ctx).serves(group_id):
+        return ErrorCode.NONE
+    cluster = ctx.broker.cluster
+    if cluster is not None and cluster.view.group_coordinator(group_id) == ctx.broker.settings.node_id:
+        return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+    return ErrorCode.NOT_COORDINATOR
 
 
 def _may(ctx: RequestContext, operation: ACLOperation, group_id: str) -> bool:
@@ -66,13 +90,25 @@ async def find_coordinator(ctx: RequestContext, request: ApiMessage) -> ApiMessa
         ACLOperation.DESCRIBE, ACLResourceType.TRANSACTIONAL_ID, request.key
     ):
         error = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    node, host, port = broker.settings.node_id, ctx.connection.advertised[0], ctx.connection.advertised[1]
+    if not error and broker.cluster is not None:
+        view = broker.cluster.view
+        node = view.group_coordinator(request.key) if key_type == COORDINATOR_GROUP else view.txn_coordinator(
+            request.key)
+        endpoint = next(((h, p) for n, h, p, _ in live_brokers(ctx) if n == node), None)
+        if endpoint is None:  # no broker alive, or the coordinator has no endpoint on this listener
+            error = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        else:
+            host, port = endpoint
+    if error:
+        node, host, port = -1, "", -1
     return FindCoordinatorResponse(
         throttle_time_ms=0,
         error_code=int(error),
         error_message=None if error != ErrorCode.INVALID_REQUEST else "unknown key type",
-        node_id=broker.settings.node_id,
-        host=ctx.connection.advertised[0],
-        port=ctx.connection.advertised[1],
+        node_id=node,
+        host=host,
+        port=port,
     )
 
 
@@ -84,6 +120,12 @@ async def join_group(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
             throttle_time_ms=0, error_code=int(ErrorCode.GROUP_AUTHORIZATION_FAILED), generation_id=-1,
             protocol_type=None, protocol_name=None if v >= 7 else "", leader="", skip_assignment=False,
             member_id="", members=[],
+        )
+    if away := not_served(ctx, request.group_id):
+        return JoinGroupResponse(
+            throttle_time_ms=0, error_code=int(away), generation_id=-1,
+            protocol_type=None, protocol_name=None if v >= 7 else "", leader="", skip_assignment=False,
+            member_id=request.member_id, members=[],
         )
     result = await coordinator(ctx).join(
         request.group_id,
@@ -122,6 +164,11 @@ async def sync_group(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
             throttle_time_ms=0, error_code=int(ErrorCode.GROUP_AUTHORIZATION_FAILED), protocol_type=None,
             protocol_name=None, assignment=b"",
         )
+    if away := not_served(ctx, request.group_id):
+        return SyncGroupResponse(
+            throttle_time_ms=0, error_code=int(away), protocol_type=None, protocol_name=None,
+            assignment=b"",
+        )
     result = await coordinator(ctx).sync(
         request.group_id,
         request.generation_id,
@@ -144,6 +191,8 @@ async def sync_group(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
 async def heartbeat(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     if not _may(ctx, ACLOperation.READ, request.group_id):
         return HeartbeatResponse(throttle_time_ms=0, error_code=int(ErrorCode.GROUP_AUTHORIZATION_FAILED))
+    if away := not_served(ctx, request.group_id):
+        return HeartbeatResponse(throttle_time_ms=0, error_code=int(away))
     error = coordinator(ctx).heartbeat(
         request.group_id,
         request.generation_id,
@@ -159,6 +208,8 @@ async def leave_group(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
         return LeaveGroupResponse(
             throttle_time_ms=0, error_code=int(ErrorCode.GROUP_AUTHORIZATION_FAILED), members=[]
         )
+    if away := not_served(ctx, request.group_id):
+        return LeaveGroupResponse(throttle_time_ms=0, error_code=int(away), members=[])
     if ctx.api_version < 3:
         (error,) = coordinator(ctx).leave(request.group_id, [(request.member_id, None)])
         return LeaveGroupResponse(throttle_time_ms=0, error_code=int(error), members=[])
@@ -181,6 +232,8 @@ async def offset_commit(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     logs = ctx.broker.logs
     if not _may(ctx, ACLOperation.READ, request.group_id):
         error = ErrorCode.GROUP_AUTHORIZATION_FAILED
+    elif away := not_served(ctx, request.group_id):
+        error = away
     else:
         error = groups.check_commit(
             request.group_id,
@@ -211,7 +264,11 @@ async def offset_commit(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
                 )
             )
         topics.append(OffsetCommitResponse.OffsetCommitResponseTopic(name=topic.name, partitions=partitions))
-    await groups.commit(request.group_id, offsets)
+    if not await groups.commit(request.group_id, offsets):  # the group moved to another broker meanwhile
+        for topic in topics:
+            for part in topic.partitions:
+                if (topic.name, part.partition_index) in offsets:
+                    part.error_code = int(ErrorCode.NOT_COORDINATOR)
     return OffsetCommitResponse(throttle_time_ms=0, topics=topics)
 
 
@@ -232,6 +289,10 @@ async def offset_fetch(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
         found: dict[tuple[str, int], tuple[CommittedOffset | None, ErrorCode]] = {
             tp: (None, ErrorCode.GROUP_AUTHORIZATION_FAILED) for tp in wanted or []
         }
+    elif away := not_served(ctx, request.group_id):
+        if v >= 2:
+            return OffsetFetchResponse(throttle_time_ms=0, topics=[], error_code=int(away))
+        found = {tp: (None, away) for tp in wanted or []}
     else:
         found = coordinator(ctx).fetch(request.group_id, wanted, bool(v >= 7 and request.require_stable))
         if wanted is None:  # every committed offset of the group: those of topics not DESCRIBE-able left out
@@ -263,6 +324,14 @@ async def describe_groups(ctx: RequestContext, request: ApiMessage) -> ApiMessag
             described.append(
                 DescribeGroupsResponse.DescribedGroup(
                     error_code=int(ErrorCode.GROUP_AUTHORIZATION_FAILED), error_message=None, group_id=group_id,
+                    group_state="", protocol_type="", protocol_data="", members=[], authorized_operations=None,
+                )
+            )
+            continue
+        if away := not_served(ctx, group_id):
+            described.append(
+                DescribeGroupsResponse.DescribedGroup(
+                    error_code=int(away), error_message=None, group_id=group_id,
                     group_state="", protocol_type="", protocol_data="", members=[], authorized_operations=None,
                 )
             )
@@ -333,8 +402,8 @@ async def delete_groups(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
         DeleteGroupsResponse.DeletableGroupResult(
             group_id=g,
             error_code=int(
-                coordinator(ctx).delete(g) if _may(ctx, ACLOperation.DELETE, g)
-                else ErrorCode.GROUP_AUTHORIZATION_FAILED
+                ErrorCode.GROUP_AUTHORIZATION_FAILED if not _may(ctx, ACLOperation.DELETE, g)
+                else not_served(ctx, g) or coordinator(ctx).delete(g)
             ),
         )
         for g in request.groups_names
@@ -348,6 +417,8 @@ async def offset_delete(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
         return OffsetDeleteResponse(
             error_code=int(ErrorCode.GROUP_AUTHORIZATION_FAILED), throttle_time_ms=0, topics=[]
         )
+    if away := not_served(ctx, request.group_id):
+        return OffsetDeleteResponse(error_code=int(away), throttle_time_ms=0, topics=[])
     readable = {t.name for t in request.topics if _may_topic(ctx, ACLOperation.READ, t.name)}
     wanted = [(t.name, p.partition_index) for t in request.topics if t.name in readable for p in t.partitions]
     error, results = coordinator(ctx).delete_offsets(request.group_id, wanted)

@@ -11,6 +11,7 @@ from kafka.protocol.metadata import MetadataResponse
 
 from icelog.errors import ErrorCode, KafkaApiError
 from icelog.security.acl import ACLOperation, ACLResourceType
+from icelog.topics import INTERNAL_TOPIC_NAMES
 from icelog.wire import codec
 from icelog.wire.authz import may_create_topic
 from icelog.wire.context import RequestContext, handles
@@ -32,7 +33,6 @@ async def api_versions(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
 async def metadata(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     broker = ctx.broker
     logs = broker.logs
-    node = broker.settings.node_id
     # A null topic list asks for every topic: those the principal may not DESCRIBE are left out, as Kafka does.
     if request.topics is None:
         names = [n for n in sorted(logs.topics) if ctx.authorize(ACLOperation.DESCRIBE, ACLResourceType.TOPIC, n)]
@@ -54,14 +54,18 @@ async def metadata(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
         error = ErrorCode.NONE
         if request.topics is not None and not ctx.authorize(ACLOperation.DESCRIBE, ACLResourceType.TOPIC, name):
             state, error = None, ErrorCode.TOPIC_AUTHORIZATION_FAILED
-        elif state is None and allow_create and broker.settings.auto_create_topics_enable:
+        elif (state is None and allow_create and broker.settings.auto_create_topics_enable
+              and name not in INTERNAL_TOPIC_NAMES):  # (not topics here: UNKNOWN_TOPIC_OR_PARTITION, not retried)
             if not may_create_topic(ctx, name):
                 error = ErrorCode.TOPIC_AUTHORIZATION_FAILED
             else:
                 try:
                     state = logs.create_topic(name, broker.settings.num_partitions, {})
                 except KafkaApiError as exc:
-                    error = exc.code
+                    # Created meanwhile through another broker, which this one follows within a heartbeat: as
+                    # Kafka answers while an auto-created topic gets its leaders, LEADER_NOT_AVAILABLE (retriable).
+                    exists = exc.code == ErrorCode.TOPIC_ALREADY_EXISTS
+                    error = ErrorCode.LEADER_NOT_AVAILABLE if exists else exc.code
         if state is None:
             topics.append(
                 MetadataResponse.MetadataResponseTopic(
@@ -69,27 +73,60 @@ async def metadata(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
                 )
             )
             continue
-        partitions = [
-            MetadataResponse.MetadataResponseTopic.MetadataResponsePartition(
-                error_code=0, partition_index=p, leader_id=node, leader_epoch=LEADER_EPOCH,
-                replica_nodes=[node], isr_nodes=[node], offline_replicas=[],
-            )
-            for p in range(len(state.partitions))
-        ]
+        partitions = []
+        for p in range(len(state.partitions)):
+            leader, epoch = leadership(ctx, state.record.topic_id, p)
+            partitions.append(MetadataResponse.MetadataResponseTopic.MetadataResponsePartition(
+                error_code=0 if leader >= 0 else int(ErrorCode.LEADER_NOT_AVAILABLE), partition_index=p,
+                leader_id=leader, leader_epoch=epoch, replica_nodes=[leader] if leader >= 0 else [],
+                isr_nodes=[leader] if leader >= 0 else [], offline_replicas=[],
+            ))
         topics.append(
             MetadataResponse.MetadataResponseTopic(
                 error_code=0, name=name, topic_id=state.record.topic_id, is_internal=False, partitions=partitions
             )
         )
-    brokers = [
-        MetadataResponse.MetadataResponseBroker(
-            node_id=node, host=ctx.connection.advertised[0], port=ctx.connection.advertised[1], rack=None
-        )
-    ]
+    brokers = [MetadataResponse.MetadataResponseBroker(node_id=n, host=host, port=port, rack=rack)
+               for n, host, port, rack in live_brokers(ctx)]
     return MetadataResponse(
-        throttle_time_ms=0, brokers=brokers, cluster_id=broker.settings.cluster_id, controller_id=node,
-        topics=topics,
+        throttle_time_ms=0, brokers=brokers, cluster_id=broker.settings.cluster_id,
+        controller_id=controller_id(ctx), topics=topics,
     )
+
+
+def live_brokers(ctx: RequestContext) -> list[tuple[int, str, int, str | None]]:
+    """(node id, host, port, rack) of every live broker on the listener the client came in on: this broker alone,
+    or each broker of the cluster as it registered itself (a broker without that listener is left out)."""
+    cluster = ctx.broker.cluster
+    host, port = ctx.connection.advertised
+    if cluster is None:
+        return [(ctx.broker.settings.node_id, host, port, ctx.broker.settings.broker_rack)]
+    listener = ctx.connection.listener.name if ctx.connection.listener is not None else ""
+    out = []
+    for record in cluster.view.brokers:
+        if record.node_id == cluster.lease.node_id:
+            out.append((record.node_id, host, port, record.rack))
+        elif listener in record.endpoints:
+            there = record.endpoints[listener]
+            out.append((record.node_id, there[0], there[1], record.rack))
+    if not any(n == cluster.lease.node_id for n, *_ in out):  # before the first heartbeat's view
+        out.append((cluster.lease.node_id, host, port, ctx.broker.settings.broker_rack))
+    return sorted(out)
+
+
+def controller_id(ctx: RequestContext) -> int:
+    """Metadata's controller: the broker with the lowest live node id (the clients' admin requests that must go to
+    the controller, such as CreateTopics of old clients, are served by every broker)."""
+    return min(n for n, *_ in live_brokers(ctx))
+
+
+def leadership(ctx: RequestContext, topic_id: uuid.UUID, partition: int) -> tuple[int, int]:
+    """(leader node, leader epoch) of a partition: this broker alone; the cluster's view otherwise (its live holder,
+    or -1 while it has none: LEADER_NOT_AVAILABLE, retriable, until a broker claims it under a new epoch)."""
+    cluster = ctx.broker.cluster
+    if cluster is None:
+        return ctx.broker.settings.node_id, LEADER_EPOCH
+    return cluster.view.partition_leader((topic_id, partition))
 
 
 def _by_id(topic: Any) -> bool:
@@ -116,11 +153,10 @@ async def describe_cluster(ctx: RequestContext, request: ApiMessage) -> ApiMessa
             else ErrorCode.UNSUPPORTED_ENDPOINT_TYPE)
         return cls(throttle_time_ms=0, error_code=int(error), error_message=f"endpoint type {endpoint}",
                    endpoint_type=endpoint, cluster_id="", controller_id=-1, brokers=[])
-    node = broker.settings.node_id
-    host, port = ctx.connection.advertised
-    brokers = [cls.DescribeClusterBroker(broker_id=node, host=host, port=port, rack=None, is_fenced=False)]
+    brokers = [cls.DescribeClusterBroker(broker_id=n, host=host, port=port, rack=rack, is_fenced=False)
+               for n, host, port, rack in live_brokers(ctx)]
     return cls(throttle_time_ms=0, error_code=0, error_message=None, endpoint_type=_ENDPOINT_BROKERS,
-               cluster_id=broker.settings.cluster_id, controller_id=node, brokers=brokers)
+               cluster_id=broker.settings.cluster_id, controller_id=controller_id(ctx), brokers=brokers)
 
 
 @handles(ApiKey.DescribeTopicPartitions)
@@ -132,7 +168,7 @@ async def describe_topic_partitions(ctx: RequestContext, request: ApiMessage) ->
     cls: Any = codec.response_class(ApiKey.DescribeTopicPartitions)
     topic_cls, partition_cls = cls.DescribeTopicPartitionsResponseTopic, (
         cls.DescribeTopicPartitionsResponseTopic.DescribeTopicPartitionsResponsePartition)
-    logs, node = ctx.broker.logs, ctx.broker.settings.node_id
+    logs = ctx.broker.logs
     everything = not request.topics
     cursor = request.cursor
     after = cursor.topic_name if cursor is not None else ""
@@ -167,11 +203,14 @@ async def describe_topic_partitions(ctx: RequestContext, request: ApiMessage) ->
         end = min(len(state.partitions), start + remaining)
         out = answer(name, ErrorCode.NONE, state.record.topic_id)
         # Empty, never null, ELR lists: Kafka's broker sends empty ones and the Java client dereferences them.
-        out.partitions = [
-            partition_cls(error_code=0, partition_index=p, leader_id=node, leader_epoch=LEADER_EPOCH,
-                          replica_nodes=[node], isr_nodes=[node], eligible_leader_replicas=[], last_known_elr=[],
-                          offline_replicas=[])
-            for p in range(start, end)]
+        out.partitions = []
+        for p in range(start, end):
+            leader, epoch = leadership(ctx, state.record.topic_id, p)
+            out.partitions.append(partition_cls(
+                error_code=0 if leader >= 0 else int(ErrorCode.LEADER_NOT_AVAILABLE), partition_index=p,
+                leader_id=leader, leader_epoch=epoch, replica_nodes=[leader] if leader >= 0 else [],
+                isr_nodes=[leader] if leader >= 0 else [], eligible_leader_replicas=[], last_known_elr=[],
+                offline_replicas=[]))
         topics.append(out)
         if end < len(state.partitions):
             next_cursor = cls.Cursor(topic_name=name, partition_index=end)

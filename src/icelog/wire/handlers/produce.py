@@ -203,6 +203,16 @@ async def _produce(
         except KafkaApiError as exc:
             _refuse(part.result, exc)
             part.batches = None
+    transactions = ctx.broker.transactions
+    if transactions is not None and transactional_id is not None:
+        for part in parts:  # (a cluster's broker: batches of ids coordinated elsewhere, verified from the store)
+            if part.batches is None:
+                continue
+            try:
+                await transactions.verify_remote(transactional_id, part.topic.name, part.partition, part.batches)
+            except KafkaApiError as exc:
+                _refuse(part.result, exc)
+                part.batches = None
     if previous is not None:
         await previous  # the connection's Produce before this one has appended
     pending: list[tuple[ApiMessage, AppendResult, asyncio.Future[None]]] = []

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from icelog.log.partition import PartitionLog
 
-LEADER_EPOCH = 0  # one broker, never a new leader
+LEADER_EPOCH = 0  # a broker alone: its leader never changes (PartitionLog.leader_epoch's default)
 HIGH_WATERMARK = -1  # DeleteRecords: up to the high watermark
 DeletedPartition = DeleteRecordsResponse.DeleteRecordsTopicResult.DeleteRecordsPartitionResult
 EpochEndOffset = OffsetForLeaderEpochResponse.OffsetForLeaderTopicResult.EpochEndOffset
@@ -88,12 +88,12 @@ async def delete_records(ctx: RequestContext, request: ApiMessage) -> ApiMessage
     return DeleteRecordsResponse(throttle_time_ms=0, topics=topics)
 
 
-def check_current_leader_epoch(current: int) -> None:
+def check_current_leader_epoch(current: int, part: PartitionLog) -> None:
     """Kafka's leader check of a request's current_leader_epoch: a negative one (unknown) is not checked, a later one
     is UNKNOWN_LEADER_EPOCH (the client knows a leader this broker does not), an earlier one FENCED_LEADER_EPOCH."""
-    if current > LEADER_EPOCH:
+    if current > part.leader_epoch:
         raise KafkaApiError(ErrorCode.UNKNOWN_LEADER_EPOCH)
-    if 0 <= current < LEADER_EPOCH:
+    if 0 <= current < part.leader_epoch:
         raise KafkaApiError(ErrorCode.FENCED_LEADER_EPOCH)
 
 
@@ -103,9 +103,9 @@ def _epoch_end(ctx: RequestContext, topic: str, req: Any, allowed: bool) -> Any:
         if not allowed:
             raise KafkaApiError(ErrorCode.TOPIC_AUTHORIZATION_FAILED)
         _, part = ctx.broker.logs.partition(topic, req.partition)
-        check_current_leader_epoch(req.current_leader_epoch)
-        if req.leader_epoch <= LEADER_EPOCH:
-            out.leader_epoch, out.end_offset = LEADER_EPOCH, part.high_watermark
+        check_current_leader_epoch(req.current_leader_epoch, part)
+        if req.leader_epoch <= part.leader_epoch:
+            out.leader_epoch, out.end_offset = part.leader_epoch, part.high_watermark
     except KafkaApiError as exc:
         out.error_code = int(exc.code)
     return out

@@ -21,6 +21,7 @@ from icelog.meta.store import CommittedOffset
 from icelog.security.acl import ACLOperation, ACLResourceType
 from icelog.wire.authz import may_write_some_topic
 from icelog.wire.context import RequestContext, handles
+from icelog.wire.handlers.groups import not_served
 
 if TYPE_CHECKING:
     from kafka.protocol.api_message import ApiMessage
@@ -125,6 +126,10 @@ async def txn_offset_commit(ctx: RequestContext, request: ApiMessage) -> ApiMess
         return _txn_offset_commit_response(request, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, set())
     if not _may_read_group(ctx, request.group_id):
         return _txn_offset_commit_response(request, ErrorCode.GROUP_AUTHORIZATION_FAILED, set())
+    groups = ctx.broker.groups
+    assert groups is not None, "the broker starts a group coordinator"
+    if away := not_served(ctx, request.group_id):  # (sent to the group's coordinator, as every group API)
+        return _txn_offset_commit_response(request, away, set())
     denied = {t.name for t in request.topics if not ctx.authorize(ACLOperation.READ, ACLResourceType.TOPIC, t.name)}
     offsets = {
         (t.name, p.partition_index): CommittedOffset(p.committed_offset, p.committed_metadata or "", now)
@@ -132,7 +137,7 @@ async def txn_offset_commit(ctx: RequestContext, request: ApiMessage) -> ApiMess
         if t.name not in denied
         for p in t.partitions
     }
-    error = ErrorCode.NONE if not offsets else await coordinator(ctx).txn_offset_commit(
+    error = ErrorCode.NONE if not offsets else await groups.txn_offsets.commit(  # (coordinator/txn_offsets.py)
         request.transactional_id,
         request.group_id,
         request.producer_id,
@@ -141,7 +146,6 @@ async def txn_offset_commit(ctx: RequestContext, request: ApiMessage) -> ApiMess
         request.member_id if v >= 3 else "",
         request.group_instance_id if v >= 3 else None,
         offsets,
-        v,
     )
     return _txn_offset_commit_response(request, error, denied)
 

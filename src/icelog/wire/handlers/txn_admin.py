@@ -1,6 +1,8 @@
 """What operators' tools ask about transactions (KIP-664, `kafka-transactions.sh`): ListTransactions,
 DescribeTransactions, DescribeProducers, and WriteTxnMarkers, which the AdminClient's abortTransaction sends to a
-partition's leader to abort a hanging transaction.
+partition's leader to abort a hanging transaction, and which a cluster's transaction coordinator sends to the leaders
+of its transactions' partitions (coordinator/transactions.py). In a cluster ListTransactions lists the ids this broker
+coordinates (the AdminClient asks every broker) and DescribeTransactions answers NOT_COORDINATOR for the others.
 
 Answers and authorization follow Kafka's KafkaApis: transactional ids the principal may not DESCRIBE are left out of
 a listing; a topic it may not READ answers TOPIC_AUTHORIZATION_FAILED per partition; WriteTxnMarkers needs
@@ -9,6 +11,7 @@ CLUSTER_ACTION on the cluster.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +24,7 @@ from kafka.protocol.api_key import ApiKey
 from kafka.protocol.producer.transaction import WriteTxnMarkersResponse
 
 from icelog.coordinator.transactions import TransactionCoordinator, TxnMetadata, TxnState
+from icelog.coordinator.txn_offsets import OFFSETS_TOPIC
 from icelog.errors import ErrorCode, KafkaApiError
 from icelog.security.acl import ACLOperation, ACLResourceType
 from icelog.wire.authz import on_cluster
@@ -87,6 +91,8 @@ async def describe_transactions(ctx: RequestContext, request: ApiMessage) -> Api
             state.error_code = int(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
         elif not transactional_id:
             state.error_code = int(ErrorCode.INVALID_REQUEST)
+        elif not _coordinator(ctx).coordinates(transactional_id):  # (a cluster: another broker's shard)
+            state.error_code = int(ErrorCode.NOT_COORDINATOR)
         elif meta is None:
             state.error_code = int(ErrorCode.TRANSACTIONAL_ID_NOT_FOUND)
         else:
@@ -141,11 +147,13 @@ async def describe_producers(ctx: RequestContext, request: ApiMessage) -> ApiMes
 @handles(ApiKey.WriteTxnMarkers)
 async def write_txn_markers(ctx: RequestContext, request: ApiMessage) -> ApiMessage:
     """A marker per partition through the intake, as the coordinator writes them; a marker of an epoch older than
-    the producer's is refused (INVALID_PRODUCER_EPOCH), as Kafka's producer state refuses it."""
+    the producer's is refused (INVALID_PRODUCER_EPOCH), as Kafka's producer state refuses it. Partition N of
+    `__consumer_offsets` is group coordinator shard N: the producer's transactional offsets pending in its groups
+    are committed or dropped (coordinator/txn_offsets.py; NOT_LEADER_OR_FOLLOWER where another broker leads it)."""
     allowed = on_cluster(ctx, ACLOperation.CLUSTER_ACTION)
     logs = ctx.broker.logs
     results = []
-    pending = []
+    pending: list[tuple[Any, asyncio.Future[None]]] = []
     for marker in request.markers:
         topics = []
         for topic in marker.topics:
@@ -157,6 +165,10 @@ async def write_txn_markers(ctx: RequestContext, request: ApiMessage) -> ApiMess
                 if not allowed:
                     out.error_code = int(ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
                     continue
+                if topic.name == OFFSETS_TOPIC and ctx.broker.groups is not None:  # a group coordinator shard
+                    pending.append((out, asyncio.ensure_future(ctx.broker.groups.txn_offsets.complete(
+                        index, marker.producer_id, marker.producer_epoch, marker.transaction_result))))
+                    continue
                 try:
                     _, part = logs.partition(topic.name, index)
                 except KafkaApiError as exc:
@@ -166,8 +178,9 @@ async def write_txn_markers(ctx: RequestContext, request: ApiMessage) -> ApiMess
                 if entry is not None and marker.producer_epoch < entry.epoch:
                     out.error_code = int(ErrorCode.INVALID_PRODUCER_EPOCH)
                     continue
-                pending.append((out, logs.append_marker(part, marker.producer_id, marker.producer_epoch,
-                                                        marker.transaction_result, marker.coordinator_epoch)))
+                pending.append((out, _coordinator(ctx).append_marker(
+                    topic.name, part, marker.producer_id, marker.producer_epoch, marker.transaction_result,
+                    marker.coordinator_epoch)))
             topics.append(MarkerResult.WritableTxnMarkerTopicResult(name=topic.name, partitions=partitions))
         results.append(MarkerResult(producer_id=marker.producer_id, topics=topics))
     for out, done in pending:

@@ -1,0 +1,1 @@
+"""Replay: an archive table's records produced into a topic (`icelog replay`)."""
