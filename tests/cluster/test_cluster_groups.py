@@ -166,9 +166,7 @@ def wait_for(what: str, check: object, timeout: float, consumers: Sequence[Consu
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("protocol", ["classic", pytest.param("consumer", marks=pytest.mark.skip(
-    reason="open defect (issue 46): under load 13-22 one run in six had records processed again after their commit "
-           "when the shard moved twice (KIP-848 members fenced and rejoined at each move); see the session note"))])
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
 def test_a_group_goes_on_when_its_coordinator_is_killed(cluster: BrokerCluster, protocol: str,
                                                          tmp_path: Path) -> None:
     group = f"failover-{protocol}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -288,3 +289,38 @@ def test_classic_and_consumer_groups_do_not_mix(broker: BrokerProcess, client: R
     assert listed(["Consumer"]) == {"mix-consumer": ("consumer", "Stable")}
     assert listed(["classic"]) == {"mix-classic": ("classic", "CompletingRebalance")}
     heartbeat(client, "mix-consumer", "c1", -1)
+
+
+@pytest.mark.crash
+def test_members_keep_their_epochs_and_partitions_across_a_broker_restart(tmp_path: Path) -> None:
+    """The group's members, epochs and assignments are in the store before a heartbeat is answered: after kill -9
+    and a restart the members heartbeat on at their epochs with their partitions (Kafka reloads them from
+    __consumer_offsets), rather than being answered UNKNOWN_MEMBER_ID and rejoining."""
+    topic, group = "kip848-raw-restart", "raw-restart"
+    proc = BrokerProcess(tmp_path / "data", env={"ICELOG_GROUP_INITIAL_REBALANCE_DELAY_MS": "0"}).start()
+    try:
+        create_topic(proc.bootstrap, topic, 4)
+        client = RawClient(proc.bootstrap)
+        tid = topic_id(client, topic)
+        first = join(client, group, "m1", [topic])
+        second = join(client, group, "m2", [topic])
+        kept = assigned(heartbeat(client, group, "m1", first.member_epoch, owned={tid: [0, 1, 2, 3]}))[tid]
+        assert heartbeat(client, group, "m1", first.member_epoch, owned={tid: kept}).member_epoch == 2
+        given = assigned(heartbeat(client, group, "m2", second.member_epoch, owned={}))[tid]
+        assert sorted(kept + given) == [0, 1, 2, 3]
+        client.close()
+        proc.kill()
+        proc.start()
+
+        client = RawClient(proc.bootstrap)
+        for member, owned in (("m1", kept), ("m2", given)):
+            again = heartbeat(client, group, member, 2, owned={tid: owned})
+            assert (again.error_code, again.member_epoch) == (0, 2), (member, again)
+            assert again.assignment is None or assigned(again) == {tid: owned}
+        described = describe(client, group)
+        assert (described.group_state, described.group_epoch) == ("Stable", 2)
+        third = join(client, group, "m3", [topic])
+        assert (third.error_code, third.member_epoch) == (0, 3), "the group epoch goes on from the stored one"
+        client.close()
+    finally:
+        proc.stop()

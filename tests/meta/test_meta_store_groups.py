@@ -30,6 +30,22 @@ def test_delete_offsets_of_some_partitions_or_a_whole_group(store: MetadataStore
     assert store.offset_groups() == []
 
 
+def test_consumer_group_states_are_kept_per_shard_replaced_and_dropped(open_same_store: OpenStore) -> None:
+    first = open_same_store()
+    assert first.save_consumer_group_state("g", 3, '{"v":1}')
+    assert first.save_consumer_group_state("g", 3, '{"v":2}')
+    assert first.save_consumer_group_state("h", 3, '{"h":1}')
+    assert first.save_consumer_group_state("other", 7, '{"o":1}')
+    first.close()
+    again = open_same_store()
+    assert again.consumer_group_states(3) == {"g": '{"v":2}', "h": '{"h":1}'}
+    assert again.consumer_group_states(7) == {"other": '{"o":1}'}
+    assert again.consumer_group_states(9) == {}
+    assert again.save_consumer_group_state("g", 3, None)
+    assert again.save_consumer_group_state("never-saved", 3, None)
+    assert again.consumer_group_states() == {"h": '{"h":1}', "other": '{"o":1}'}
+
+
 def test_producer_id_blocks_never_overlap_even_after_reopen(open_same_store: OpenStore) -> None:
     first = open_same_store()
     a = first.allocate_producer_ids(10)

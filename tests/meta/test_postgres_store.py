@@ -86,6 +86,12 @@ def test_a_group_coordinators_offsets_are_fenced_by_its_shard_lease(
         assert store.committed_offsets("g") == offsets, "the stale commit changed nothing"
         assert store.commit_offsets("g", {("in", 0): CommittedOffset(8)}, (second, shard))
         assert store.committed_offsets("g") == {("in", 0): CommittedOffset(8)}
+        # And a KIP-848 group's members and assignments.
+        assert not store.save_consumer_group_state("g", 3, '{"stale":1}', (first, shard))
+        assert store.consumer_group_states(3) == {}, "the stale coordinator stored nothing"
+        assert store.save_consumer_group_state("g", 3, '{"held":1}', (second, shard))
+        assert not store.save_consumer_group_state("g", 3, None, (first, shard))
+        assert store.consumer_group_states(3) == {"g": '{"held":1}'}
     finally:
         store.close()
 

@@ -6,8 +6,10 @@ topics (a topic created that a regex matches, partitions added) bumps the group 
 computes a new target assignment; the member then moves one step toward its target (`reconciliation.py`). A sweeper
 removes members that miss the session timeout or do not give up partitions within their rebalance timeout.
 
-The state lives in memory, as the classic groups' does; committed offsets are the classic groups' (`Group.offsets`).
-After a restart, members of a group the broker no longer knows are answered UNKNOWN_MEMBER_ID and rejoin.
+The state lives in memory and, once a heartbeat changed it, in the metadata store before the member is answered
+(`consumer_state.py`), so a restarted broker or a group's next coordinator goes on with the same members, epochs and
+assignments; committed offsets are the classic groups' (`Group.offsets`). A member a coordinator does not know (its
+group's state was never stored) is answered UNKNOWN_MEMBER_ID and rejoins.
 """
 
 from __future__ import annotations
@@ -326,9 +328,11 @@ class ConsumerGroups:
         if not (group.offsets or group.txn_offsets) and self.groups.get(group.group_id) is group:
             del self.groups[group.group_id]  # nothing left to keep
 
-    def sweep(self, now: float) -> None:
-        """Members silent past the session timeout, or not giving partitions up within their rebalance timeout."""
+    def sweep(self, now: float) -> list[str]:
+        """Members silent past the session timeout, or not giving partitions up within their rebalance timeout;
+        returns the groups that lost a member."""
         session_s = self.settings.session_timeout_ms / 1000
+        changed: list[str] = []
         for group in list(self.groups.values()):
             consumer = group.consumer
             if consumer is None:
@@ -336,11 +340,15 @@ class ConsumerGroups:
             for member in list(consumer.members.values()):
                 if now - member.last_heartbeat > session_s:
                     log.info("group %s: member %s missed its session timeout", group.group_id, member.member_id)
-                    self.remove(group, member.member_id)
                 elif member.revocation_deadline is not None and now > member.revocation_deadline:
                     log.info("group %s: member %s did not revoke its partitions within its rebalance timeout",
                              group.group_id, member.member_id)
-                    self.remove(group, member.member_id)
+                else:
+                    continue
+                self.remove(group, member.member_id)
+                if not changed or changed[-1] != group.group_id:
+                    changed.append(group.group_id)
+        return changed
 
     # -- target assignment ----------------------------------------------------------------------------------------
     def _subscription(self, consumer: ConsumerGroup) -> dict[str, TopicMetadata]:

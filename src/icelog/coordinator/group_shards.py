@@ -44,7 +44,7 @@ class GroupShards:
 
         On the commit thread: a commit of this broker still in flight reaches the store before the shard is read."""
         groups = self.coordinator.groups
-        loaded, pending = await asyncio.get_running_loop().run_in_executor(
+        loaded, pending, states = await asyncio.get_running_loop().run_in_executor(
             self.coordinator.commit_thread, self._read, shard)
         for group_id in [g for g in groups if coordinator_shard(g) == shard]:
             self._forget(group_id)  # (none: a shard not served has no groups here)
@@ -52,18 +52,20 @@ class GroupShards:
             groups[group_id] = Group(group_id, offsets=offsets)
         for group_id, tps in pending.items():  # transactional offsets waiting for their transaction's marker
             groups.setdefault(group_id, Group(group_id)).txn_offsets.update(tps)
+        self.coordinator.consumer_states.restore(states)  # KIP-848 groups go on with their members and epochs
         self.served.add(shard)
         log.info("coordinating the groups of shard %d (%d with committed offsets, %d with transactional offsets "
-                 "pending)", shard, len(loaded), len(pending))
+                 "pending, %d consumer groups with members)", shard, len(loaded), len(pending), len(states))
 
-    def _read(self, shard: int) -> tuple[dict[str, GroupOffsets], dict[str, dict[tuple[str, int], int]]]:
+    def _read(self, shard: int) -> tuple[dict[str, GroupOffsets], dict[str, dict[tuple[str, int], int]],
+                                         dict[str, str]]:
         hold_point("group-shard-held", Path(tempfile.gettempdir()) / "icelog-group-shard-held.release")
         store = self.coordinator.store
         committed = {group_id: store.committed_offsets(group_id) for group_id in store.offset_groups()
                      if coordinator_shard(group_id) == shard}
         pending = {group_id: tps for group_id, tps in store.pending_txn_offsets().items()
                    if coordinator_shard(group_id) == shard}
-        return committed, pending
+        return committed, pending, store.consumer_group_states(shard)
 
     def drop_shard(self, shard: int) -> None:
         """Another broker coordinates the shard's groups now: forget them (their offsets are in the store)."""
@@ -75,6 +77,7 @@ class GroupShards:
             log.info("no longer coordinating the groups of shard %d (%d group(s))", shard, len(gone))
 
     def _forget(self, group_id: str) -> None:
+        self.coordinator.consumer_states.forget(group_id)
         group = self.coordinator.groups.pop(group_id, None)
         if group is None:
             return

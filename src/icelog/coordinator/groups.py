@@ -26,8 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from icelog.cluster.view import coordinator_shard
-from icelog.coordinator.consumer_groups import ConsumerGroups, TopicView
+from icelog.coordinator.consumer_groups import ConsumerGroups, HeartbeatRequest, HeartbeatResult, TopicView
 from icelog.coordinator.consumer_model import ConsumerGroupSettings
+from icelog.coordinator.consumer_state import ConsumerStates
 from icelog.coordinator.group_model import Group, GroupSettings, GroupState, JoinResult, Member, SyncResult
 from icelog.coordinator.txn_offsets import TxnOffsets
 from icelog.errors import ErrorCode
@@ -64,12 +65,24 @@ class GroupCoordinator:
         # staged and completed too: coordinator/txn_offsets.py).
         self.commit_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="offset-commit")
         self.txn_offsets = TxnOffsets(self)
+        # KIP-848 groups' members and assignments, kept in the store.
+        self.consumer_states = ConsumerStates(self, self.txn_offsets.fence)
 
     def load(self) -> None:
-        """Bring back the committed offsets of every group (as Empty groups), and the transactional ones pending."""
+        """Bring back the committed offsets of every group (as Empty groups), the transactional ones pending, and
+        the KIP-848 groups' members and assignments."""
         for group_id in self.store.offset_groups():
             self.groups[group_id] = Group(group_id, offsets=self.store.committed_offsets(group_id))
         self.txn_offsets.load()
+        self.consumer_states.restore(self.store.consumer_group_states())
+
+    async def consumer_heartbeat(self, request: HeartbeatRequest) -> HeartbeatResult:
+        """ConsumerGroupHeartbeat (consumer_groups.py), answered once what it changed is in the store: a member
+        never holds an epoch or an assignment a new coordinator would not load (consumer_state.py)."""
+        result = self.consumer_groups.heartbeat(request)
+        if not await self.consumer_states.save(request.group_id):
+            return HeartbeatResult(ErrorCode.NOT_COORDINATOR, "The coordinator of the group moved.")
+        return result
 
     def serves(self, group_id: str) -> bool:
         """Whether this broker coordinates the group (else the wire refuses it: wire/handlers/groups.not_served):
@@ -454,7 +467,8 @@ class GroupCoordinator:
                     self._remove_member(group, member_id)
                 if expired:
                     self._after_removal(group)
-            self.consumer_groups.sweep(now)
+            for group_id in self.consumer_groups.sweep(now):
+                self.consumer_states.save_soon(group_id)
 
     # -- offsets -------------------------------------------------------------------------------
     def check_commit(
@@ -538,6 +552,9 @@ class GroupCoordinator:
         if group.has_members or group.state != GroupState.EMPTY:
             return ErrorCode.NON_EMPTY_GROUP
         self.store.delete_offsets(group_id)
+        if group.consumer is not None:
+            self.store.save_consumer_group_state(group_id, coordinator_shard(group_id), None)
+            self.consumer_states.forget(group_id)
         group.state = GroupState.DEAD
         del self.groups[group_id]
         log.info("deleted group %s", group_id)

@@ -455,6 +455,18 @@ class ConsumerOffsets(Protocol):
         transaction. Returns them by group (nothing: none pending, or a marker done before); None, nothing done,
         when `fence` (the group shard's lease) no longer holds the shard."""
 
+    # -- KIP-848 consumer groups' state (Kafka's ConsumerGroup records of __consumer_offsets) ---------------------
+    @abstractmethod
+    def save_consumer_group_state(self, group_id: str, shard: int, state: str | None,
+                                  fence: ShardFence | None = None) -> bool:
+        """Keep a KIP-848 group's members, epochs and assignments (`state`, coordinator/consumer_state.py's JSON;
+        None drops it), under its coordinator shard. With `fence` only while that lease holds the shard: False, and
+        nothing stored, once another broker may have taken the group over."""
+
+    @abstractmethod
+    def consumer_group_states(self, shard: int | None = None) -> dict[str, str]:
+        """The stored state of every KIP-848 group of a coordinator shard (None: of every shard), by group id."""
+
 
 @runtime_checkable
 class TransactionLog(Protocol):

@@ -53,6 +53,29 @@ class PostgresGroups(ConsumerOffsets):
             [(group_id, t, p) for t, p in partitions],
         )
 
+    # -- KIP-848 consumer groups' state ----------------------------------------------------------------------
+    def save_consumer_group_state(self, group_id: str, shard: int, state: str | None,
+                                  fence: ShardFence | None = None) -> bool:
+        def work(conn: Connection) -> bool:
+            if fence is not None and not holds_shard(conn, fence):
+                return False
+            if state is None:
+                conn.execute("DELETE FROM consumer_group_states WHERE group_id = %s", (group_id,))
+            else:
+                conn.execute("INSERT INTO consumer_group_states VALUES (%s, %s, %s) ON CONFLICT (group_id) "
+                             "DO UPDATE SET shard = excluded.shard, state = excluded.state", (group_id, shard, state))
+            return True
+
+        return self._db.run(work, idempotent=True)
+
+    def consumer_group_states(self, shard: int | None = None) -> dict[str, str]:
+        if shard is None:
+            rows = self._db.rows("SELECT group_id, state FROM consumer_group_states ORDER BY 1")
+        else:
+            rows = self._db.rows("SELECT group_id, state FROM consumer_group_states WHERE shard = %s ORDER BY 1",
+                                 (shard,))
+        return {group_id: state for group_id, state in rows}
+
     # -- transactional offsets -------------------------------------------------------------------------------
     def stage_txn_offsets(
         self, transactional_id: str, group_id: str, producer_id: int, producer_epoch: int, offsets: GroupOffsets,

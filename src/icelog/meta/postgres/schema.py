@@ -217,12 +217,24 @@ TXN_OFFSET_TABLES = (
     "CREATE INDEX txn_offsets_by_producer ON txn_offsets (producer_id)",
 )
 
+# KIP-848 consumer groups' members, epochs and assignments (issue 46), so a group's new coordinator goes on where the
+# old one stopped instead of fencing every member; keyed by coordinator shard for the shard's take-over.
+CONSUMER_GROUP_TABLES = (
+    """CREATE TABLE consumer_group_states (
+        group_id TEXT COLLATE "C" PRIMARY KEY,
+        shard INTEGER NOT NULL,
+        state TEXT NOT NULL
+    )""",
+    "CREATE INDEX consumer_group_states_by_shard ON consumer_group_states (shard)",
+)
+
 # The schema's history: MIGRATIONS[v] takes a database from version v-1 to v (0: empty). A release that changes
 # the schema appends a step (never edits one), so a database of any older release is upgraded in order.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: _CORE_TABLES + REGISTRY_TABLES + SECURITY_TABLES,
     2: CLUSTER_TABLES,
     3: TXN_OFFSET_TABLES,
+    4: CONSUMER_GROUP_TABLES,
 }
 # Key of pg_advisory_xact_lock while creating or upgrading the schema (the registry's is in registry.py).
 SCHEMA_LOCK = 0x1CE1_0601

@@ -47,6 +47,26 @@ class SqliteGroups(ConsumerOffsets):
                     [(group_id, t, p) for t, p in partitions],
                 )
 
+    # -- KIP-848 consumer groups' state ----------------------------------------------------------------------
+    def save_consumer_group_state(self, group_id: str, shard: int, state: str | None,
+                                  fence: ShardFence | None = None) -> bool:
+        if fence is not None:
+            refuse()  # (a cluster's coordinator: PostgreSQL only)
+        with self._db.tx(durable=True) as conn:
+            if state is None:
+                conn.execute("DELETE FROM consumer_group_states WHERE group_id = ?", (group_id,))
+            else:
+                conn.execute("INSERT OR REPLACE INTO consumer_group_states VALUES (?, ?, ?)", (group_id, shard, state))
+        return True
+
+    def consumer_group_states(self, shard: int | None = None) -> dict[str, str]:
+        if shard is None:
+            rows = self._db.rows("SELECT group_id, state FROM consumer_group_states ORDER BY 1")
+        else:
+            rows = self._db.rows("SELECT group_id, state FROM consumer_group_states WHERE shard = ? ORDER BY 1",
+                                 (shard,))
+        return {group_id: state for group_id, state in rows}
+
     # -- transactional offsets -------------------------------------------------------------------------------
     def stage_txn_offsets(
         self, transactional_id: str, group_id: str, producer_id: int, producer_epoch: int, offsets: GroupOffsets,

@@ -80,6 +80,12 @@ CREATE TABLE IF NOT EXISTS txn_offsets (
     PRIMARY KEY (group_id, producer_id, topic, partition)
 );
 CREATE INDEX IF NOT EXISTS txn_offsets_by_producer ON txn_offsets (producer_id);
+CREATE TABLE IF NOT EXISTS consumer_group_states (
+    group_id TEXT PRIMARY KEY,
+    shard INTEGER NOT NULL,
+    state TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS consumer_group_states_by_shard ON consumer_group_states (shard);
 CREATE TABLE IF NOT EXISTS producer_ids (
     id INTEGER PRIMARY KEY CHECK (id = 0),
     next_producer_id INTEGER NOT NULL

@@ -35,7 +35,7 @@ async def consumer_group_heartbeat(ctx: RequestContext, request: ApiMessage) -> 
     owned = None
     if request.topic_partitions is not None:
         owned = [(t.topic_id, p) for t in request.topic_partitions for p in t.partitions]
-    result = groups.consumer_groups.heartbeat(HeartbeatRequest(
+    result = await groups.consumer_heartbeat(HeartbeatRequest(
         group_id=request.group_id,
         member_id=request.member_id,
         member_epoch=request.member_epoch,
