@@ -23,6 +23,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.protocol.api_key import ApiKey
 
+from icelog.client.cluster import SourceCluster
+from icelog.client.properties import ClientProperties
 from icelog.errors import ErrorCode
 from icelog.wire import codec
 from tests.support.cluster import BrokerCluster, three_brokers
@@ -345,9 +347,23 @@ def test_the_new_coordinator_answers_load_in_progress_until_it_has_loaded_the_sh
         bootstrap = ",".join(cluster.brokers[n].bootstrap for n in survivors)
         lister = subprocess.Popen([sys.executable, "-c", LIST_OFFSETS, bootstrap, group, topic],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(2)  # it asks the loading coordinator meanwhile
+        # icelog's own client (the sink's: client/cluster.py) waits for the load likewise.
+        ours: dict[str, object] = {}
+
+        def read_ours() -> None:
+            try:
+                with SourceCluster(bootstrap.split(","), ClientProperties()) as source:
+                    ours["offsets"] = source.committed_offsets(group, topic, [0])
+            except Exception as exc:  # (reported by the assertion below)
+                ours["error"] = exc
+
+        reader = threading.Thread(target=read_ours)
+        reader.start()
+        time.sleep(2)  # both ask the loading coordinator meanwhile
         release.touch()
         out, err = lister.communicate(timeout=90)
+        reader.join(60)
+        assert ours == {"offsets": {0: 42}}, ours
         assert lister.returncode == 0, f"the admin client ended with status {lister.returncode}:\n{err[-4000:]}"
         listed = json.loads(out)
         assert listed["offsets"] == {"0": 42}, listed

@@ -28,7 +28,7 @@ def _version(url: str) -> int:
 def test_a_new_database_gets_the_current_schema_version(postgres_cluster: PostgresCluster) -> None:
     url = postgres_cluster.new_database()
     open_store(url).close()
-    assert _version(url) == max(postgres_schema.MIGRATIONS) == 3
+    assert _version(url) == max(postgres_schema.MIGRATIONS) == 4
 
 
 def test_a_coordinators_transaction_write_is_fenced_by_its_shard_lease(postgres_cluster: PostgresCluster) -> None:

@@ -72,7 +72,8 @@ STALE_VIEW = frozenset({
     ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
     ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE,
 })
-# FindCoordinator's answers while a broker loads its groups, asked again for up to COORDINATOR_WAIT_S.
+# FindCoordinator's answers while a broker loads its groups, asked again for up to COORDINATOR_WAIT_S (OffsetCommit's
+# and OffsetFetch's COORDINATOR_LOAD_IN_PROGRESS likewise: `_while_loading`).
 COORDINATOR_LOADING = frozenset({ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS})
 COORDINATOR_WAIT_S = 15.0
 
@@ -196,13 +197,13 @@ class SourceCluster:
         if not offsets:
             return
         with self._lock:
-            self._once_more(lambda: self._commit(group_id, topic, dict(offsets), metadata))
+            self._while_loading(lambda: self._commit(group_id, topic, dict(offsets), metadata))
 
     def committed_offsets(self, group_id: str, topic: str, partitions: Iterable[int]) -> dict[int, int]:
         """The offsets `group_id` committed for each partition (-1 where it committed none)."""
         wanted = sorted(set(partitions))
         with self._lock:
-            return self._once_more(lambda: self._committed(group_id, topic, wanted)) if wanted else {}
+            return self._while_loading(lambda: self._committed(group_id, topic, wanted)) if wanted else {}
 
     def fetch(self, topic: str, partition: int, offset: int, max_bytes: int = FETCH_MAX_BYTES,
               committed: bool = False) -> Fetched:
@@ -240,6 +241,21 @@ class SourceCluster:
         self._topics.clear()
         self._coordinators.clear()
         return attempt()
+
+    def _while_loading(self, attempt: Callable[[], T]) -> T:
+        """`_once_more(attempt)`, asked again for up to COORDINATOR_WAIT_S while the group's coordinator answers
+        COORDINATOR_LOAD_IN_PROGRESS (it has just taken the group over and is loading it: Kafka's clients retry it
+        until their timeout, and so does this one)."""
+        deadline = time.monotonic() + COORDINATOR_WAIT_S
+        pause = 0.1
+        while True:
+            try:
+                return self._once_more(attempt)
+            except BrokerRequestError as exc:
+                if exc.code != ErrorCode.COORDINATOR_LOAD_IN_PROGRESS or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
     def _send(self, link: _Link, request: Any, response_class: Any) -> Any:
         """`request` over `link`; a broken link is closed and forgotten, so the next use reconnects."""
