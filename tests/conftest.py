@@ -44,6 +44,11 @@ WORKER_LINE = "icelog_line"  # an xdist worker's line for the terminal, in its w
 # the variable: the first JIT tier and the class archive, put in the environment before the first Spark test
 # (pytest_runtest_protocol; not here: xdist's workers would inherit the controller's value as if the user had set it).
 CHILD_DRIVER_CONF: dict[str, str] = {} if SPARK_CONF_ENV in os.environ else driver_conf()
+# The archivers the tests start run at the broker's CPU priority, not archive.nice's default (15 below it): on two
+# cores loaded by three test workers a niced archiver gets under 1 % of the CPU, and the tests wait on its passes.
+# (An in-process ArchiveService would renice the pytest worker itself.) tests/log/test_backpressure.py and
+# tests/archive/test_archive_nice.py set it themselves.
+os.environ.setdefault("ICELOG_ARCHIVE__NICE", "0")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker, and before xdist reads the groups

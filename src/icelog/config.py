@@ -281,9 +281,9 @@ class ArchiveSettings(BaseModel):
         30000, gt=0, description="Longest a continuous pass waits for one topic before going on to the others."
     )
     nice: int = Field(
-        0, ge=0, le=19, description="CPU niceness the archiver process (and Spark under it) adds to the broker's "
-        "(the one it inherits, as `nice -n`; at most 19); 0: as the broker (measured: a niced archiver only "
-        "lost freshness, docs/archiving.md)."
+        15, ge=0, le=19, description="CPU niceness the archiver process (and Spark under it) adds to the broker's "
+        "(the one it inherits, as `nice -n`; at most 19); 0: as the broker. Measured on two quiet cores at 5 MB/s: "
+        "+15 keeps produce ack p99 within 1.5x of no archiver and freshness under 1 s (docs/archiving.md)."
     )
     max_lag_bytes: int = Field(
         4 * 1024 * 1024 * 1024,

@@ -131,7 +131,7 @@ def test_the_archiver_and_its_spark_run_below_the_brokers_cpu_priority(tmp_path:
 
     broker = BrokerProcess(
         tmp_path / "data", env={"ICELOG_ARCHIVE__ENABLED": "true", "ICELOG_ARCHIVE__DEFAULT_KIND": "iceberg",
-                                 "ICELOG_ARCHIVE__NICE": "10"},  # (default 0: as the broker)
+                                 "ICELOG_ARCHIVE__NICE": "10"},  # (the tests' own default: 0)
     ).start()
     try:
         create_topic(broker, "niced", partitions=1)  # an archived topic: the archiver starts Spark

@@ -541,12 +541,36 @@ class Archiver:
         now_ms: int,
         force: bool,
     ) -> list[PlannedArchive]:
+        """The archives due now. Once one is, every partition's open archive is taken along (reason "coalesced"):
+        a pass costs the same fixed time however many partitions it writes (the Spark job's own cost, the commit),
+        so partitions whose archives come due at staggered times share one pass instead of each paying for its
+        own, a few hundred milliseconds apart (measured at 5 MB/s over 4 partitions: 69 passes in 30 s, each
+        taking part of the partitions, while the broker's produce ack p99 tripled)."""
+        stable = {part.partition: self.stable_offset(topic, part) for part in partitions}
+        archives = self._planned(topic, config, partitions, chunks_by_partition, archived, stable, now_ms, force)
+        if archives and not force:
+            archives = self._planned(topic, config, partitions, chunks_by_partition, archived, stable, now_ms, force,
+                                     coalesce=True)
+        return archives
+
+    def _planned(
+        self,
+        topic: TopicRecord,
+        config: ArchiveTopicConfig,
+        partitions: list[PartitionRecord],
+        chunks_by_partition: dict[int, list[IntakeChunk]],
+        archived: dict[int, int],
+        stable_offsets: dict[int, int],
+        now_ms: int,
+        force: bool,
+        coalesce: bool = False,
+    ) -> list[PlannedArchive]:
         archives: list[PlannedArchive] = []
         for part in partitions:
             start = max(archived.get(part.partition, 0), part.log_start_offset)
             chunks = chunks_by_partition.get(part.partition, [])
-            stable = self.stable_offset(topic, part)
-            for archive in plan_partition(chunks, start, stable, config, now_ms, force):
+            stable = stable_offsets[part.partition]
+            for archive in plan_partition(chunks, start, stable, config, now_ms, force, coalesce):
                 aborted = self.transactions.aborted(
                     topic.topic_id, part.partition, archive.start_offset, archive.end_offset
                 )

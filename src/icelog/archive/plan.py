@@ -73,12 +73,15 @@ def plan_partition(
     config: ArchiveTopicConfig,
     now_ms: int,
     force: bool = False,
+    coalesce: bool = False,
 ) -> list[PlannedArchive]:
     """The archives of one partition that are due now, in offset order and contiguous from archived_offset.
 
     `chunks` are the partition's indexed intake chunks in offset order; records at or past
     `stable_offset` (the last stable offset: undecided transactions) are never archived. With `force`,
-    everything committed is archived (still cut at max.bytes), as `icelog archive --once` does.
+    everything committed is archived (still cut at max.bytes), as `icelog archive --once` does; with `coalesce`
+    likewise, as reason "coalesced" (a pass that runs for another partition's due archive takes this one's open
+    archive along: archiver.Archiver._plan).
     """
     ingest = monotonic_ingest_times(chunks)
     pending: list[ChunkRef] = []
@@ -128,6 +131,8 @@ def plan_partition(
             reason = "idle"
         elif force:
             reason = "forced"
+        elif coalesce:
+            reason = "coalesced"
         if not reason:
             break
         end = group[-1].end_offset
