@@ -140,13 +140,16 @@ def requests(broker: BrokerProcess, api: str) -> float:
 
 
 def verifiable_producer_with_a_kill(kafka_java: KafkaJava, bootstrap: str, topic: str, kill: Callable[[], None],
-                                    messages: int = 3000) -> tuple[set[str], list[dict[str, object]], int]:
-    """VerifiableProducer (acks=all, `messages` records at 500 a second) with `kill` called once, after 500 acks:
-    the values it was told were acknowledged, every event it printed, and when `kill` returned (epoch ms, the
-    clock of the events' timestamps)."""
+                                    messages: int = 3000, config: Path | None = None,
+                                    ) -> tuple[set[str], list[dict[str, object]], int]:
+    """VerifiableProducer (acks=all, `messages` records at 500 a second; `config`: its --producer.config) with `kill`
+    called once, after 500 acks: the values it was told were acknowledged, every event it printed, and when `kill`
+    returned (epoch ms, the clock of the events' timestamps)."""
+    extra = ["--producer.config", str(config)] if config is not None else []
     producer = subprocess.Popen(
         kafka_java.command(TOOLS["verifiable-producer"], "--bootstrap-server", bootstrap,
-                           "--topic", topic, "--max-messages", str(messages), "--throughput", "500", "--acks", "-1"),
+                           "--topic", topic, "--max-messages", str(messages), "--throughput", "500", "--acks", "-1",
+                           *extra),
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert producer.stdout is not None
     acked: set[str] = set()
