@@ -546,38 +546,23 @@ class Archiver:
         so partitions whose archives come due at staggered times share one pass instead of each paying for its
         own, a few hundred milliseconds apart (measured at 5 MB/s over 4 partitions: 69 passes in 30 s, each
         taking part of the partitions; 48 with coalescing, at the same freshness)."""
-        stable = {part.partition: self.stable_offset(topic, part) for part in partitions}
-        archives = self._planned(topic, config, partitions, chunks_by_partition, archived, stable, now_ms, force)
-        if archives and not force:
-            archives = self._planned(topic, config, partitions, chunks_by_partition, archived, stable, now_ms, force,
-                                     coalesce=True)
-        return archives
+        inputs = [(chunks_by_partition.get(part.partition, []),
+                   max(archived.get(part.partition, 0), part.log_start_offset), self.stable_offset(topic, part))
+                  for part in partitions]
 
-    def _planned(
-        self,
-        topic: TopicRecord,
-        config: ArchiveTopicConfig,
-        partitions: list[PartitionRecord],
-        chunks_by_partition: dict[int, list[IntakeChunk]],
-        archived: dict[int, int],
-        stable_offsets: dict[int, int],
-        now_ms: int,
-        force: bool,
-        coalesce: bool = False,
-    ) -> list[PlannedArchive]:
-        archives: list[PlannedArchive] = []
-        for part in partitions:
-            start = max(archived.get(part.partition, 0), part.log_start_offset)
-            chunks = chunks_by_partition.get(part.partition, [])
-            stable = stable_offsets[part.partition]
-            for archive in plan_partition(chunks, start, stable, config, now_ms, force, coalesce):
-                aborted = self.transactions.aborted(
-                    topic.topic_id, part.partition, archive.start_offset, archive.end_offset
-                )
-                if aborted:
-                    ranges = tuple((r.producer_id, r.first_offset, r.last_offset) for r in aborted)
-                    archive = dataclasses.replace(archive, aborted=ranges)
-                archives.append(archive)
+        def planned(coalesce: bool) -> list[PlannedArchive]:
+            return [archive for chunks, start, stable in inputs
+                    for archive in plan_partition(chunks, start, stable, config, now_ms, force, coalesce)]
+
+        archives = planned(coalesce=False)
+        if archives and not force:
+            archives = planned(coalesce=True)
+        for i, archive in enumerate(archives):
+            aborted = self.transactions.aborted(topic.topic_id, archive.partition, archive.start_offset,
+                                                archive.end_offset)
+            if aborted:
+                ranges = tuple((r.producer_id, r.first_offset, r.last_offset) for r in aborted)
+                archives[i] = dataclasses.replace(archive, aborted=ranges)
         return archives
 
     def fence(self, config: ArchiveTopicConfig, base: TableOffsets | None) -> None:

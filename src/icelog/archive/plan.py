@@ -40,7 +40,7 @@ class PlannedArchive:
     start_offset: int
     end_offset: int
     chunks: tuple[ChunkRef, ...]
-    reason: str  # max.bytes | complete.delay | idle | forced
+    reason: str  # max.bytes | complete.delay | idle | forced | coalesced
     # (producer id, first offset, abort marker offset) of aborted transactions: their records are dropped
     aborted: tuple[tuple[int, int, int], ...] = ()
     # Base offsets of stored batches that cannot be decoded: written to the dead-letter table, not the archive

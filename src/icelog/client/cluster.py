@@ -246,16 +246,13 @@ class SourceCluster:
         """`_once_more(attempt)`, asked again for up to COORDINATOR_WAIT_S while the group's coordinator answers
         COORDINATOR_LOAD_IN_PROGRESS (it has just taken the group over and is loading it: Kafka's clients retry it
         until their timeout, and so does this one)."""
-        deadline = time.monotonic() + COORDINATOR_WAIT_S
-        pause = 0.1
+        backoff = _Backoff()
         while True:
             try:
                 return self._once_more(attempt)
             except BrokerRequestError as exc:
-                if exc.code != ErrorCode.COORDINATOR_LOAD_IN_PROGRESS or time.monotonic() + pause > deadline:
+                if exc.code != ErrorCode.COORDINATOR_LOAD_IN_PROGRESS or not backoff.wait():
                     raise
-            time.sleep(pause)
-            pause = min(pause * 2, 1.0)
 
     def _send(self, link: _Link, request: Any, response_class: Any) -> Any:
         """`request` over `link`; a broken link is closed and forgotten, so the next use reconnects."""
@@ -374,15 +371,12 @@ class SourceCluster:
             # COORDINATOR_NOT_AVAILABLE (or _LOAD_IN_PROGRESS) for a few seconds, and Kafka's clients ask again
             # until their timeout. Found against Apache Kafka 4.1 restarted under a sink (tests/sink/
             # test_sink_kafka.py): a pass right after the restart failed.
-            deadline = time.monotonic() + COORDINATOR_WAIT_S
-            pause = 0.1
+            backoff = _Backoff()
             while True:
                 response = self._send(link, FindCoordinatorRequest(key=group_id, key_type=GROUP_KEY),
                                       FindCoordinatorResponse)
-                if response.error_code not in COORDINATOR_LOADING or time.monotonic() + pause > deadline:
+                if response.error_code not in COORDINATOR_LOADING or not backoff.wait():
                     break
-                time.sleep(pause)
-                pause = min(pause * 2, 1.0)
             if response.error_code:
                 raise _error(response.error_code, f"FindCoordinator of group {group_id!r} from {link.address}",
                              response.error_message)
@@ -488,6 +482,22 @@ class SourceCluster:
                                                   f"{topic}-{data.partition_index} from {link.address}")
                 out[data.partition_index] = data.committed_offset
         return {p: out.get(p, -1) for p in partitions}
+
+
+class _Backoff:
+    """The pauses between asking a loading coordinator again: 0.1 s, doubling up to 1 s, for COORDINATOR_WAIT_S."""
+
+    def __init__(self) -> None:
+        self._deadline = time.monotonic() + COORDINATOR_WAIT_S
+        self._pause = 0.1
+
+    def wait(self) -> bool:
+        """Sleep the next pause and say True, or False (no sleep) when it would end past the deadline."""
+        if time.monotonic() + self._pause > self._deadline:
+            return False
+        time.sleep(self._pause)
+        self._pause = min(self._pause * 2, 1.0)
+        return True
 
 
 def _require_all(answered: Mapping[Any, object], asked: Iterable[Any], what: str) -> None:
