@@ -159,6 +159,14 @@ def find_coordinator(cluster: BrokerCluster, node: int, group: str) -> object:
         client.close()
 
 
+def group_answers(cluster: BrokerCluster, node: int, group: str) -> tuple[int, int]:
+    """The error codes one broker answers a Heartbeat and an OffsetFetch of the group with (0: it serves them)."""
+    beat = ask(cluster.brokers[node], ApiKey.Heartbeat, 4, group_id=group, generation_id=1, member_id="m",
+               group_instance_id=None)
+    fetched = ask(cluster.brokers[node], ApiKey.OffsetFetch, 7, group_id=group, topics=None, require_stable=False)
+    return beat.error_code, fetched.error_code  # type: ignore[attr-defined]
+
+
 def wait_for(what: str, check: object, timeout: float, consumers: Sequence[ConsumerProcess] = ()) -> None:
     deadline = time.monotonic() + timeout
     while not check():  # type: ignore[operator]
@@ -186,12 +194,7 @@ def test_a_group_goes_on_when_its_coordinator_is_killed(cluster: BrokerCluster, 
     survivors = [n for n in range(3) if n != coord]
     assert {(a.host, a.port) for a in answers} == {("127.0.0.1", cluster.brokers[coord].port)}  # type: ignore
     for other in (n for n in range(3) if n != coord):
-        beat = ask(cluster.brokers[other], ApiKey.Heartbeat, 4, group_id=group, generation_id=1, member_id="m",
-                   group_instance_id=None)
-        assert beat.error_code == ErrorCode.NOT_COORDINATOR  # type: ignore[attr-defined]
-        fetched = ask(cluster.brokers[other], ApiKey.OffsetFetch, 7, group_id=group, topics=None,
-                      require_stable=False)
-        assert fetched.error_code == ErrorCode.NOT_COORDINATOR  # type: ignore[attr-defined]
+        assert group_answers(cluster, other, group) == (ErrorCode.NOT_COORDINATOR, ErrorCode.NOT_COORDINATOR)
     asked = ask(cluster.brokers[coord], ApiKey.OffsetFetch, 7, group_id=group, topics=None, require_stable=False)
     assert asked.error_code == 0  # type: ignore[attr-defined]
 
@@ -335,14 +338,9 @@ def test_the_new_coordinator_answers_load_in_progress_until_it_has_loaded_the_sh
         new = new_coordinator(cluster, survivors, group)
         (other,) = (n for n in survivors if n != new)
         assert new is not None
-        fetched = ask(cluster.brokers[new], ApiKey.OffsetFetch, 7, group_id=group, topics=None, require_stable=False)
-        assert fetched.error_code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS  # type: ignore[attr-defined]
-        beat = ask(cluster.brokers[new], ApiKey.Heartbeat, 4, group_id=group, generation_id=1, member_id="m",
-                   group_instance_id=None)
-        assert beat.error_code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS  # type: ignore[attr-defined]
-        fetched = ask(cluster.brokers[other], ApiKey.OffsetFetch, 7, group_id=group, topics=None,
-                      require_stable=False)
-        assert fetched.error_code == ErrorCode.NOT_COORDINATOR  # type: ignore[attr-defined]
+        loading = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        assert group_answers(cluster, new, group) == (loading, loading)
+        assert group_answers(cluster, other, group)[1] == ErrorCode.NOT_COORDINATOR
 
         bootstrap = ",".join(cluster.brokers[n].bootstrap for n in survivors)
         lister = subprocess.Popen([sys.executable, "-c", LIST_OFFSETS, bootstrap, group, topic],
