@@ -6,7 +6,9 @@ store. tests/cluster/test_cluster_transactions.py runs the same over three real 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from icelog.coordinator.txn_shards import TxnShards
 from icelog.errors import ErrorCode, KafkaApiError
 from icelog.log.manager import LogManager
 from icelog.meta.sqlite import SqliteStore
-from icelog.meta.store import CommittedOffset, TransactionRecord
+from icelog.meta.store import CommittedOffset, MetadataStore, TransactionRecord
 from icelog.records.batch import parse_produced_batches
 from tests.support.wire_client import build_batch
 
@@ -53,6 +55,44 @@ class FakeRemote:
         pass
 
 
+@dataclass
+class Broker:
+    """One broker of a cluster, in process: its logs, group coordinator (with GroupShards, or serving every group)
+    and transaction coordinator (TxnShards: FakeView, FakeRemote)."""
+
+    logs: LogManager
+    groups: GroupCoordinator
+    group_shards: GroupShards
+    txns: TransactionCoordinator
+    shards: TxnShards
+    remote: FakeRemote
+
+
+@asynccontextmanager
+async def one_broker(tmp_path: Path, with_group_shards: bool = False,
+                     before: Callable[[MetadataStore], None] = lambda _: None) -> AsyncIterator[Broker]:
+    """The broker's parts, stopped at the end; `before` writes to the store before the coordinators start (what
+    another broker left there)."""
+    logs = LogManager(Settings(data_dir=tmp_path, intake=IntakeSettings(fsync=False)),
+                      SqliteStore(tmp_path / "meta.db"))
+    logs.open()
+    logs.start()
+    before(logs.store)
+    groups = GroupCoordinator(logs.store)
+    group_shards = GroupShards(groups)
+    if with_group_shards:
+        groups.shards = group_shards
+    txns = TransactionCoordinator(logs.store, logs, groups)
+    remote = FakeRemote()
+    shards = TxnShards(txns, lambda: FakeView(), remote)
+    try:
+        yield Broker(logs, groups, group_shards, txns, shards, remote)
+    finally:
+        await txns.stop()
+        await groups.stop()
+        await logs.close()
+
+
 def _other_shard_id(transactional_id: str) -> str:
     """A transactional id of another shard than `transactional_id`'s."""
     return next(t for t in (f"other-{n}" for n in range(100))
@@ -61,15 +101,8 @@ def _other_shard_id(transactional_id: str) -> str:
 
 def test_a_cluster_coordinator_serves_its_shards_and_sends_markers_to_other_leaders(tmp_path: Path) -> None:
     async def main() -> None:
-        settings = Settings(data_dir=tmp_path, intake=IntakeSettings(fsync=False))
-        logs = LogManager(settings, SqliteStore(tmp_path / "meta.db"))
-        logs.open()
-        logs.start()
-        groups = GroupCoordinator(logs.store)
-        txns = TransactionCoordinator(logs.store, logs, groups)
-        remote = FakeRemote()
-        shards = TxnShards(txns, lambda: FakeView(), remote)  # type: ignore[arg-type,return-value]
-        try:
+        async with one_broker(tmp_path) as node:
+            logs, txns, shards, remote = node.logs, node.txns, node.shards, node.remote
             state = logs.create_topic("spread", 2, {})
             assert state is not None
             state.partitions[1].led = False  # another broker leads it
@@ -90,10 +123,6 @@ def test_a_cluster_coordinator_serves_its_shards_and_sends_markers_to_other_lead
             assert await txns.end_txn("mine", pid, epoch, True, 3) == ErrorCode.NOT_COORDINATOR
             await shards.take_shard(coordinator_shard("mine"))  # back, from the store
             assert txns.txns["mine"].state == TxnState.COMPLETE_COMMIT
-        finally:
-            await txns.stop()
-            await groups.stop()
-            await logs.close()
 
     asyncio.run(main())
 
@@ -108,18 +137,11 @@ def test_offsets_sent_to_a_transaction_wait_at_their_group_coordinator_for_the_m
     EndTxn the transaction coordinator completes a group shard it leads itself and sends WriteTxnMarkers for
     (__consumer_offsets, shard) to the broker leading any other (FakeView: shard 1 is OTHER_NODE's)."""
     async def main() -> None:
-        settings = Settings(data_dir=tmp_path, intake=IntakeSettings(fsync=False))
-        logs = LogManager(settings, SqliteStore(tmp_path / "meta.db"))
-        logs.open()
-        logs.start()
-        groups = GroupCoordinator(logs.store)
-        groups.shards = group_shards = GroupShards(groups)
-        txns = TransactionCoordinator(logs.store, logs, groups)
-        remote = FakeRemote()
-        shards = TxnShards(txns, lambda: FakeView(), remote)  # type: ignore[arg-type,return-value]
         local, elsewhere = _group_of_shard(None, avoid=1), _group_of_shard(1)
         offsets = {("in", 0): CommittedOffset(5, "m", 1)}
-        try:
+        async with one_broker(tmp_path, with_group_shards=True) as node:
+            logs, groups, txns, shards, remote = node.logs, node.groups, node.txns, node.shards, node.remote
+            group_shards = node.group_shards
             await group_shards.take_shard(coordinator_shard(local))
             await shards.take_shard(coordinator_shard("eos"))
             error, pid, epoch = await txns.init_producer_id("eos", 60000, -1, -1, 4)
@@ -148,10 +170,6 @@ def test_offsets_sent_to_a_transaction_wait_at_their_group_coordinator_for_the_m
             group_shards.drop_shard(coordinator_shard(local))  # another broker takes it, and reads it back
             await group_shards.take_shard(coordinator_shard(local))
             assert groups.fetch(local, [("in", 0)], require_stable=True) == {("in", 0): (offsets[("in", 0)], 0)}
-        finally:
-            await txns.stop()
-            await groups.stop()
-            await logs.close()
 
     asyncio.run(main())
 
@@ -161,22 +179,18 @@ def test_a_coordinator_taking_a_shard_finishes_a_prepared_commit_of_offsets_once
     broker taking the transaction shard completes them (the group shard is its own here); a repeated marker (the
     dead coordinator's, late) and an abort marker for that epoch change nothing after that."""
     async def main() -> None:
-        settings = Settings(data_dir=tmp_path, intake=IntakeSettings(fsync=False))
-        logs = LogManager(settings, SqliteStore(tmp_path / "meta.db"))
-        logs.open()
-        logs.start()
         group = _group_of_shard(None, avoid=1)
         offsets = {("in", 0): CommittedOffset(9)}
-        store = logs.store
-        record = TransactionRecord("dead", 77, 2, 60000, "Ongoing", (), (group,))
-        store.save_transaction(record)  # (as the dead coordinator left it: AddOffsetsToTxn, TxnOffsetCommit, EndTxn)
-        assert store.stage_txn_offsets("dead", group, 77, 2, offsets).staged
-        store.save_transaction(TransactionRecord("dead", 77, 2, 60000, "PrepareCommit", (), (group,)))
-        groups = GroupCoordinator(store)
-        groups.shards = group_shards = GroupShards(groups)
-        txns = TransactionCoordinator(store, logs, groups)
-        shards = TxnShards(txns, lambda: FakeView(), FakeRemote())  # type: ignore[arg-type,return-value]
-        try:
+
+        def left_by_the_dead_coordinator(store: MetadataStore) -> None:
+            """AddOffsetsToTxn, TxnOffsetCommit and EndTxn, as the dead coordinator left them."""
+            store.save_transaction(TransactionRecord("dead", 77, 2, 60000, "Ongoing", (), (group,)))
+            assert store.stage_txn_offsets("dead", group, 77, 2, offsets).staged
+            store.save_transaction(TransactionRecord("dead", 77, 2, 60000, "PrepareCommit", (), (group,)))
+
+        async with one_broker(tmp_path, with_group_shards=True, before=left_by_the_dead_coordinator) as node:
+            store, groups, txns, shards = node.logs.store, node.groups, node.txns, node.shards
+            group_shards = node.group_shards
             await group_shards.take_shard(coordinator_shard(group))
             assert groups.fetch(group, [("in", 0)], require_stable=True)[("in", 0)][1] == \
                 ErrorCode.UNSTABLE_OFFSET_COMMIT, "loaded with the shard"
@@ -194,24 +208,14 @@ def test_a_coordinator_taking_a_shard_finishes_a_prepared_commit_of_offsets_once
             with pytest.raises(KafkaApiError) as moved:
                 await late(1, 77, 2, commit=True)  # a shard this broker does not lead
             assert moved.value.code == ErrorCode.NOT_LEADER_OR_FOLLOWER
-        finally:
-            await txns.stop()
-            await groups.stop()
-            await logs.close()
 
     asyncio.run(main())
 
 
 def test_a_leader_verifies_batches_of_ids_coordinated_elsewhere_from_the_store(tmp_path: Path) -> None:
     async def main() -> None:
-        settings = Settings(data_dir=tmp_path, intake=IntakeSettings(fsync=False))
-        logs = LogManager(settings, SqliteStore(tmp_path / "meta.db"))
-        logs.open()
-        logs.start()
-        groups = GroupCoordinator(logs.store)
-        txns = TransactionCoordinator(logs.store, logs, groups)
-        TxnShards(txns, lambda: FakeView(), FakeRemote())  # type: ignore[arg-type,return-value]
-        try:
+        async with one_broker(tmp_path) as node:
+            logs, txns = node.logs, node.txns
             state = logs.create_topic("verified", 2, {})
             assert state is not None
             part0, part1 = state.partitions
@@ -242,24 +246,14 @@ def test_a_leader_verifies_batches_of_ids_coordinated_elsewhere_from_the_store(t
             with pytest.raises(KafkaApiError) as refused:
                 await txns.verify_remote("theirs", "verified", part0, headers)
             assert refused.value.code == ErrorCode.INVALID_TXN_STATE, "the transaction is over"
-        finally:
-            await txns.stop()
-            await groups.stop()
-            await logs.close()
 
     asyncio.run(main())
 
 
 def test_a_leader_aborts_as_hanging_only_what_no_stored_transaction_owns(tmp_path: Path) -> None:
     async def main() -> None:
-        settings = Settings(data_dir=tmp_path, intake=IntakeSettings(fsync=False))
-        logs = LogManager(settings, SqliteStore(tmp_path / "meta.db"))
-        logs.open()
-        logs.start()
-        groups = GroupCoordinator(logs.store)
-        txns = TransactionCoordinator(logs.store, logs, groups)
-        TxnShards(txns, lambda: FakeView(), FakeRemote())  # type: ignore[arg-type,return-value]
-        try:
+        async with one_broker(tmp_path) as node:
+            logs, txns = node.logs, node.txns
             state = logs.create_topic("hanging", 1, {})
             assert state is not None
             part = state.partitions[0]
@@ -273,9 +267,5 @@ def test_a_leader_aborts_as_hanging_only_what_no_stored_transaction_owns(tmp_pat
             txns._hanging_checked.clear()  # (asked again only every few seconds)
             assert await txns.abort_hanging(lambda _pid, _opened: True) == 1, "nobody owns it: aborted"
             assert [r.producer_id for r in part.aborted_ranges(0, part.high_watermark)] == [901]
-        finally:
-            await txns.stop()
-            await groups.stop()
-            await logs.close()
 
     asyncio.run(main())
