@@ -11,7 +11,6 @@ holds the lock, none in the test's own process (the rows are read with pyiceberg
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -23,13 +22,13 @@ from icelog.config import load_settings
 from icelog.lake.catalog import pyiceberg_catalog_opener
 from icelog.meta.backends import open_store
 from icelog.meta.store import MetadataStore
-from tests.support.archive import ARCHIVE_ENV, ArchiveChild, Row, produce
+from tests.support.archive import ArchiveChild, Row, produce
 from tests.support.broker import BrokerProcess
 from tests.support.clients_util import create_topic
 from tests.support.cluster import BrokerCluster, ProducerStream
-from tests.support.postgres import PASSWORD, ROLE, PostgresCluster
+from tests.support.postgres import PostgresCluster
 from tests.support.seaweedfs import BUCKET, SeaweedFS
-from tests.system.test_tables_on_s3 import WAREHOUSE, _settings_from
+from tests.system.test_tables_on_s3 import _settings_from, lake_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]  # Spark only in the archivers' processes: marked by hand
 
@@ -47,21 +46,6 @@ def ends(rows: list[Row]) -> dict[int, int]:
     for r in rows:
         out[r[0]] = max(out[r[0]], r[1] + 1)
     return out
-
-
-def lake_env(postgres_cluster: PostgresCluster, s3: SeaweedFS) -> dict[str, str]:
-    """The settings of every process: the metadata and the catalog in PostgreSQL, the intake and tables on S3."""
-    catalog_db = urlsplit(postgres_cluster.new_database("catalog")).path
-    return {
-        **ARCHIVE_ENV,  # (archive.enabled false: whoever should archive sets it)
-        **s3.env(),
-        "ICELOG_META_URL": postgres_cluster.new_database("meta"),
-        "ICELOG_INTAKE__URL": f"s3://{BUCKET}/intake",
-        "ICELOG_INTAKE__COMMIT_INTERVAL_MS": "100",
-        "ICELOG_ARCHIVE__WAREHOUSE": WAREHOUSE,
-        "ICELOG_ARCHIVE__CATALOG_URI": f"jdbc:postgresql://127.0.0.1:{postgres_cluster.port}{catalog_db}",
-        "ICELOG_ARCHIVE__CATALOG_PROPERTIES": json.dumps({"jdbc.user": ROLE, "jdbc.password": PASSWORD}),
-    }
 
 
 def table_rows(env: dict[str, str], data_dir: Path, topic: str) -> list[tuple[int, int]]:

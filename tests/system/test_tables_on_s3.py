@@ -47,15 +47,12 @@ def icelog(broker: BrokerProcess, env: dict[str, str], *args: str, timeout: floa
     return done.stdout
 
 
-def test_tables_on_s3_end_to_end(tmp_path: Path, postgres_cluster: PostgresCluster,
-                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    store = SeaweedFS(tmp_path / "seaweedfs").start()
-    for name, value in store.env().items():  # this process's pyiceberg reads the bucket as an analyst's would
-        monkeypatch.setenv(name, value)
+def lake_env(postgres_cluster: PostgresCluster, s3: SeaweedFS) -> dict[str, str]:
+    """The settings of every process: the metadata and the catalog in PostgreSQL, the intake and tables on S3."""
     catalog_db = urlsplit(postgres_cluster.new_database("catalog")).path
-    env = {
-        **ARCHIVE_ENV,
-        **store.env(),
+    return {
+        **ARCHIVE_ENV,  # (archive.enabled false: whoever should archive sets it)
+        **s3.env(),
         "ICELOG_META_URL": postgres_cluster.new_database("meta"),
         "ICELOG_INTAKE__URL": f"s3://{BUCKET}/intake",
         "ICELOG_INTAKE__COMMIT_INTERVAL_MS": "100",
@@ -63,6 +60,14 @@ def test_tables_on_s3_end_to_end(tmp_path: Path, postgres_cluster: PostgresClust
         "ICELOG_ARCHIVE__CATALOG_URI": f"jdbc:postgresql://127.0.0.1:{postgres_cluster.port}{catalog_db}",
         "ICELOG_ARCHIVE__CATALOG_PROPERTIES": json.dumps({"jdbc.user": ROLE, "jdbc.password": PASSWORD}),
     }
+
+
+def test_tables_on_s3_end_to_end(tmp_path: Path, postgres_cluster: PostgresCluster,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    store = SeaweedFS(tmp_path / "seaweedfs").start()
+    for name, value in store.env().items():  # this process's pyiceberg reads the bucket as an analyst's would
+        monkeypatch.setenv(name, value)
+    env = lake_env(postgres_cluster, store)
     broker = BrokerProcess(tmp_path / "data", env=env).start()
     try:
         orders, accounts = "s3-orders", "s3-accounts"
